@@ -1,0 +1,93 @@
+"""Queries over the frozen (read-only, CSR) automaton layout.
+
+Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1]
+(edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges], sorted by token
+within each state. They may be memory-mapped from a file that was damaged after its header
+was checked, so every index read from an array is range-checked before it is followed:
+a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
+"""
+
+import numpy as np
+from numba import njit
+
+CORRUPT = -2
+
+
+@njit(cache=True)
+def transition(offsets, etok, eto, state, tok):
+    n = offsets.shape[0] - 1
+    m = etok.shape[0]
+    if state < 0 or state >= n:
+        return CORRUPT
+    lo = offsets[state]
+    hi = offsets[state + 1]
+    if lo < 0 or hi > m or lo > hi:
+        return CORRUPT
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        t = etok[mid]
+        if t < tok:
+            lo = mid + 1
+        elif t > tok:
+            hi = mid
+        else:
+            d = eto[mid]
+            if d < 0 or d >= n:
+                return CORRUPT
+            return d
+    return -1
+
+
+@njit(cache=True)
+def advance(offsets, etok, eto, links, lens, state, length, tokens):
+    n = offsets.shape[0] - 1
+    for j in range(tokens.shape[0]):
+        c = tokens[j]
+        steps = 0
+        while True:
+            nxt = transition(offsets, etok, eto, state, c)
+            if nxt == CORRUPT:
+                return CORRUPT, 0
+            if nxt != -1:
+                state = nxt
+                length += 1
+                break
+            if state == 0:
+                length = 0
+                break
+            p = links[state]
+            steps += 1
+            if p < 0 or p >= n or steps > n:
+                return CORRUPT, 0
+            state = p
+            length = lens[state]
+            if length < 0:
+                return CORRUPT, 0
+    return state, length
+
+
+@njit(cache=True)
+def locate(offsets, etok, eto, pattern):
+    state = 0
+    for j in range(pattern.shape[0]):
+        state = transition(offsets, etok, eto, state, pattern[j])
+        if state < 0:
+            return state
+    return state
+
+
+@njit(cache=True)
+def out_edges(offsets, etok, eto, state):
+    n = offsets.shape[0] - 1
+    m = etok.shape[0]
+    if state < 0 or state >= n:
+        return np.empty(0, np.int32), np.empty(0, np.int32), False
+    lo = offsets[state]
+    hi = offsets[state + 1]
+    if lo < 0 or hi > m or lo > hi:
+        return np.empty(0, np.int32), np.empty(0, np.int32), False
+    dst = eto[lo:hi].copy()
+    for i in range(dst.shape[0]):
+        if dst[i] < 0 or dst[i] >= n:
+            return np.empty(0, np.int32), np.empty(0, np.int32), False
+    return etok[lo:hi].copy(), dst, True

@@ -1,0 +1,51 @@
+"""Validation of token-id input at the public boundary.
+
+Every public entry point that takes token ids funnels them through `as_tokens`, which accepts
+a list/tuple of ints, a 1-D integer numpy array or a 1-D integer torch tensor (recognised
+without importing torch) and returns a contiguous int32 numpy array, or raises a clear
+`BadInputTypeError` / `BadInputError` naming what was expected and what came.
+"""
+
+import numpy as np
+
+from .errors import BadInputError, BadInputTypeError
+
+MAX_TOKEN_ID = 2**31 - 1
+_EXPECTED = "a 1-D sequence of integer token ids in [0, 2**31 - 1] (list, numpy array or torch tensor)"
+
+
+def _describe(x) -> str:
+    if isinstance(x, np.ndarray):
+        return f"numpy array of dtype {x.dtype} and shape {x.shape}"
+    return type(x).__name__
+
+
+def as_tokens(x, name: str = "tokens") -> np.ndarray:
+    if x is None:
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got None")
+    if type(x).__module__.split(".")[0] == "torch":
+        if getattr(x, "is_floating_point", lambda: False)() or getattr(x, "is_complex", lambda: False)():
+            raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got a torch tensor of dtype {x.dtype}")
+        x = x.detach().cpu().numpy()
+    if isinstance(x, (str, bytes, dict, set)) or np.isscalar(x):
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(x)}")
+    if isinstance(x, np.ndarray):
+        arr = x
+    else:
+        try:
+            arr = np.asarray(x)
+        except (OverflowError, ValueError) as exc:
+            raise BadInputError(f"{name}: expected {_EXPECTED}, got values numpy cannot hold ({exc})") from None
+    if arr.dtype == object and arr.ndim == 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
+        bad = next(v for v in arr.tolist() if not 0 <= v <= MAX_TOKEN_ID)
+        raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}")
+    if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or (arr.size == 0 and arr.dtype == np.float64 and not isinstance(x, np.ndarray))):
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(arr) if isinstance(x, np.ndarray) else 'elements of dtype ' + str(arr.dtype)}")
+    if arr.ndim != 1:
+        raise BadInputError(f"{name}: expected {_EXPECTED}, got an array of shape {arr.shape}")
+    if arr.size:
+        lo, hi = int(arr.min()), int(arr.max())
+        if lo < 0 or hi > MAX_TOKEN_ID:
+            bad = lo if lo < 0 else hi
+            raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}")
+    return np.ascontiguousarray(arr, dtype=np.int32)

@@ -1,0 +1,396 @@
+"""`SuffixAutomaton` (growable, online) and `FrozenAutomaton` (compact, read-only).
+
+Both answer the same queries over the indexed token ids:
+
+- `match(context)` / `match_length(context)`: the longest suffix of `context` occurring in the
+  text, and `cursor()`: a `MatchCursor` following a growing context in amortized O(1) per token;
+- `locate(pattern)` (the state of a token sequence, or -1) and `count(pattern)` (its number of
+  end positions, exact);
+- `continuations(state)`: next token -> (occurrence count, most recent end position), read from
+  the state's outgoing edges, never by scanning the vocabulary; `following(end, n)`: the text
+  after an occurrence ending at `end`, never crossing into the next document.
+
+Positions are 0-based indexes into the concatenation of all documents; the *end position* of
+an occurrence is the index of its last token. Documents: `start_document()` begins a new one;
+no match spans two documents.
+
+Counts stay exact online (see `_kernels/lct.py`): a first bulk `extend` over an empty
+automaton records each state's own positions and settles all counts in one O(n) pass when a
+count is first asked for; from then on every appended token updates its suffix-link root path
+through a link-cut tree in O(log n) amortized. Matching never needs counts.
+
+Thread safety: a `SuffixAutomaton` is not safe for concurrent use (even count queries
+restructure the link-cut tree); a `FrozenAutomaton` is read-only and safe to share.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ._kernels import frozen as fk
+from ._kernels import lct as lk
+from ._kernels import sam as sk
+from ._tokens import as_tokens
+from .errors import BadInputError, BadInputTypeError, IndexFormatError
+
+MODE_SETTLED = 2  # true counts in S, no link-cut tree yet (Python-side mode only)
+
+
+class Continuations:
+    """Tokens that followed a matched string, with how often and when they last did."""
+
+    __slots__ = ("tokens", "counts", "last_ends", "states")
+
+    def __init__(self, tokens, counts, last_ends, states):
+        self.tokens = tokens          # int32[k], sorted ascending
+        self.counts = counts          # int64[k], occurrences of (matched string + token)
+        self.last_ends = last_ends    # int64[k], most recent end position of (string + token)
+        self.states = states          # int32[k], state reached by each token
+
+    def __len__(self):
+        return int(self.tokens.shape[0])
+
+    def as_dict(self) -> dict[int, tuple[int, int]]:
+        return {int(t): (int(c), int(e)) for t, c, e in zip(self.tokens, self.counts, self.last_ends)}
+
+    def __repr__(self):
+        return f"Continuations({self.as_dict()!r})"
+
+
+class MatchCursor:
+    """Longest suffix of a growing context that occurs in an automaton's text.
+
+    `advance(tokens)` costs amortized O(1) per token; it stays valid while the automaton grows.
+    """
+
+    __slots__ = ("_automaton", "state", "length")
+
+    def __init__(self, automaton):
+        self._automaton = automaton
+        self.state = 0
+        self.length = 0
+
+    def advance(self, tokens) -> int:
+        toks = as_tokens(tokens)
+        self.state, self.length = self._automaton._advance(self.state, self.length, toks)
+        return self.length
+
+    def append(self, token: int) -> int:
+        return self.advance([token])
+
+    def reset(self) -> None:
+        self.state = 0
+        self.length = 0
+
+    def __repr__(self):
+        return f"MatchCursor(state={self.state}, length={self.length})"
+
+
+class _Queries:
+    """Query methods shared by both layouts, written over a few primitives."""
+
+    def cursor(self) -> MatchCursor:
+        return MatchCursor(self)
+
+    def match(self, context) -> tuple[int, int]:
+        """(state, length) of the longest suffix of `context` occurring in the text."""
+        return self._advance(0, 0, as_tokens(context, "context"))
+
+    def match_length(self, context) -> int:
+        return self.match(context)[1]
+
+    def count(self, pattern) -> int:
+        """Number of end positions of `pattern` in the text (len(self) for the empty pattern)."""
+        state = self.locate(pattern)
+        return 0 if state < 0 else self.state_count(state)
+
+    def following(self, end: int, n: int) -> np.ndarray:
+        """Up to `n` tokens after position `end`, stopping at the end of its document."""
+        end, n = int(end), int(n)
+        total = len(self)
+        if end < -1 or end >= total:
+            raise BadInputError(f"end: expected a position in [-1, {total - 1}], got {end}")
+        if n < 0:
+            raise BadInputError(f"n: expected a non-negative count, got {n}")
+        starts = self._doc_starts()
+        doc = max(0, int(np.searchsorted(starts, end, side="right")) - 1)  # the document holding `end`
+        stop = int(starts[doc + 1]) if doc + 1 < starts.shape[0] else total
+        if end + 1 == stop:
+            return np.empty(0, np.int32)
+        return np.array(self._text()[end + 1 : min(end + 1 + n, stop)], dtype=np.int32)
+
+    def _check_state(self, state) -> int:
+        if isinstance(state, (bool, np.bool_)) or not isinstance(state, (int, np.integer)):
+            raise BadInputTypeError(f"state: expected an int state id, got {type(state).__name__}")
+        state = int(state)
+        if not 0 <= state < self.n_states:
+            raise BadInputError(f"state: expected a state id in [0, {self.n_states - 1}], got {state}")
+        return state
+
+
+class SuffixAutomaton(_Queries):
+    """Online suffix automaton over token ids in [0, 2**31 - 1]; see the module docstring."""
+
+    def __init__(self, tokens=None):
+        self._S = np.empty((16, 5), np.int32)
+        self._S[0] = (-1, 0, -1, 0, -1)
+        self._E = np.empty((16, 4), np.int32)
+        self._H = np.full(32, -1, np.int32)
+        self._T = np.empty(16, np.int32)
+        self._L = np.empty((0, 5), np.int32)
+        self._M = np.zeros(sk.META, np.int64)
+        self._M[sk.N_STATES] = 1
+        self._mode = sk.MODE_BULK
+        self._stack = np.empty(64, np.int32)
+        self._docs = np.zeros(4, np.int64)  # document start positions, first _n_docs used
+        self._n_docs = 1
+        if tokens is not None:
+            self.extend(tokens)
+
+    # -- building -----------------------------------------------------------------------
+    def extend(self, tokens) -> None:
+        """Append tokens to the current document."""
+        toks = as_tokens(tokens)
+        if toks.shape[0] == 0:
+            return
+        if self._mode == MODE_SETTLED:
+            self._start_online()
+        S, E, H, T, L, st = sk.extend(self._S, self._E, self._H, self._T, self._L, self._M, toks, self._stack)
+        self._S, self._E, self._H, self._T, self._L, self._stack = S, E, H, T, L, st
+
+    def append(self, token: int) -> None:
+        self.extend([token])
+
+    def start_document(self) -> None:
+        """Begin a new document: later tokens never match across the boundary."""
+        n = int(self._M[sk.N_TOKENS])
+        if n == self._docs[self._n_docs - 1]:
+            return  # current document is still empty
+        if self._n_docs == self._docs.shape[0]:
+            self._docs = np.concatenate([self._docs, np.zeros(self._n_docs, np.int64)])
+        self._docs[self._n_docs] = n
+        self._n_docs += 1
+        self._M[sk.LAST_STATE] = 0
+
+    def add_document(self, tokens) -> None:
+        self.start_document()
+        self.extend(tokens)
+
+    def _settle_counts(self) -> None:
+        if self._mode == sk.MODE_BULK:
+            sk.accumulate(self._S, self._M)
+            self._mode = MODE_SETTLED
+
+    def _start_online(self) -> None:
+        self._settle_counts()
+        self._L = np.empty((self._S.shape[0], 5), np.int32)
+        sk.init_lct(self._S, self._L, self._M)
+        self._M[sk.MODE] = sk.MODE_ONLINE
+        self._mode = sk.MODE_ONLINE
+
+    # -- primitives for _Queries --------------------------------------------------------
+    def _advance(self, state, length, toks):
+        if state >= self.n_states or state < 0:
+            raise BadInputError(f"cursor state {state} does not belong to this automaton")
+        state = sk.normalize(self._S, state, length)
+        s, ln = sk.advance(self._S, self._E, self._H, state, length, toks)
+        return int(s), int(ln)
+
+    def locate(self, pattern) -> int:
+        """State whose strings include `pattern`, or -1 if it does not occur."""
+        return int(sk.locate(self._S, self._E, self._H, as_tokens(pattern, "pattern")))
+
+    def _values(self, states: np.ndarray) -> np.ndarray:
+        self._settle_counts()
+        out, self._stack = sk.true_values(self._S, self._L, self._M, states, self._stack)
+        return out
+
+    def state_count(self, state) -> int:
+        return int(self._values(np.array([self._check_state(state)], np.int32))[0, 0])
+
+    def state_last_end(self, state) -> int:
+        return int(self._values(np.array([self._check_state(state)], np.int32))[0, 1])
+
+    def state_length(self, state) -> int:
+        return int(self._S[self._check_state(state), sk.LEN])
+
+    def state_link(self, state) -> int:
+        return int(self._S[self._check_state(state), sk.LINK])
+
+    def continuations(self, state) -> Continuations:
+        toks, dsts = sk.out_edges(self._S, self._E, self._check_state(state))
+        vals = self._values(dsts)
+        return Continuations(toks, vals[:, 0].copy(), vals[:, 1].copy(), dsts)
+
+    def _doc_starts(self):
+        return self._docs[: self._n_docs]
+
+    def _text(self):
+        return self._T[: len(self)]
+
+    # -- sizes, copies --------------------------------------------------------------------
+    def __len__(self) -> int:
+        return int(self._M[sk.N_TOKENS])
+
+    @property
+    def n_states(self) -> int:
+        return int(self._M[sk.N_STATES])
+
+    @property
+    def n_edges(self) -> int:
+        return int(self._M[sk.N_EDGES])
+
+    @property
+    def n_documents(self) -> int:
+        return self._n_docs if len(self) else 0
+
+    @property
+    def tokens(self) -> np.ndarray:
+        """Read-only view of the indexed text."""
+        view = self._T[: len(self)]
+        view.flags.writeable = False
+        return view
+
+    @property
+    def nbytes(self) -> int:
+        """All memory held by the automaton's arrays, spare capacity included."""
+        return int(sum(a.nbytes for a in (self._S, self._E, self._H, self._T, self._L, self._M, self._stack, self._docs)))
+
+    def freeze(self) -> FrozenAutomaton:
+        """A compact read-only copy (CSR edges sorted by token), safe to share across threads."""
+        self._settle_counts()
+        if self._mode == sk.MODE_ONLINE:
+            lk.settle(self._L, self._S, self.n_states)
+        n = self.n_states
+        offsets, etok, eto = sk.to_csr(self._S, self._E, self._M)
+        S = self._S[:n]
+        return FrozenAutomaton(
+            links=S[:, sk.LINK].copy(), lens=S[:, sk.LEN].copy(), counts=S[:, sk.CNT].copy(),
+            lasts=S[:, sk.LAST].copy(), offsets=offsets, etok=etok, eto=eto,
+            tokens=self._T[: len(self)].copy(), doc_starts=self._doc_starts().copy(),
+        )
+
+    def __getstate__(self):
+        n, m, t = self.n_states, self.n_edges, len(self)
+        if self._mode == sk.MODE_ONLINE:
+            lk.settle(self._L, self._S, n)
+        return {
+            "version": 1, "mode": self._mode, "S": self._S[:n].copy(), "E": self._E[:m].copy(),
+            "H": self._H.copy(), "T": self._T[:t].copy(), "M": self._M.copy(),
+            "docs": self._doc_starts().copy(),
+        }
+
+    def __setstate__(self, st):
+        if st.get("version") != 1:
+            raise BadInputError(f"pickled SuffixAutomaton: expected version 1, got {st.get('version')!r}")
+        self._S, self._E, self._H, self._T, self._M = st["S"], st["E"], st["H"], st["T"], st["M"]
+        if self._E.shape[0] == 0:
+            self._E = np.empty((16, 4), np.int32)
+        if self._T.shape[0] == 0:
+            self._T = np.empty(16, np.int32)
+        self._docs = st["docs"]
+        self._n_docs = int(self._docs.shape[0])
+        self._stack = np.empty(64, np.int32)
+        self._L = np.empty((0, 5), np.int32)
+        mode = st["mode"]
+        # values were settled before pickling: an online automaton restarts its link-cut tree
+        self._mode = MODE_SETTLED if mode == sk.MODE_ONLINE else mode
+        self._M[sk.MODE] = sk.MODE_BULK
+
+    def __repr__(self):
+        return f"SuffixAutomaton(tokens={len(self)}, states={self.n_states}, edges={self.n_edges})"
+
+
+class FrozenAutomaton(_Queries):
+    """Read-only automaton over flat arrays (possibly memory-mapped); see the module docstring."""
+
+    _FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts")
+
+    def __init__(self, *, links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts):
+        self.links, self.lens, self.counts, self.lasts = links, lens, counts, lasts
+        self.offsets, self.etok, self.eto = offsets, etok, eto
+        self.tokens, self.doc_starts = tokens, doc_starts
+        n = links.shape[0]
+        for name in ("lens", "counts", "lasts"):
+            if getattr(self, name).shape[0] != n:
+                raise IndexFormatError(f"frozen automaton: array {name} has {getattr(self, name).shape[0]} rows, expected {n}")
+        if offsets.shape[0] != n + 1 or etok.shape[0] != eto.shape[0]:
+            raise IndexFormatError("frozen automaton: edge arrays do not match the state count")
+        if n == 0 or doc_starts.shape[0] == 0:
+            raise IndexFormatError("frozen automaton: no root state or no document table")
+        for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens):
+            if a.flags.writeable:
+                a.flags.writeable = False
+
+    def _corrupt(self, what):
+        raise IndexFormatError(f"frozen automaton: damaged arrays ({what})")
+
+    def _advance(self, state, length, toks):
+        if not 0 <= state < self.n_states:
+            raise BadInputError(f"cursor state {state} does not belong to this automaton")
+        s, ln = fk.advance(self.offsets, self.etok, self.eto, self.links, self.lens, state, length, toks)
+        if s == fk.CORRUPT:
+            self._corrupt("while matching")
+        return int(s), int(ln)
+
+    def locate(self, pattern) -> int:
+        s = int(fk.locate(self.offsets, self.etok, self.eto, as_tokens(pattern, "pattern")))
+        if s == fk.CORRUPT:
+            self._corrupt("while locating")
+        return s
+
+    def state_count(self, state) -> int:
+        return int(self.counts[self._check_state(state)])
+
+    def state_last_end(self, state) -> int:
+        return int(self.lasts[self._check_state(state)])
+
+    def state_length(self, state) -> int:
+        return int(self.lens[self._check_state(state)])
+
+    def state_link(self, state) -> int:
+        return int(self.links[self._check_state(state)])
+
+    def continuations(self, state) -> Continuations:
+        toks, dsts, ok = fk.out_edges(self.offsets, self.etok, self.eto, self._check_state(state))
+        if not ok:
+            self._corrupt(f"edges of state {state}")
+        return Continuations(toks, self.counts[dsts].astype(np.int64), self.lasts[dsts].astype(np.int64), dsts)
+
+    def _doc_starts(self):
+        return self.doc_starts
+
+    def _text(self):
+        return self.tokens
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def n_states(self) -> int:
+        return int(self.links.shape[0])
+
+    @property
+    def n_edges(self) -> int:
+        return int(self.etok.shape[0])
+
+    @property
+    def n_documents(self) -> int:
+        return int(self.doc_starts.shape[0]) if len(self) else 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(getattr(self, f).nbytes for f in self._FIELDS))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {f: getattr(self, f) for f in self._FIELDS}
+
+    def __reduce__(self):
+        return (_rebuild_frozen, ({f: np.array(a) for f, a in self.arrays().items()},))
+
+    def __repr__(self):
+        return f"FrozenAutomaton(tokens={len(self)}, states={self.n_states}, edges={self.n_edges})"
+
+
+def _rebuild_frozen(arrays):
+    return FrozenAutomaton(**arrays)
