@@ -132,8 +132,8 @@ class SuffixAutomaton(_Queries):
     """Online suffix automaton over token ids in [0, 2**31 - 1]; see the module docstring."""
 
     def __init__(self, tokens=None):
-        self._S = np.empty((16, 5), np.int32)
-        self._S[0] = (-1, 0, -1, 0, -1)
+        self._S = np.empty((16, sk.STATE_COLS), np.int32)
+        self._S[0] = (-1, 0, -1, 0, -1, 0)
         self._E = np.empty((16, 4), np.int32)
         self._H = np.full(32, -1, np.int32)
         self._T = np.empty(16, np.int32)

@@ -3,14 +3,17 @@
 Arrays (owned by `suffixspec.automaton.SuffixAutomaton`, passed in and returned because
 growth reallocates them):
 
-- `S` int32[cap, 5]: per state LINK (suffix link, -1 for the root), LEN (longest string),
-  HEAD (first outgoing edge, -1 for none), CNT (end positions), LAST (most recent end position).
+- `S` int32[cap, 6]: per state LINK (suffix link, -1 for the root), LEN (longest string),
+  HEAD (first outgoing edge, -1 for none), CNT (end positions), LAST (most recent end position),
+  DEG (number of outgoing edges).
 - `E` int32[cap, 4]: per edge SRC, TOK, TO, NEXT (next edge of the same source, -1 ends).
-- `H` int32[2**b]: open-addressing hash table (linear probing) of edge ids keyed by (SRC, TOK);
-  -1 marks an empty slot. Its size is a power of two, kept at most 70% full.
+- `H` int32[2**b]: open-addressing hash table (linear probing) of edge ids keyed by (SRC, TOK),
+  holding only the edges of states with more than SMALL_DEG edges (hubs such as the root);
+  the edges of the many small states are found by walking their short list. -1 marks an empty
+  slot; the size is a power of two, kept at most 70% full.
 - `T` int32[cap]: the indexed tokens, all documents concatenated.
 - `L` int32[cap, 5]: the link-cut tree (see lct.py), used once counts are kept online.
-- `M` int64[META]: N_STATES, N_EDGES, LAST_STATE, N_TOKENS, MODE.
+- `M` int64[META]: N_STATES, N_EDGES, LAST_STATE, N_TOKENS, MODE, N_HASHED.
 
 MODE_BULK: CNT/LAST of each state hold only its *own* positions (the positions whose whole
 document prefix ends in that state); `accumulate` turns them into subtree sums in O(n) and
@@ -26,10 +29,12 @@ from numba import njit
 
 from . import lct
 
-LINK, LEN, HEAD, CNT, LAST = 0, 1, 2, 3, 4
+LINK, LEN, HEAD, CNT, LAST, DEG = 0, 1, 2, 3, 4, 5
+STATE_COLS = 6
 SRC, TOK, TO, NEXT = 0, 1, 2, 3
-N_STATES, N_EDGES, LAST_STATE, N_TOKENS, MODE = 0, 1, 2, 3, 4
-META = 5
+N_STATES, N_EDGES, LAST_STATE, N_TOKENS, MODE, N_HASHED = 0, 1, 2, 3, 4, 5
+META = 6
+SMALL_DEG = 6
 MODE_BULK, MODE_ONLINE = 0, 1
 HASH_LOAD_NUM, HASH_LOAD_DEN = 7, 10
 
@@ -42,7 +47,14 @@ def _slot(src, tok, mask):
 
 
 @njit(cache=True)
-def find_edge(E, H, src, tok):
+def find_edge(S, E, H, src, tok):
+    if S[src, DEG] <= SMALL_DEG:
+        e = S[src, HEAD]
+        while e != -1:
+            if E[e, TOK] == tok:
+                return e
+            e = E[e, NEXT]
+        return -1
     mask = H.shape[0] - 1
     i = _slot(src, tok, mask)
     while True:
@@ -56,7 +68,7 @@ def find_edge(E, H, src, tok):
 
 @njit(cache=True, inline="always")
 def transition(S, E, H, src, tok):
-    e = find_edge(E, H, src, tok)
+    e = find_edge(S, E, H, src, tok)
     return -1 if e == -1 else E[e, TO]
 
 
@@ -72,15 +84,21 @@ def _grow_rows(a, need, fill):
     return b
 
 
+@njit(cache=True, inline="always")
+def _hash_insert(E, H, e):
+    mask = H.shape[0] - 1
+    i = _slot(E[e, SRC], E[e, TOK], mask)
+    while H[i] != -1:
+        i = (i + 1) & mask
+    H[i] = e
+
+
 @njit(cache=True)
-def _rehash(E, n_edges, size):
+def _rehash(S, E, n_edges, size):
     H = np.full(size, -1, np.int32)
-    mask = size - 1
     for e in range(n_edges):
-        i = _slot(E[e, SRC], E[e, TOK], mask)
-        while H[i] != -1:
-            i = (i + 1) & mask
-        H[i] = e
+        if S[E[e, SRC], DEG] > SMALL_DEG:
+            _hash_insert(E, H, e)
     return H
 
 
@@ -88,19 +106,27 @@ def _rehash(E, n_edges, size):
 def _add_edge(S, E, H, M, src, tok, dst):
     e = M[N_EDGES]
     E = _grow_rows(E, e + 1, -1)
-    if (e + 1) * HASH_LOAD_DEN > H.shape[0] * HASH_LOAD_NUM:
-        H = _rehash(E, e, 2 * H.shape[0])
     E[e, SRC] = src
     E[e, TOK] = tok
     E[e, TO] = dst
     E[e, NEXT] = S[src, HEAD]
     S[src, HEAD] = e
-    mask = H.shape[0] - 1
-    i = _slot(src, tok, mask)
-    while H[i] != -1:
-        i = (i + 1) & mask
-    H[i] = e
     M[N_EDGES] = e + 1
+    deg = S[src, DEG] + 1
+    S[src, DEG] = deg
+    if deg > SMALL_DEG:
+        added = deg if deg == SMALL_DEG + 1 else 1  # a state turning into a hub moves all its edges
+        if (M[N_HASHED] + added) * HASH_LOAD_DEN > H.shape[0] * HASH_LOAD_NUM:
+            size = H.shape[0]
+            while (M[N_HASHED] + added) * HASH_LOAD_DEN > size * HASH_LOAD_NUM:
+                size *= 2
+            H = _rehash(S, E, e + 1, size)
+        else:
+            f = e
+            for _ in range(added):
+                _hash_insert(E, H, f)
+                f = E[f, NEXT]
+        M[N_HASHED] += added
     return E, H
 
 
@@ -113,6 +139,7 @@ def _new_state(S, L, M, length, link):
     S[v, HEAD] = -1
     S[v, CNT] = 0
     S[v, LAST] = -1
+    S[v, DEG] = 0
     if M[MODE] == MODE_ONLINE:
         L = _grow_rows(L, v + 1, -1)
         lct.reset_node(L, v, -1)
@@ -160,7 +187,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
             T = T2
         T[pos] = c
         last = M[LAST_STATE]
-        q = transition(S, E, H, last, c)
+        q = -1 if S[last, HEAD] == -1 else transition(S, E, H, last, c)
         if q != -1:
             # Generalized automaton: the new prefix already occurs (only after a document
             # start, where `last` may have outgoing edges).
@@ -170,7 +197,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
                 S, E, H, L, cur, stack = _clone(S, E, H, L, M, q, S[last, LEN] + 1, stack)
                 p = last
                 while p != -1:
-                    e = find_edge(E, H, p, c)
+                    e = find_edge(S, E, H, p, c)
                     if e == -1 or E[e, TO] != q:
                         break
                     E[e, TO] = cur
@@ -178,7 +205,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
         else:
             S, L, cur = _new_state(S, L, M, S[last, LEN] + 1, -1)
             p = last
-            while p != -1 and find_edge(E, H, p, c) == -1:
+            while p != -1 and find_edge(S, E, H, p, c) == -1:
                 E, H = _add_edge(S, E, H, M, p, c, cur)
                 p = S[p, LINK]
             if p == -1:
@@ -190,7 +217,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
                 else:
                     S, E, H, L, cl, stack = _clone(S, E, H, L, M, q, S[p, LEN] + 1, stack)
                     while p != -1:
-                        e = find_edge(E, H, p, c)
+                        e = find_edge(S, E, H, p, c)
                         if e == -1 or E[e, TO] != q:
                             break
                         E[e, TO] = cl
