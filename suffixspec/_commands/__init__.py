@@ -1,0 +1,1 @@
+"""Subcommands of the `suffixspec` CLI, one module each (see suffixspec/cli.py)."""
