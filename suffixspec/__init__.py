@@ -5,6 +5,8 @@ them are resolved lazily on first access (module `__getattr__`).
 """
 
 from .automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
+from .proposer import Proposer, ResponseCache, Session
+from .tree import DraftTree
 from .errors import (
     BadInputError,
     BadInputTypeError,
@@ -27,6 +29,10 @@ __all__ = [
     "FrozenAutomaton",
     "MatchCursor",
     "Continuations",
+    "DraftTree",
+    "Proposer",
+    "Session",
+    "ResponseCache",
     "SuffixSpecError",
     "BadInputError",
     "BadInputTypeError",

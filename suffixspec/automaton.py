@@ -30,6 +30,7 @@ import numpy as np
 from ._kernels import frozen as fk
 from ._kernels import lct as lk
 from ._kernels import sam as sk
+from ._kernels import walk as wk
 from ._tokens import as_tokens
 from .errors import BadInputError, BadInputTypeError, IndexFormatError
 
@@ -200,6 +201,15 @@ class SuffixAutomaton(_Queries):
         """State whose strings include `pattern`, or -1 if it does not occur."""
         return int(sk.locate(self._S, self._E, self._H, as_tokens(pattern, "pattern")))
 
+    def prefix_length(self, pattern) -> int:
+        """Length of the longest prefix of `pattern` that occurs in the text."""
+        return int(wk.prefix_live(self._S, self._E, self._H, as_tokens(pattern, "pattern")))
+
+    @property
+    def last_state(self) -> int:
+        """State of the whole current document (its longest string is the document so far)."""
+        return int(self._M[sk.LAST_STATE])
+
     def _values(self, states: np.ndarray) -> np.ndarray:
         self._settle_counts()
         out, self._stack = sk.true_values(self._S, self._L, self._M, states, self._stack)
@@ -338,6 +348,11 @@ class FrozenAutomaton(_Queries):
         if s == fk.CORRUPT:
             self._corrupt("while locating")
         return s
+
+    def prefix_length(self, pattern) -> int:
+        """Length of the longest prefix of `pattern` that occurs in the text."""
+        n = int(wk.prefix_frozen(self.offsets, self.etok, self.eto, as_tokens(pattern, "pattern")))
+        return n
 
     def state_count(self, state) -> int:
         return int(self.counts[self._check_state(state)])

@@ -48,6 +48,13 @@ class DraftTree:
         self.scores = scores                      # float64[n]
 
     @classmethod
+    def _trusted(cls, tokens, parents, depths, scores) -> DraftTree:
+        """Wrap arrays the proposer kernels already built valid (no checks: hot path)."""
+        tree = cls.__new__(cls)
+        tree.tokens, tree.parents, tree.depths, tree.scores = tokens, parents, depths, scores
+        return tree
+
+    @classmethod
     def empty(cls) -> DraftTree:
         return cls(np.empty(0, np.int32), np.empty(0, np.int32))
 

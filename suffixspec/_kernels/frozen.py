@@ -41,6 +41,17 @@ def transition(offsets, etok, eto, state, tok):
 @njit(cache=True)
 def advance(offsets, etok, eto, links, lens, state, length, tokens):
     n = offsets.shape[0] - 1
+    # a cursor taken on an earlier snapshot of a growing automaton: its strings of the
+    # current length may have moved to a clone on the suffix-link path
+    guard = 0
+    while state > 0 and guard <= n:
+        p = links[state]
+        if p < 0 or p >= n:
+            return CORRUPT, 0
+        if lens[p] < length:
+            break
+        state = p
+        guard += 1
     for j in range(tokens.shape[0]):
         c = tokens[j]
         steps = 0

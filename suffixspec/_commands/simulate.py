@@ -1,0 +1,75 @@
+"""`suffixspec simulate TRACES.jsonl`: acceptance of the proposer on recorded traces, no model."""
+
+from __future__ import annotations
+
+import json
+
+from ..errors import BadInputError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("simulate", help="replay recorded traces through the proposer (no model needed)")
+    p.add_argument("traces", metavar="TRACES.jsonl")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
+    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
+    p.add_argument("--budget", type=int, default=16, metavar="N", help="draft-tree nodes per round (default 16)")
+    p.add_argument("--tokenizer", default=None, metavar="TOK", help="tokenizer for text traces (default: embedded)")
+    p.add_argument("--no-global-cache", action="store_true", help="do not learn from earlier traces' outputs")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=run)
+
+
+def parse_filters(items) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInputError(f"--filter: expected K=V, got {item!r}")
+        out[key] = value
+    return out
+
+
+def open_corpora(paths, tokenizer=None):
+    if not paths:
+        return []
+    from ..corpus import CorpusIndex
+
+    return [CorpusIndex.open(p, tokenizer=tokenizer) for p in paths]
+
+
+def run(args) -> int:
+    from ..proposer import Proposer
+    from ..simulate import load_traces, simulate
+
+    tokenizer = None
+    if args.tokenizer is not None:
+        from ..tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(args.tokenizer)
+    try:
+        traces = load_traces(args.traces)
+    except BadInputError as exc:
+        if tokenizer is not None or "needs a tokenizer" not in str(exc):
+            raise
+        from ..tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(None)
+        traces = load_traces(args.traces, tokenizer)
+    else:
+        if tokenizer is not None:
+            traces = load_traces(args.traces, tokenizer)
+    filters = parse_filters(args.filter)
+    corpora = open_corpora(args.corpus, tokenizer)
+    if filters:
+        corpora = [c.restrict(filters) for c in corpora]
+    proposer = Proposer(corpus=corpora or None, global_cache=not args.no_global_cache)
+    stats = simulate(traces, proposer, args.budget)
+    print(f"traces            {len(traces)}")
+    for key in ("rounds", "output_tokens", "mean_accepted_tokens", "oracle_mean_accepted_tokens",
+                "acceptance_rate", "drafted_per_round", "propose_us_p50", "propose_us_p99"):
+        value = stats[key]
+        print(f"{key:<29} {value:.3f}" if isinstance(value, float) else f"{key:<29} {value}")
+    print("accepted_by_position          " + " ".join(f"{x:.2f}" for x in stats["accepted_by_position"][:16]))
+    if args.json:
+        print(json.dumps(stats))
+    return 0

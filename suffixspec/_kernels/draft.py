@@ -1,0 +1,290 @@
+"""Best-first draft-tree building over one source, and merging of several sources' candidates.
+
+A source is an automaton and a matched context: (state, length) of the longest suffix of the
+request's context found in it. Expanding a candidate node follows the automaton forward: the
+children of state v are its outgoing edges, with their occurrence counts and most recent end
+positions. A child's path probability is
+
+    p(child) = p(parent) * conf(L) * (count + recency * C * [most recent]) / (C * (1 + recency))
+
+where L is the matched length at the parent (it grows by one per level), C the sum of the
+children's counts, conf(L) = L / (L + match_prior) the chance that a copy continues at all, and
+[most recent] marks the continuation of the most recent occurrence (recency matters for text
+being edited). Each expansion pushes at most `max_children` children on a max-heap; the
+`budget` most probable candidates are popped. Probabilities never increase down a path.
+
+Layouts: `expand_live` reads a growable automaton (counts through its link-cut tree, which it
+may restructure: the automaton must not be used concurrently), `expand_frozen` a frozen one
+(read-only, safe to share across threads).
+
+Candidate output: tokens, parents (index among this source's candidates, -1 for the root),
+probs; parents come before children.
+"""
+
+import numpy as np
+from numba import njit
+
+from . import frozen as fk
+from . import lct
+from . import sam as sk
+
+P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
+N_PARAMS = 5
+CHILD_BUF = 4096
+
+
+@njit(cache=True, inline="always")
+def _heap_push(hkey, hval, n, key, val):
+    i = n
+    hkey[i] = key
+    hval[i] = val
+    while i > 0:
+        p = (i - 1) >> 1
+        if hkey[p] >= hkey[i]:
+            break
+        hkey[p], hkey[i] = hkey[i], hkey[p]
+        hval[p], hval[i] = hval[i], hval[p]
+        i = p
+    return n + 1
+
+
+@njit(cache=True, inline="always")
+def _heap_pop(hkey, hval, n):
+    key = hkey[0]
+    val = hval[0]
+    n -= 1
+    hkey[0] = hkey[n]
+    hval[0] = hval[n]
+    i = 0
+    while True:
+        a = 2 * i + 1
+        if a >= n:
+            break
+        b = a + 1
+        c = b if (b < n and hkey[b] > hkey[a]) else a
+        if hkey[i] >= hkey[c]:
+            break
+        hkey[c], hkey[i] = hkey[i], hkey[c]
+        hval[c], hval[i] = hval[i], hval[c]
+        i = c
+    return key, val, n
+
+
+@njit(cache=True)
+def _push_children(k, btok, bcnt, blast, bstate, parent_node, parent_prob, match_len, depth,
+                   params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey, hval, n_heap):
+    """Score the k children of a node and push the best `max_children` of them."""
+    if k == 0:
+        return n_cand, n_heap
+    if params[P_MAX_DEPTH] > 0 and depth + 1 > params[P_MAX_DEPTH]:
+        return n_cand, n_heap
+    total = 0.0
+    recent = 0
+    for i in range(k):
+        total += bcnt[i]
+        if blast[i] > blast[recent]:
+            recent = i
+    if total <= 0:
+        return n_cand, n_heap
+    conf = match_len / (match_len + params[P_MATCH_PRIOR])
+    rec = params[P_RECENCY]
+    scale = parent_prob * conf / (total * (1.0 + rec))
+    max_children = int(params[P_MAX_CHILDREN])
+    # selection of the max_children best (k is usually tiny: a few passes are cheapest)
+    taken = 0
+    used = np.zeros(k, np.bool_)
+    while taken < max_children and taken < k:
+        best = -1
+        best_p = -1.0
+        for i in range(k):
+            if not used[i]:
+                w = bcnt[i] + (rec * total if i == recent else 0.0)
+                if w * scale > best_p:
+                    best_p = w * scale
+                    best = i
+        used[best] = True
+        taken += 1
+        if best_p < params[P_MIN_PROB] or n_cand >= ctok.shape[0]:
+            break
+        ctok[n_cand] = btok[best]
+        cpar[n_cand] = parent_node
+        cstate[n_cand] = bstate[best]
+        clen[n_cand] = match_len + 1
+        cdepth[n_cand] = depth + 1
+        n_heap = _heap_push(hkey, hval, n_heap, best_p, n_cand)
+        n_cand += 1
+    return n_cand, n_heap
+
+
+@njit(cache=True)
+def _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate):
+    k = 0
+    e = S[v, sk.HEAD]
+    while e != -1 and k < btok.shape[0]:
+        w = E[e, sk.TO]
+        if online:
+            stack = lct.splay(L, S, w, stack)
+        btok[k] = E[e, sk.TOK]
+        bcnt[k] = S[w, sk.CNT]
+        blast[k] = S[w, sk.LAST]
+        bstate[k] = w
+        k += 1
+        e = E[e, sk.NEXT]
+    return k, stack
+
+
+@njit(cache=True)
+def _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bstate):
+    n = offsets.shape[0] - 1
+    if v < 0 or v >= n:
+        return 0
+    lo = offsets[v]
+    hi = offsets[v + 1]
+    if lo < 0 or hi > etok.shape[0] or lo > hi:
+        return 0
+    k = 0
+    for e in range(lo, hi):
+        if k >= btok.shape[0]:
+            break
+        w = eto[e]
+        if w < 0 or w >= n:
+            return 0
+        btok[k] = etok[e]
+        bcnt[k] = counts[w]
+        blast[k] = lasts[w]
+        bstate[k] = w
+        k += 1
+    return k
+
+
+@njit(cache=True)
+def _alloc(budget, params):
+    cap = budget * int(params[P_MAX_CHILDREN]) + CHILD_BUF
+    return (np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int32),
+            np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.float64),
+            np.empty(cap, np.int32))
+
+
+@njit(cache=True, nogil=True)
+def expand_live(S, E, L, M, stack, state, match_len, budget, params):
+    ctok, cpar, cstate, clen, cdepth, hkey, hval = _alloc(budget, params)
+    btok = np.empty(CHILD_BUF, np.int32)
+    bcnt = np.empty(CHILD_BUF, np.float64)
+    blast = np.empty(CHILD_BUF, np.int64)
+    bstate = np.empty(CHILD_BUF, np.int32)
+    out_tok = np.empty(budget, np.int32)
+    out_par = np.empty(budget, np.int32)
+    out_prob = np.empty(budget, np.float64)
+    online = M[sk.MODE] == sk.MODE_ONLINE
+    node_of = np.full(ctok.shape[0], -1, np.int32)
+    k, stack = _live_children(S, E, L, online, state, stack, btok, bcnt, blast, bstate)
+    n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
+                                    ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)
+    n_out = 0
+    while n_heap > 0 and n_out < budget:
+        p, c, n_heap = _heap_pop(hkey, hval, n_heap)
+        out_tok[n_out] = ctok[c]
+        out_par[n_out] = -1 if cpar[c] < 0 else node_of[cpar[c]]
+        out_prob[n_out] = p
+        node_of[c] = n_out
+        n_out += 1
+        if n_out < budget:
+            k, stack = _live_children(S, E, L, online, cstate[c], stack, btok, bcnt, blast, bstate)
+            n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, clen[c], cdepth[c],
+                                            params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey,
+                                            hval, n_heap)
+    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out], stack
+
+
+@njit(cache=True, nogil=True)
+def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params):
+    ctok, cpar, cstate, clen, cdepth, hkey, hval = _alloc(budget, params)
+    btok = np.empty(CHILD_BUF, np.int32)
+    bcnt = np.empty(CHILD_BUF, np.float64)
+    blast = np.empty(CHILD_BUF, np.int64)
+    bstate = np.empty(CHILD_BUF, np.int32)
+    out_tok = np.empty(budget, np.int32)
+    out_par = np.empty(budget, np.int32)
+    out_prob = np.empty(budget, np.float64)
+    node_of = np.full(ctok.shape[0], -1, np.int32)
+    k = _frozen_children(offsets, etok, eto, counts, lasts, state, btok, bcnt, blast, bstate)
+    n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
+                                    ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)
+    n_out = 0
+    while n_heap > 0 and n_out < budget:
+        p, c, n_heap = _heap_pop(hkey, hval, n_heap)
+        out_tok[n_out] = ctok[c]
+        out_par[n_out] = -1 if cpar[c] < 0 else node_of[cpar[c]]
+        out_prob[n_out] = p
+        node_of[c] = n_out
+        n_out += 1
+        if n_out < budget:
+            k = _frozen_children(offsets, etok, eto, counts, lasts, cstate[c], btok, bcnt, blast, bstate)
+            n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, clen[c], cdepth[c],
+                                            params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey,
+                                            hval, n_heap)
+    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out]
+
+
+@njit(cache=True, nogil=True)
+def merge(tok, par, prob, budget, min_prob):
+    """Merge candidate lists (parents already offset into the concatenation) into one tree.
+
+    Shared prefixes become one node scoring the max over sources; the `budget` best nodes are
+    kept (ancestor-closed, since scores never increase down a path and ties keep index order),
+    ordered parents first and siblings by descending score.
+    Returns tokens, parents, depths, scores.
+    """
+    n = tok.shape[0]
+    mtok = np.empty(n, np.int32)
+    mpar = np.empty(n, np.int32)
+    mprob = np.empty(n, np.float64)
+    mdepth = np.empty(n, np.int32)
+    first_child = np.full(n + 1, -1, np.int32)  # index n stands for the root
+    next_sib = np.full(n, -1, np.int32)
+    merged_of = np.empty(n, np.int32)
+    m = 0
+    for i in range(n):
+        mp = -1 if par[i] < 0 else merged_of[par[i]]
+        slot = n if mp < 0 else mp
+        c = first_child[slot]
+        while c != -1 and mtok[c] != tok[i]:
+            c = next_sib[c]
+        if c == -1:
+            c = m
+            m += 1
+            mtok[c] = tok[i]
+            mpar[c] = mp
+            mprob[c] = prob[i]
+            mdepth[c] = 1 if mp < 0 else mdepth[mp] + 1
+            next_sib[c] = first_child[slot]
+            first_child[slot] = c
+        elif prob[i] > mprob[c]:
+            mprob[c] = prob[i]
+        merged_of[i] = c
+    # a node may have been raised above its parent by another source: cap down the path
+    for c in range(m):
+        if mpar[c] >= 0 and mprob[c] > mprob[mpar[c]]:
+            mprob[c] = mprob[mpar[c]]
+    order = np.argsort(-mprob[:m], kind="mergesort")
+    keep = min(budget, m)
+    while keep > 0 and mprob[order[keep - 1]] < min_prob:
+        keep -= 1
+    out_of = np.full(m, -1, np.int32)
+    otok = np.empty(keep, np.int32)
+    opar = np.empty(keep, np.int32)
+    odepth = np.empty(keep, np.int32)
+    oprob = np.empty(keep, np.float64)
+    k = 0
+    for j in range(keep):
+        c = order[j]
+        p = mpar[c]
+        if p >= 0 and out_of[p] < 0:
+            continue  # parent not kept (only possible on exact ties); drop the orphan
+        out_of[c] = k
+        otok[k] = mtok[c]
+        opar[k] = -1 if p < 0 else out_of[p]
+        odepth[k] = mdepth[c]
+        oprob[k] = mprob[c]
+        k += 1
+    return otok[:k], opar[:k], odepth[:k], oprob[:k]

@@ -1,0 +1,321 @@
+"""`Proposer`: per-request sessions that turn the longest matches of every source into a
+`DraftTree`, and the bounded global cache of past responses.
+
+Sources, each giving the longest suffix of the request's context it contains:
+
+- the request itself (prompt + committed output) in a private, growable `SuffixAutomaton`;
+  its match is the longest suffix that also occurred earlier (the suffix link of the state
+  of the whole text), exact and unbounded. A session holds at most `max_session_tokens`
+  tokens: past that cap its automaton is rebuilt over the most recent half.
+- past responses: `ResponseCache`, rotating generations. Closed sessions' outputs are added as
+  documents to the newest generation; when it holds `cache_tokens / cache_generations` tokens
+  it is frozen and a new one starts; beyond `cache_generations` the oldest generation is
+  dropped whole (an automaton cannot delete). Counts therefore cover the responses of the
+  generations still held. Sessions read frozen snapshots only.
+- corpora: any number of frozen automata or corpus indexes.
+
+Each source expands a best-first candidate tree (see `_kernels/draft.py` for the scores), and
+the candidates are merged into one tree of at most `budget` nodes.
+
+Threads: one session must not be used from two threads at once; different sessions may be
+used concurrently (the kernels release the GIL, the cache is guarded by a lock and read as
+immutable snapshots). `propose_batch` runs sessions on `threads` threads (default 1, so that
+the proposer does not compete with the model for cores).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+
+from ._kernels import draft as dk
+from ._kernels import sam as sk
+from ._tokens import as_tokens
+from .automaton import FrozenAutomaton, SuffixAutomaton
+from .errors import BadInputError, IndexFormatError
+from .tree import DraftTree
+
+_CACHE_MAGIC = "suffixspec-response-cache"
+_CACHE_VERSION = 1
+
+
+class ResponseCache:
+    """Bounded cache of past responses in rotating generations (see the module docstring)."""
+
+    def __init__(self, max_tokens: int = 1 << 20, generations: int = 4):
+        if max_tokens <= 0 or generations <= 0:
+            raise BadInputError(f"ResponseCache: expected positive max_tokens and generations, got {max_tokens}, {generations}")
+        self.max_tokens = int(max_tokens)
+        self.generations = int(generations)
+        self._lock = threading.Lock()
+        self._frozen: list[tuple[int, FrozenAutomaton]] = []  # oldest first
+        self._live = SuffixAutomaton()
+        self._live_id = 0
+        self._snapshot: tuple[int, FrozenAutomaton] | None = None
+        self._version = 0  # bumps on every change, so sessions know to resync
+
+    @property
+    def generation_tokens(self) -> int:
+        return max(1, self.max_tokens // self.generations)
+
+    def add(self, tokens) -> None:
+        toks = as_tokens(tokens)
+        if toks.shape[0] == 0:
+            return
+        with self._lock:
+            self._live.add_document(toks)
+            self._snapshot = None
+            self._version += 1
+            if len(self._live) >= self.generation_tokens:
+                self._frozen.append((self._live_id, self._live.freeze()))
+                self._live = SuffixAutomaton()
+                self._live_id += 1
+                del self._frozen[: max(0, len(self._frozen) - (self.generations - 1))]
+
+    def sources(self) -> tuple[int, list[tuple[int, FrozenAutomaton]]]:
+        """(version, [(generation id, frozen automaton)...]) as of now."""
+        with self._lock:
+            if self._snapshot is None and len(self._live):
+                self._snapshot = (self._live_id, self._live.freeze())
+            out = list(self._frozen)
+            if self._snapshot is not None:
+                out.append(self._snapshot)
+            return self._version, out
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(a) for _, a in self._frozen) + len(self._live)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(a.nbytes for _, a in self._frozen) + self._live.nbytes
+
+    def save(self, path) -> None:
+        """Write atomically (temporary file in the same directory, then rename)."""
+        path = Path(path)
+        with self._lock:
+            state = {
+                "magic": _CACHE_MAGIC, "version": _CACHE_VERSION, "max_tokens": self.max_tokens,
+                "generations": self.generations, "frozen": [(g, a.arrays()) for g, a in self._frozen],
+                "live": self._live, "live_id": self._live_id,
+            }
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, path)
+            except BaseException:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
+                raise
+
+    @classmethod
+    def load(cls, path) -> ResponseCache:
+        path = Path(path)
+        try:
+            with open(path, "rb") as f:
+                state = pickle.load(f)
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
+            raise IndexFormatError(f"{path}: not a readable response cache ({exc})") from None
+        if not isinstance(state, dict) or state.get("magic") != _CACHE_MAGIC:
+            raise IndexFormatError(f"{path}: not a suffixspec response cache (bad magic)")
+        if state.get("version") != _CACHE_VERSION:
+            raise IndexFormatError(f"{path}: response cache version {state.get('version')!r}, expected {_CACHE_VERSION}")
+        cache = cls(state["max_tokens"], state["generations"])
+        cache._frozen = [(g, FrozenAutomaton(**arrays)) for g, arrays in state["frozen"]]
+        cache._live = state["live"]
+        cache._live_id = state["live_id"]
+        return cache
+
+
+def _corpus_sources(corpus) -> list[FrozenAutomaton]:
+    if corpus is None:
+        return []
+    items = corpus if isinstance(corpus, (list, tuple)) else [corpus]
+    out = []
+    for item in items:
+        if isinstance(item, SuffixAutomaton):
+            out.append(item.freeze())
+        elif isinstance(item, FrozenAutomaton):
+            out.append(item)
+        elif hasattr(item, "shards"):
+            out.extend(_corpus_sources(list(item.shards)))
+        else:
+            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or corpus index, got {type(item).__name__}")
+    return out
+
+
+class Proposer:
+    """Draft-tree proposer over the request, past responses and corpora.
+
+    Knobs: `max_nodes` (default budget), `max_depth` (0: unbounded), `min_match` (shortest
+    matched suffix worth drafting from), `min_prob` (drop nodes less likely to be accepted),
+    `match_prior` (confidence conf(L) = L / (L + match_prior)), `recency` (weight of the most
+    recent continuation), `max_children` (branching per node), `global_cache` (learn from
+    closed sessions), `cache_tokens`, `cache_generations`, `max_session_tokens`, `resync_tokens`
+    (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`).
+    """
+
+    def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
+                 min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
+                 max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
+                 cache_generations: int = 4, max_session_tokens: int = 1 << 20,
+                 resync_tokens: int = 1024, threads: int = 1):
+        for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
+                            ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads)):
+            if int(value) < 1:
+                raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
+        if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
+            raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
+        self.max_nodes = int(max_nodes)
+        self.min_match = int(min_match)
+        self.min_prob = float(min_prob)
+        self.max_session_tokens = int(max_session_tokens)
+        self.resync_tokens = int(resync_tokens)
+        self.threads = int(threads)
+        self.params = np.zeros(dk.N_PARAMS, np.float64)
+        self.params[dk.P_MATCH_PRIOR] = match_prior
+        self.params[dk.P_RECENCY] = recency
+        self.params[dk.P_MIN_PROB] = min_prob
+        self.params[dk.P_MAX_DEPTH] = max_depth
+        self.params[dk.P_MAX_CHILDREN] = max_children
+        self.corpora = _corpus_sources(corpus)
+        self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
+        self._pool = None
+
+    def start(self, prompt_ids, request_id=None, filter=None) -> Session:
+        if filter is not None:
+            raise BadInputError("filter: document filters need a corpus index that supports them")
+        return Session(self, as_tokens(prompt_ids, "prompt_ids"), request_id)
+
+    def propose_batch(self, sessions, budgets=None) -> list[DraftTree]:
+        if budgets is None or isinstance(budgets, (int, np.integer)):
+            budgets = [budgets] * len(sessions)
+        if len(budgets) != len(sessions):
+            raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}")
+        if self.threads == 1 or len(sessions) < 2:
+            return [s.propose(b) for s, b in zip(sessions, budgets)]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="suffixspec-propose")
+        return list(self._pool.map(lambda sb: sb[0].propose(sb[1]), zip(sessions, budgets)))
+
+
+class Session:
+    """One request: its own automaton, cursors into the shared sources, and its output."""
+
+    def __init__(self, proposer: Proposer, prompt: np.ndarray, request_id=None):
+        self.proposer = proposer
+        self.request_id = request_id
+        self.prompt_len = int(prompt.shape[0])
+        self._sam = SuffixAutomaton(prompt)
+        self._output: list[int] = []
+        self._closed = False
+        self._corpus_cursors = [c.cursor() for c in proposer.corpora]
+        for cur in self._corpus_cursors:
+            cur.advance(prompt)
+        self._cache_version = -1
+        self._cache_cursors: list[tuple[FrozenAutomaton, object]] = []
+
+    @property
+    def output(self) -> list[int]:
+        return list(self._output)
+
+    def __len__(self) -> int:
+        return self.prompt_len + len(self._output)
+
+    def extend(self, tokens) -> None:
+        """Commit tokens (accepted drafts and the target's own token)."""
+        if self._closed:
+            raise BadInputError("session is closed")
+        toks = as_tokens(tokens)
+        if toks.shape[0] == 0:
+            return
+        self._output.extend(toks.tolist())
+        self._sam.extend(toks)
+        if len(self._sam) > self.proposer.max_session_tokens:
+            keep = self.proposer.max_session_tokens // 2
+            self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
+        for cur in self._corpus_cursors:
+            cur.advance(toks)
+        for _, cur in self._cache_cursors:
+            cur.advance(toks)
+
+    def _sync_cache(self) -> None:
+        cache = self.proposer.cache
+        if cache is None:
+            return
+        version, sources = cache.sources()
+        if version == self._cache_version:
+            return
+        tail = self._sam.tokens[-self.proposer.resync_tokens :]
+        self._cache_cursors = []
+        for _, automaton in sources:
+            cur = automaton.cursor()
+            cur.advance(tail)
+            self._cache_cursors.append((automaton, cur))
+        self._cache_version = version
+
+    def propose(self, budget=None) -> DraftTree:
+        budget = self.proposer.max_nodes if budget is None else int(budget)
+        if budget <= 0 or self._closed:
+            return DraftTree.empty()
+        p = self.proposer
+        self._sync_cache()
+        parts = []
+        sam = self._sam
+        last = int(sam._M[sk.LAST_STATE])
+        state = int(sam._S[last, sk.LINK]) if last > 0 else 0
+        length = int(sam._S[state, sk.LEN]) if state > 0 else 0
+        if length >= p.min_match:
+            sam._settle_counts()
+            if sam._mode != sk.MODE_ONLINE:
+                sam._start_online()
+            tok, par, prob, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
+                                                        state, length, budget, p.params)
+            parts.append((tok, par, prob))
+        for automaton, cur in [(a, c) for a, c in zip(p.corpora, self._corpus_cursors)] + self._cache_cursors:
+            if cur.length >= p.min_match:
+                tok, par, prob = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
+                                                  automaton.counts, automaton.lasts, cur.state,
+                                                  cur.length, budget, p.params)
+                parts.append((tok, par, prob))
+        if not parts:
+            return DraftTree.empty()
+        if len(parts) == 1:
+            tok, par, prob = parts[0]
+        else:
+            offset = 0
+            toks, pars, probs = [], [], []
+            for tok, par, prob in parts:
+                toks.append(tok)
+                pars.append(np.where(par >= 0, par + offset, -1).astype(np.int32))
+                probs.append(prob)
+                offset += tok.shape[0]
+            tok, par, prob = np.concatenate(toks), np.concatenate(pars), np.concatenate(probs)
+        t, pa, d, s = dk.merge(tok, par, prob, budget, p.min_prob)
+        return DraftTree._trusted(t, pa, d, s)
+
+    def close(self) -> None:
+        """End the request; its output joins the global cache of past responses."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.proposer.cache is not None and self._output:
+            self.proposer.cache.add(self._output)
+        self._sam = None
+        self._cache_cursors = []
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

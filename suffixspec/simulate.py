@@ -1,0 +1,148 @@
+"""Trace replay: acceptance of a proposer measured without a model, and the copy-oracle.
+
+Greedy speculative decoding is exact, so a recorded (prompt, output) trace replays exactly: a
+round proposes a tree, accepts its longest root path equal to the next output tokens, then
+commits one more token (the target's own, the *bonus*), until the output is consumed. Traces
+replay in order through one proposer, as a server would see them.
+
+The copy-oracle drafts, each round, the longest prefix of the remaining output found anywhere
+in the available text (prompt, output so far, earlier outputs, corpora), capped at the
+budget: no copying proposer can beat it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ._tokens import as_tokens
+from .automaton import SuffixAutomaton
+from .errors import BadInputError
+from .proposer import Proposer
+
+STAT_KEYS = ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "accepted_by_position",
+             "rounds", "propose_us_p50", "propose_us_p99", "oracle_mean_accepted_tokens")
+
+
+@dataclass
+class Trace:
+    prompt: np.ndarray
+    output: np.ndarray
+    id: object = None
+
+
+def load_traces(path, tokenizer=None) -> list[Trace]:
+    """Read JSONL traces: `prompt_ids`/`output_ids` (win when present) or `prompt`/`output` text."""
+    path = Path(path)
+    traces = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise BadInputError(f"{where}: malformed JSON ({exc.msg})") from None
+            if not isinstance(rec, dict):
+                raise BadInputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+            parts = []
+            for key in ("prompt", "output"):
+                if f"{key}_ids" in rec:
+                    try:
+                        parts.append(as_tokens(rec[f"{key}_ids"], f"{key}_ids"))
+                    except (TypeError, ValueError) as exc:
+                        raise BadInputError(f"{where}: {exc}") from None
+                elif key in rec:
+                    if tokenizer is None:
+                        raise BadInputError(f"{where}: text field {key!r} needs a tokenizer (--tokenizer)")
+                    if not isinstance(rec[key], str):
+                        raise BadInputError(f"{where}: expected {key!r} to be a string")
+                    parts.append(np.asarray(tokenizer.encode(rec[key]), np.int32))
+                else:
+                    raise BadInputError(f"{where}: expected '{key}_ids' or '{key}'")
+            traces.append(Trace(parts[0], parts[1], rec.get("id")))
+    if not traces:
+        raise BadInputError(f"{path}: no traces")
+    return traces
+
+
+def _percentile(values, q) -> float:
+    return float(np.percentile(values, q)) if len(values) else 0.0
+
+
+def replay(traces, proposer: Proposer, budget: int) -> dict:
+    """Replay traces through `proposer`; returns the statistics of STAT_KEYS but the oracle's."""
+    if budget < 1:
+        raise BadInputError(f"budget: expected a positive integer, got {budget}")
+    rounds = drafted = accepted = total = 0
+    by_position = np.zeros(budget + 1, np.int64)
+    propose_ns = []
+    for trace in traces:
+        out = trace.output
+        session = proposer.start(trace.prompt)
+        pos = 0
+        while pos < out.shape[0]:
+            t0 = time.perf_counter_ns()
+            tree = session.propose(budget)
+            propose_ns.append(time.perf_counter_ns() - t0)
+            node = tree.longest_accepted(out[pos : pos + budget + 1]) if len(tree) else -1
+            a = int(tree.depths[node]) if node >= 0 else 0
+            by_position[1 : a + 1] += 1
+            drafted += len(tree)
+            accepted += a
+            commit = out[pos : pos + a + 1]
+            session.extend(commit)
+            pos += commit.shape[0]
+            rounds += 1
+        session.close()
+        total += out.shape[0]
+    last = int(np.max(np.nonzero(by_position)[0])) if by_position.any() else 0
+    us = np.asarray(propose_ns) / 1e3
+    return {
+        "mean_accepted_tokens": total / rounds if rounds else 0.0,
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "drafted_per_round": drafted / rounds if rounds else 0.0,
+        "accepted_by_position": [round(float(c) / rounds, 4) for c in by_position[1 : last + 1]] if rounds else [],
+        "rounds": rounds,
+        "output_tokens": total,
+        "propose_us_p50": _percentile(us, 50),
+        "propose_us_p99": _percentile(us, 99),
+    }
+
+
+def oracle_mean_accepted(traces, budget: int, corpora=(), use_history: bool = True) -> float:
+    """Mean committed tokens per round of the clairvoyant copy proposer."""
+    history = SuffixAutomaton()
+    rounds = total = 0
+    for trace in traces:
+        own = SuffixAutomaton(trace.prompt)
+        out = trace.output
+        pos = 0
+        while pos < out.shape[0]:
+            ahead = out[pos : pos + budget]
+            a = own.prefix_length(ahead)
+            if use_history and len(history):
+                a = max(a, history.prefix_length(ahead))
+            for corpus in corpora:
+                a = max(a, corpus.prefix_length(ahead))
+            commit = out[pos : pos + a + 1]
+            own.extend(commit)
+            pos += commit.shape[0]
+            rounds += 1
+        if use_history and out.shape[0]:
+            history.add_document(out)
+        total += out.shape[0]
+    return total / rounds if rounds else 0.0
+
+
+def simulate(traces, proposer: Proposer, budget: int) -> dict:
+    stats = replay(traces, proposer, budget)
+    stats["oracle_mean_accepted_tokens"] = oracle_mean_accepted(
+        traces, budget, proposer.corpora, use_history=proposer.cache is not None)
+    stats["budget"] = budget
+    return stats

@@ -1,0 +1,203 @@
+"""Proposer trees against a brute-force proposer; the simulator against a hand-computed replay."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+import naive
+from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
+from suffixspec.cli import main as cli_main
+from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
+
+
+def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12):
+    """All draft paths from the request's own text with their probabilities (exhaustive)."""
+    L = 0
+    for length in range(1, len(text)):
+        if naive.count([text], text[len(text) - length :]) >= 2:
+            L = length
+    if L == 0:
+        return {}
+    out = {}
+
+    def expand(ctx, path, prob, depth):
+        if depth >= max_depth:
+            return
+        cont = naive.continuations([text], ctx)
+        if not cont:
+            return
+        total = sum(c for c, _ in cont.values())
+        recent = max(cont, key=lambda t: cont[t][1])
+        conf = len(ctx) / (len(ctx) + match_prior)
+        for tok, (c, _) in cont.items():
+            p = prob * conf * (c + (recency * total if tok == recent else 0)) / (total * (1 + recency))
+            out[tuple(path + [tok])] = p
+            expand(ctx + [tok], path + [tok], p, depth + 1)
+
+    expand(text[len(text) - L :], [], 1.0, 0)
+    return out
+
+
+def _tree_paths(tree):
+    return {tuple(int(tree.tokens[i]) for i in tree.path_to(n)): float(tree.scores[n]) for n in range(len(tree))}
+
+
+def _check_tree_invariants(tree):
+    n = len(tree)
+    seen = set()
+    for i in range(n):
+        p = int(tree.parents[i])
+        assert p < i
+        assert tree.depths[i] == (1 if p < 0 else tree.depths[p] + 1)
+        if p >= 0:
+            assert tree.scores[i] <= tree.scores[p] + 1e-12
+        assert (p, int(tree.tokens[i])) not in seen
+        seen.add((p, int(tree.tokens[i])))
+    for parent in [-1] + list(range(n)):
+        kids = tree.children(parent)
+        assert np.all(np.diff(tree.scores[kids]) <= 1e-12)
+
+
+@pytest.mark.parametrize("alphabet", [2, 3, 4])
+def test_trees_equal_brute_force_on_small_cases(alphabet):
+    rng = random.Random(alphabet)
+    for trial in range(40):
+        text = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 30))]
+        budget = rng.randrange(1, 12)
+        prop = Proposer(global_cache=False, max_children=64, max_depth=12, match_prior=1.0, recency=0.5)
+        session = prop.start(text[: len(text) // 2])
+        session.extend(text[len(text) // 2 :])
+        tree = session.propose(budget)
+        _check_tree_invariants(tree)
+        ref = _naive_self_candidates(text, budget, 1.0, 0.5)
+        got = _tree_paths(tree)
+        for path, score in got.items():
+            assert path in ref and score == pytest.approx(ref[path]), (text, path)
+        best = sorted(ref.values(), reverse=True)[:budget]
+        assert sorted(got.values(), reverse=True) == pytest.approx(best), text
+
+
+def test_long_repeated_block_is_proposed_in_full():
+    rng = np.random.default_rng(0)
+    block = rng.integers(0, 50_000, 500).tolist()
+    prop = Proposer(global_cache=False)
+    session = prop.start([7] + block + [8, 9])
+    session.extend(block[:3])
+    tree = session.propose(600)
+    assert tree.max_depth >= 497
+    best = int(np.argmax(tree.depths))
+    path = tree.tokens[tree.path_to(best)].tolist()
+    assert path[:497] == block[3:]
+
+
+def test_budget_respected_and_empty_tree_when_nothing_matches():
+    prop = Proposer(global_cache=False)
+    session = prop.start([1, 2, 3, 4])
+    assert len(session.propose(8)) == 0
+    session.extend([1, 2])
+    tree = session.propose(1)
+    assert len(tree) == 1 and tree.tokens[0] == 3
+    assert len(session.propose(0)) == 0
+
+
+def test_global_cache_teaches_later_requests_and_round_trips(tmp_path):
+    prop = Proposer()
+    answer = list(range(100, 140))
+    s = prop.start([1, 2, 3])
+    s.extend(answer)
+    s.close()
+    s2 = prop.start([5, 6] + answer[:4])
+    tree = s2.propose(64)
+    best = int(np.argmax(tree.depths))
+    assert tree.tokens[tree.path_to(best)].tolist()[:36] == answer[4:40]
+    path = tmp_path / "cache.bin"
+    prop.cache.save(path)
+    loaded = ResponseCache.load(path)
+    prop2 = Proposer()
+    prop2.cache = loaded
+    s3 = prop2.start(answer[:4])
+    assert s3.propose(8).tokens[0] == answer[4]
+    (tmp_path / "junk").write_bytes(b"not a cache")
+    with pytest.raises(Exception, match="junk"):
+        ResponseCache.load(tmp_path / "junk")
+
+
+def test_global_cache_memory_is_bounded():
+    cache = ResponseCache(max_tokens=4000, generations=4)
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        cache.add(rng.integers(0, 1000, 100))
+    assert len(cache) <= 4000 + 1000
+    version, sources = cache.sources()
+    assert len(sources) <= 4
+
+
+def test_corpus_source_and_merge_of_sources():
+    corpus = SuffixAutomaton()
+    corpus.add_document([10, 11, 12, 13, 14])
+    prop = Proposer(corpus=corpus.freeze(), global_cache=False)
+    s = prop.start([1, 10, 11, 20, 21, 1, 10])
+    tree = s.propose(16)
+    _check_tree_invariants(tree)
+    paths = _tree_paths(tree)
+    assert (11, 12, 13, 14) in paths  # from the corpus
+    assert (11, 20, 21) in paths      # from the request itself, sharing the first node
+    assert sum(1 for p in paths if len(p) == 1) == 1
+
+
+def test_batch_matches_single_and_threads():
+    rng = np.random.default_rng(3)
+    texts = [rng.integers(0, 5, 60).tolist() for _ in range(8)]
+    for threads in (1, 2):
+        prop = Proposer(global_cache=False, threads=threads)
+        sessions = [prop.start(t) for t in texts]
+        batch = prop.propose_batch(sessions, 16)
+        single = [s.propose(16) for s in sessions]
+        for a, b in zip(batch, single):
+            assert a.tokens.tolist() == b.tokens.tolist() and np.allclose(a.scores, b.scores)
+
+
+def test_bad_options_rejected():
+    with pytest.raises(BadInputError, match="max_nodes"):
+        Proposer(max_nodes=0)
+    with pytest.raises(BadInputError, match="corpus"):
+        Proposer(corpus="not an index")
+
+
+def test_simulator_hand_computed_replay(tmp_path):
+    traces = [
+        Trace(np.array([1, 2, 3, 4, 5, 6, 7, 8, 9]), np.array([1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3])),
+        Trace(np.array([9, 9]), np.array([1, 2, 3, 4, 5, 6, 7, 8, 9])),
+    ]
+    # Trace 1: round 1 no match, commit 1; round 2 "1" matched: draft 2..9, accept 8 + bonus 1;
+    # round 3 accepts 2 3 (output ends). Trace 2: the cache holds trace 1's output: round 1
+    # drafts 1 2 3 (cache document ends), accepts 3 + bonus 4; round 2 copies 5..9.
+    stats = simulate(traces, Proposer(), budget=8)
+    assert stats["rounds"] == 5
+    assert stats["mean_accepted_tokens"] == pytest.approx(21 / 5)
+    assert stats["accepted_by_position"] == [0.8, 0.8, 0.6, 0.4, 0.4, 0.2, 0.2, 0.2]
+    # oracle: trace 1 copies 8 + 1 then 3; trace 2 copies 8 + 1 from history: 21 / 3
+    assert stats["oracle_mean_accepted_tokens"] == pytest.approx(7.0)
+    # without history trace 2 finds nothing to copy: 9 one-token rounds
+    assert oracle_mean_accepted(traces, 8, use_history=False) == pytest.approx(21 / 11)
+    # the same through the CLI, JSON last
+    path = tmp_path / "t.jsonl"
+    path.write_text("\n".join(json.dumps({"prompt_ids": t.prompt.tolist(), "output_ids": t.output.tolist()}) for t in traces))
+    assert len(load_traces(path)) == 2
+
+
+def test_simulate_cli_json_and_bad_lines(tmp_path, capsys):
+    path = tmp_path / "t.jsonl"
+    path.write_text(json.dumps({"prompt_ids": [1, 2, 3, 1, 2], "output_ids": [3, 1, 2, 3], "id": "a"}) + "\n")
+    assert cli_main(["simulate", str(path), "--budget", "4", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    for key in ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "accepted_by_position",
+                "rounds", "propose_us_p50", "propose_us_p99", "oracle_mean_accepted_tokens"):
+        assert key in stats
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_ids": [1]}\n{not json\n')
+    assert cli_main(["simulate", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "bad.jsonl:1" in err and "output_ids" in err
