@@ -47,17 +47,14 @@ def run(args) -> int:
 
         tokenizer = load_tokenizer(args.tokenizer)
     try:
-        traces = load_traces(args.traces)
+        traces = load_traces(args.traces, tokenizer)
     except BadInputError as exc:
         if tokenizer is not None or "needs a tokenizer" not in str(exc):
             raise
         from ..tokenizer import load_tokenizer
 
-        tokenizer = load_tokenizer(None)
+        tokenizer = load_tokenizer(None)  # text traces and no --tokenizer: the embedded default
         traces = load_traces(args.traces, tokenizer)
-    else:
-        if tokenizer is not None:
-            traces = load_traces(args.traces, tokenizer)
     filters = parse_filters(args.filter)
     corpora = open_corpora(args.corpus, tokenizer)
     if filters:
