@@ -162,16 +162,19 @@ class Proposer:
     `match_prior` (confidence conf(L) = L / (L + match_prior)), `recency` (weight of the most
     recent continuation), `max_children` (branching per node), `global_cache` (learn from
     closed sessions), `cache_tokens`, `cache_generations`, `max_session_tokens`, `resync_tokens`
-    (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`).
+    (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`),
+    `match_levels` (how many matched suffixes per source are expanded: the longest, then the
+    next shorter ones along suffix links, which see more occurrences).
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
                  min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1):
+                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 1):
         for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
-                            ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads)):
+                            ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
+                            ("match_levels", match_levels)):
             if int(value) < 1:
                 raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
         if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
@@ -182,6 +185,7 @@ class Proposer:
         self.max_session_tokens = int(max_session_tokens)
         self.resync_tokens = int(resync_tokens)
         self.threads = int(threads)
+        self.match_levels = int(match_levels)
         self.params = np.zeros(dk.N_PARAMS, np.float64)
         self.params[dk.P_MATCH_PRIOR] = match_prior
         self.params[dk.P_RECENCY] = recency
@@ -191,6 +195,13 @@ class Proposer:
         self.corpora = _corpus_sources(corpus)
         self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
         self._pool = None
+        self._local = threading.local()  # per-thread scratch arrays for the kernels
+
+    def _workspace(self, budget: int):
+        ws = getattr(self._local, "ws", None)
+        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1:
+            ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]))
+        return ws
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
         if filter is not None:
@@ -271,6 +282,7 @@ class Session:
         p = self.proposer
         self._sync_cache()
         parts = []
+        ws = p._workspace(budget)
         sam = self._sam
         last = int(sam._M[sk.LAST_STATE])
         state = int(sam._S[last, sk.LINK]) if last > 0 else 0
@@ -279,15 +291,25 @@ class Session:
             sam._settle_counts()
             if sam._mode != sk.MODE_ONLINE:
                 sam._start_online()
-            tok, par, prob, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
-                                                        state, length, budget, p.params)
-            parts.append((tok, par, prob))
-        for automaton, cur in [(a, c) for a, c in zip(p.corpora, self._corpus_cursors)] + self._cache_cursors:
-            if cur.length >= p.min_match:
-                tok, par, prob = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
-                                                  automaton.counts, automaton.lasts, cur.state,
-                                                  cur.length, budget, p.params)
+            for _ in range(p.match_levels):
+                tok, par, prob, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
+                                                            state, length, budget, p.params, ws)
                 parts.append((tok, par, prob))
+                state = int(sam._S[state, sk.LINK])
+                length = int(sam._S[state, sk.LEN]) if state > 0 else 0
+                if length < p.min_match:
+                    break
+        for automaton, cur in [(a, c) for a, c in zip(p.corpora, self._corpus_cursors)] + self._cache_cursors:
+            state, length = cur.state, cur.length
+            for _ in range(p.match_levels):
+                if length < p.min_match:
+                    break
+                tok, par, prob = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
+                                                  automaton.counts, automaton.lasts, state,
+                                                  length, budget, p.params, ws)
+                parts.append((tok, par, prob))
+                state = automaton.state_link(state)
+                length = automaton.state_length(state) if state > 0 else 0
         if not parts:
             return DraftTree.empty()
         if len(parts) == 1:

@@ -70,7 +70,7 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _push_children(k, btok, bcnt, blast, bstate, parent_node, parent_prob, match_len, depth,
                    params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey, hval, n_heap):
     """Score the k children of a node and push the best `max_children` of them."""
@@ -90,25 +90,30 @@ def _push_children(k, btok, bcnt, blast, bstate, parent_node, parent_prob, match
     rec = params[P_RECENCY]
     scale = parent_prob * conf / (total * (1.0 + rec))
     max_children = int(params[P_MAX_CHILDREN])
-    # selection of the max_children best (k is usually tiny: a few passes are cheapest)
-    taken = 0
-    used = np.zeros(k, np.bool_)
-    while taken < max_children and taken < k:
-        best = -1
-        best_p = -1.0
-        for i in range(k):
-            if not used[i]:
-                w = bcnt[i] + (rec * total if i == recent else 0.0)
-                if w * scale > best_p:
-                    best_p = w * scale
-                    best = i
-        used[best] = True
-        taken += 1
+    # partial selection sort in place: k is usually tiny
+    for taken in range(min(max_children, k)):
+        best = taken
+        best_w = bcnt[taken] + (rec * total if taken == recent else 0.0)
+        for i in range(taken + 1, k):
+            w = bcnt[i] + (rec * total if i == recent else 0.0)
+            if w > best_w:
+                best_w = w
+                best = i
+        if best != taken:
+            btok[best], btok[taken] = btok[taken], btok[best]
+            bcnt[best], bcnt[taken] = bcnt[taken], bcnt[best]
+            bstate[best], bstate[taken] = bstate[taken], bstate[best]
+            blast[best], blast[taken] = blast[taken], blast[best]
+            if recent == taken:
+                recent = best
+            elif recent == best:
+                recent = taken
+        best_p = best_w * scale
         if best_p < params[P_MIN_PROB] or n_cand >= ctok.shape[0]:
             break
-        ctok[n_cand] = btok[best]
+        ctok[n_cand] = btok[taken]
         cpar[n_cand] = parent_node
-        cstate[n_cand] = bstate[best]
+        cstate[n_cand] = bstate[taken]
         clen[n_cand] = match_len + 1
         cdepth[n_cand] = depth + 1
         n_heap = _heap_push(hkey, hval, n_heap, best_p, n_cand)
@@ -116,7 +121,7 @@ def _push_children(k, btok, bcnt, blast, bstate, parent_node, parent_prob, match
     return n_cand, n_heap
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate):
     k = 0
     e = S[v, sk.HEAD]
@@ -133,7 +138,7 @@ def _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate):
     return k, stack
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bstate):
     n = offsets.shape[0] - 1
     if v < 0 or v >= n:
@@ -157,26 +162,22 @@ def _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bs
     return k
 
 
-@njit(cache=True)
-def _alloc(budget, params):
-    cap = budget * int(params[P_MAX_CHILDREN]) + CHILD_BUF
-    return (np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int32),
-            np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.float64),
-            np.empty(cap, np.int32))
+def make_workspace(budget, max_children):
+    """Scratch arrays for one expansion (one per thread); sized for `budget` nodes."""
+    cap = budget * max_children + max_children + 1
+    i32 = lambda n: np.empty(n, np.int32)  # noqa: E731
+    return (i32(cap), i32(cap), i32(cap), i32(cap), i32(cap), np.empty(cap, np.float64), i32(cap),
+            i32(CHILD_BUF), np.empty(CHILD_BUF, np.float64), np.empty(CHILD_BUF, np.int64), i32(CHILD_BUF),
+            i32(cap))
 
 
 @njit(cache=True, nogil=True)
-def expand_live(S, E, L, M, stack, state, match_len, budget, params):
-    ctok, cpar, cstate, clen, cdepth, hkey, hval = _alloc(budget, params)
-    btok = np.empty(CHILD_BUF, np.int32)
-    bcnt = np.empty(CHILD_BUF, np.float64)
-    blast = np.empty(CHILD_BUF, np.int64)
-    bstate = np.empty(CHILD_BUF, np.int32)
+def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws):
+    ctok, cpar, cstate, clen, cdepth, hkey, hval, btok, bcnt, blast, bstate, node_of = ws
     out_tok = np.empty(budget, np.int32)
     out_par = np.empty(budget, np.int32)
     out_prob = np.empty(budget, np.float64)
     online = M[sk.MODE] == sk.MODE_ONLINE
-    node_of = np.full(ctok.shape[0], -1, np.int32)
     k, stack = _live_children(S, E, L, online, state, stack, btok, bcnt, blast, bstate)
     n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
                                     ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)
@@ -197,16 +198,11 @@ def expand_live(S, E, L, M, stack, state, match_len, budget, params):
 
 
 @njit(cache=True, nogil=True)
-def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params):
-    ctok, cpar, cstate, clen, cdepth, hkey, hval = _alloc(budget, params)
-    btok = np.empty(CHILD_BUF, np.int32)
-    bcnt = np.empty(CHILD_BUF, np.float64)
-    blast = np.empty(CHILD_BUF, np.int64)
-    bstate = np.empty(CHILD_BUF, np.int32)
+def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
+    ctok, cpar, cstate, clen, cdepth, hkey, hval, btok, bcnt, blast, bstate, node_of = ws
     out_tok = np.empty(budget, np.int32)
     out_par = np.empty(budget, np.int32)
     out_prob = np.empty(budget, np.float64)
-    node_of = np.full(ctok.shape[0], -1, np.int32)
     k = _frozen_children(offsets, etok, eto, counts, lasts, state, btok, bcnt, blast, bstate)
     n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
                                     ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)

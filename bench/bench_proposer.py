@@ -1,0 +1,151 @@
+"""Proposer benchmark: acceptance and latency on real traces, side by side with peers.
+
+Workloads (real data, available offline):
+- code_edit: regions of standard-library modules changed between CPython 3.12.1 and 3.13.0
+  (`corpora/make_code_edit_traces.py`), old region in the prompt, new region as the output;
+- chat: SmolLM2-135M-Instruct's own greedy outputs on Spec-Bench prompts
+  (`corpora/chat_traces_smollm2.jsonl`, made by `corpora/make_chat_traces.py`).
+
+Peers, replayed on the same traces and budgets: the vLLM n-gram rule (n in [2, 5], earliest
+occurrence), HF transformers' prompt lookup (max n-gram 3), arctic-inference's
+SuffixDecodingCache in path and tree modes (when its venv exists, see bench/_peers.py).
+Also: proposer latency per request, and a batch of 64 sessions proposed in one call.
+
+    python bench/bench_proposer.py [--quick] [--traces N]
+
+Prints a table, then one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench import _peers  # noqa: E402
+from suffixspec import Proposer  # noqa: E402
+from suffixspec.simulate import Trace, load_traces, simulate  # noqa: E402
+from suffixspec.tokenizer import load_tokenizer  # noqa: E402
+
+CACHE = ROOT / "bench" / ".cache"
+
+
+def code_edit_traces(tok, n):
+    path = CACHE / f"code_edit_{n}.jsonl"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(ROOT / "corpora" / "make_code_edit_traces.py"), "--limit", str(n),
+                        "--per-file", "2", "-o", str(path)], check=True, stdout=subprocess.DEVNULL)
+    return load_traces(path, tok)
+
+
+def replay_linear(traces, propose, budget):
+    """Replay with a linear (context -> token list) proposer; same rules as suffixspec.simulate."""
+    rounds = drafted = accepted = total = 0
+    for t in traces:
+        ctx = list(t.prompt.tolist())
+        out = t.output.tolist()
+        pos = 0
+        while pos < len(out):
+            draft = propose(np.asarray(ctx, np.int32), budget)
+            draft = list(draft)[:budget]
+            a = 0
+            while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
+                a += 1
+            drafted += len(draft)
+            accepted += a
+            commit = out[pos : pos + a + 1]
+            ctx.extend(commit)
+            pos += len(commit)
+            rounds += 1
+        total += len(out)
+    return {"mean_accepted_tokens": total / rounds, "acceptance_rate": accepted / max(drafted, 1),
+            "drafted_per_round": drafted / rounds, "rounds": rounds}
+
+
+def batch_latency(traces, budget, n_sessions=64, repeats=20):
+    prop = Proposer(global_cache=False)
+    sessions = []
+    for i in range(n_sessions):
+        t = traces[i % len(traces)]
+        s = prop.start(t.prompt)
+        s.extend(t.output[: len(t.output) // 2])
+        sessions.append(s)
+    prop.propose_batch(sessions, budget)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter_ns()
+        prop.propose_batch(sessions, budget)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+    return float(np.median(times))
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="few traces, two budgets")
+    ap.add_argument("--traces", type=int, default=200, help="code-edit traces")
+    ap.add_argument("--no-arctic", action="store_true")
+    args = ap.parse_args(argv)
+    budgets = [8, 64] if args.quick else [8, 16, 32, 64]
+    tok = load_tokenizer(None)
+    workloads = {"code_edit": code_edit_traces(tok, 40 if args.quick else args.traces)}
+    chat = ROOT / "corpora" / "chat_traces_smollm2.jsonl"
+    if chat.exists():
+        workloads["chat"] = load_traces(chat)
+    # warm up the kernels
+    simulate(workloads["code_edit"][:2], Proposer(), 8)
+
+    rows, record = [], {"budgets": budgets, "workloads": {}}
+    for name, traces in workloads.items():
+        n_tokens = sum(len(t.output) for t in traces)
+        wl = record["workloads"][name] = {"traces": len(traces), "output_tokens": n_tokens, "budgets": {}}
+        arctic = None
+        if not args.no_arctic and hasattr(_peers, "arctic_replay_bench"):
+            arctic = _peers.arctic_replay_bench([(t.prompt, t.output) for t in traces], budgets)
+        for b in budgets:
+            ours = simulate(traces, Proposer(), b)
+            peers = {
+                "vllm_ngram": replay_linear(traces, _peers.vllm_ngram_propose, b),
+                "hf_prompt_lookup": replay_linear(traces, _peers.prompt_lookup_propose, b),
+            }
+            if arctic:
+                for mode in ("path", "tree"):
+                    res = arctic.get(mode, {}).get(str(b)) or arctic.get(mode, {}).get(b)
+                    if res:
+                        peers[f"arctic_{mode}"] = res
+            best_name = max(peers, key=lambda k: peers[k]["mean_accepted_tokens"])
+            best = peers[best_name]["mean_accepted_tokens"]
+            entry = {"suffixspec": {k: ours[k] for k in ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round",
+                                                         "rounds", "propose_us_p50", "propose_us_p99",
+                                                         "oracle_mean_accepted_tokens")},
+                     "peers": peers, "best_peer": best_name,
+                     "ratio_vs_best_peer": ours["mean_accepted_tokens"] / best}
+            if "arctic_tree" in peers and "speculate_us_p50" in peers["arctic_tree"]:
+                entry["speedup_vs_arctic_speculate_p50"] = peers["arctic_tree"]["speculate_us_p50"] / max(ours["propose_us_p50"], 1e-9)
+            wl["budgets"][b] = entry
+            rows.append((name, b, ours, peers, best_name, entry["ratio_vs_best_peer"]))
+        wl["batch64_ms"] = {b: batch_latency(traces, b) for b in (16, 64)}
+
+    print(f"{'workload':<10} {'budget':>6} {'ours':>6} {'oracle':>6} {'vllm':>6} {'hf_pl':>6} {'arc_p':>6} {'arc_t':>6} "
+          f"{'ratio':>6} {'p50us':>7} {'p99us':>8} {'arc_p50us':>9}")
+    for name, b, ours, peers, best_name, ratio in rows:
+        g = lambda k: f"{peers[k]['mean_accepted_tokens']:6.2f}" if k in peers else f"{'-':>6}"  # noqa: E731
+        arc_us = peers.get("arctic_tree", {}).get("speculate_us_p50")
+        print(f"{name:<10} {b:>6} {ours['mean_accepted_tokens']:6.2f} {ours['oracle_mean_accepted_tokens']:6.2f} "
+              f"{g('vllm_ngram')} {g('hf_prompt_lookup')} {g('arctic_path')} {g('arctic_tree')} {ratio:6.2f} "
+              f"{ours['propose_us_p50']:7.1f} {ours['propose_us_p99']:8.1f} {arc_us if arc_us is not None else '-':>9}")
+    for name, wl in record["workloads"].items():
+        print(f"{name}: batch of 64 sessions: " + ", ".join(f"budget {b}: {ms:.2f} ms" for b, ms in wl["batch64_ms"].items()))
+    print(json.dumps(record))
+
+
+if __name__ == "__main__":
+    main()
