@@ -4,7 +4,20 @@ Importing this package is cheap and never imports torch or transformers: names t
 them are resolved lazily on first access (module `__getattr__`).
 """
 
+__version__ = "0.1.0"  # before the imports: submodules read it
+
 from .automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
+from .corpus import (
+    CorpusIndex,
+    CorpusMatch,
+    Document,
+    Subset,
+    append_documents,
+    build_index,
+    delete_documents,
+    merge_indexes,
+    read_documents,
+)
 from .proposer import Proposer, ResponseCache, Session
 from .tree import DraftTree
 from .errors import (
@@ -16,7 +29,6 @@ from .errors import (
     TokenizerMismatchError,
 )
 
-__version__ = "0.1.0"
 
 # name -> module (relative) holding it; imported on first access
 _LAZY = {
@@ -30,6 +42,15 @@ __all__ = [
     "MatchCursor",
     "Continuations",
     "DraftTree",
+    "CorpusIndex",
+    "CorpusMatch",
+    "Document",
+    "Subset",
+    "build_index",
+    "append_documents",
+    "delete_documents",
+    "merge_indexes",
+    "read_documents",
     "Proposer",
     "Session",
     "ResponseCache",

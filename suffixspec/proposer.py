@@ -137,7 +137,8 @@ class ResponseCache:
         return cache
 
 
-def _corpus_sources(corpus) -> list[FrozenAutomaton]:
+def _corpus_sources(corpus) -> list:
+    """Flatten `corpus` into FrozenAutomaton and corpus-index entries."""
     if corpus is None:
         return []
     items = corpus if isinstance(corpus, (list, tuple)) else [corpus]
@@ -147,11 +148,55 @@ def _corpus_sources(corpus) -> list[FrozenAutomaton]:
             out.append(item.freeze())
         elif isinstance(item, FrozenAutomaton):
             out.append(item)
-        elif hasattr(item, "shards"):
-            out.extend(_corpus_sources(list(item.shards)))
+        elif hasattr(item, "shards") and hasattr(item, "query") and hasattr(item, "subset"):
+            out.append(item)
         else:
-            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or corpus index, got {type(item).__name__}")
+            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or CorpusIndex, got {type(item).__name__}")
     return out
+
+
+class _RestrictedSource:
+    """A corpus index queried within a document subset (or past deleted documents).
+
+    Each round asks the index for the longest match of the last `window` context tokens within
+    the subset, then drafts linear chains: for each of the best continuations, the text that
+    followed its most recent selected occurrence. Slower than the automaton walk of an
+    unrestricted source, and matches are capped at `window` tokens.
+    """
+
+    window = 256
+
+    def __init__(self, index, subset):
+        self.index = index
+        self.subset = subset
+
+    def candidates(self, context: np.ndarray, budget: int, params, min_match: int):
+        m = self.index.query(context[-self.window :], self.subset)
+        if m.length < min_match or len(m) == 0:
+            return None
+        total = float(m.counts.sum())
+        recent = int(np.argmax(m.last_ends))
+        rec = params[dk.P_RECENCY]
+        prior = params[dk.P_MATCH_PRIOR]
+        weights = m.counts.astype(np.float64) + np.where(np.arange(len(m)) == recent, rec * total, 0.0)
+        order = np.argsort(-weights, kind="stable")[: int(params[dk.P_MAX_CHILDREN])]
+        toks, pars, probs = [], [], []
+        for i in order:
+            p = weights[i] / (total * (1 + rec)) * m.length / (m.length + prior)
+            if p < params[dk.P_MIN_PROB]:
+                break
+            chain = [int(m.tokens[i])] + self.index.following(int(m.last_ends[i]), budget - 1).tolist()
+            length, parent = m.length + 1, -1
+            for t in chain:
+                if p < params[dk.P_MIN_PROB] or len(toks) >= budget * 2:
+                    break
+                toks.append(t)
+                pars.append(parent)
+                probs.append(p)
+                parent = len(toks) - 1
+                p *= length / (length + prior)
+                length += 1
+        return (np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs, np.float64))
 
 
 class Proposer:
@@ -204,9 +249,11 @@ class Proposer:
         return ws
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
-        if filter is not None:
-            raise BadInputError("filter: document filters need a corpus index that supports them")
-        return Session(self, as_tokens(prompt_ids, "prompt_ids"), request_id)
+        """Open a session. `filter` restricts every corpus index to some documents: a dict of
+        tags (`{"repo": "click"}`), a pyroaring BitMap of document indexes, or a Subset."""
+        if filter is not None and not any(not isinstance(c, FrozenAutomaton) for c in self.corpora):
+            raise BadInputError("filter: document filters need a corpus index (none was given)")
+        return Session(self, as_tokens(prompt_ids, "prompt_ids"), request_id, filter)
 
     def propose_batch(self, sessions, budgets=None) -> list[DraftTree]:
         if budgets is None or isinstance(budgets, (int, np.integer)):
@@ -223,14 +270,25 @@ class Proposer:
 class Session:
     """One request: its own automaton, cursors into the shared sources, and its output."""
 
-    def __init__(self, proposer: Proposer, prompt: np.ndarray, request_id=None):
+    def __init__(self, proposer: Proposer, prompt: np.ndarray, request_id=None, filter=None):
         self.proposer = proposer
         self.request_id = request_id
         self.prompt_len = int(prompt.shape[0])
         self._sam = SuffixAutomaton(prompt)
         self._output: list[int] = []
         self._closed = False
-        self._corpus_cursors = [c.cursor() for c in proposer.corpora]
+        self._frozen: list[FrozenAutomaton] = []  # unrestricted corpus automata, one cursor each
+        self._restricted: list[_RestrictedSource] = []
+        for c in proposer.corpora:
+            if isinstance(c, FrozenAutomaton):
+                self._frozen.append(c)
+            elif filter is None and not len(c.deleted):
+                self._frozen.extend(shard.fa for shard in c.shards)
+            elif isinstance(filter, dict):
+                self._restricted.append(_RestrictedSource(c, c.subset(tags=filter)))
+            else:
+                self._restricted.append(_RestrictedSource(c, c.subset(filter) if filter is not None else None))
+        self._corpus_cursors = [fa.cursor() for fa in self._frozen]
         for cur in self._corpus_cursors:
             cur.advance(prompt)
         self._cache_version = -1
@@ -299,7 +357,7 @@ class Session:
                 length = int(sam._S[state, sk.LEN]) if state > 0 else 0
                 if length < p.min_match:
                     break
-        for automaton, cur in [(a, c) for a, c in zip(p.corpora, self._corpus_cursors)] + self._cache_cursors:
+        for automaton, cur in list(zip(self._frozen, self._corpus_cursors)) + self._cache_cursors:
             state, length = cur.state, cur.length
             for _ in range(p.match_levels):
                 if length < p.min_match:
@@ -310,6 +368,12 @@ class Session:
                 parts.append((tok, par, prob))
                 state = automaton.state_link(state)
                 length = automaton.state_length(state) if state > 0 else 0
+        if self._restricted:
+            context = sam.tokens[-_RestrictedSource.window :]
+            for src in self._restricted:
+                cand = src.candidates(context, budget, p.params, p.min_match)
+                if cand is not None and cand[0].shape[0]:
+                    parts.append(cand)
         if not parts:
             return DraftTree.empty()
         if len(parts) == 1:

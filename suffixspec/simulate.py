@@ -75,7 +75,7 @@ def _percentile(values, q) -> float:
     return float(np.percentile(values, q)) if len(values) else 0.0
 
 
-def replay(traces, proposer: Proposer, budget: int) -> dict:
+def replay(traces, proposer: Proposer, budget: int, filter=None) -> dict:
     """Replay traces through `proposer`; returns the statistics of STAT_KEYS but the oracle's."""
     if budget < 1:
         raise BadInputError(f"budget: expected a positive integer, got {budget}")
@@ -84,7 +84,7 @@ def replay(traces, proposer: Proposer, budget: int) -> dict:
     propose_ns = []
     for trace in traces:
         out = trace.output
-        session = proposer.start(trace.prompt)
+        session = proposer.start(trace.prompt, request_id=trace.id, filter=filter)
         pos = 0
         while pos < out.shape[0]:
             t0 = time.perf_counter_ns()
@@ -129,7 +129,7 @@ def oracle_mean_accepted(traces, budget: int, corpora=(), use_history: bool = Tr
             if use_history and len(history):
                 a = max(a, history.prefix_length(ahead))
             for corpus in corpora:
-                a = max(a, corpus.prefix_length(ahead))
+                a = max(a, corpus.prefix_length(ahead))  # automata, or corpus-index shards
             commit = out[pos : pos + a + 1]
             own.extend(commit)
             pos += commit.shape[0]
@@ -140,9 +140,12 @@ def oracle_mean_accepted(traces, budget: int, corpora=(), use_history: bool = Tr
     return total / rounds if rounds else 0.0
 
 
-def simulate(traces, proposer: Proposer, budget: int) -> dict:
-    stats = replay(traces, proposer, budget)
+def simulate(traces, proposer: Proposer, budget: int, filter=None) -> dict:
+    stats = replay(traces, proposer, budget, filter)
+    corpora = []
+    for c in proposer.corpora:
+        corpora.extend([shard.fa for shard in c.shards] if hasattr(c, "shards") else [c])
     stats["oracle_mean_accepted_tokens"] = oracle_mean_accepted(
-        traces, budget, proposer.corpora, use_history=proposer.cache is not None)
+        traces, budget, corpora, use_history=proposer.cache is not None)
     stats["budget"] = budget
     return stats

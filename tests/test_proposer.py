@@ -201,3 +201,29 @@ def test_simulate_cli_json_and_bad_lines(tmp_path, capsys):
     assert cli_main(["simulate", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "bad.jsonl:1" in err and "output_ids" in err
+
+
+def _tiny_index(tmp_path):
+    from suffixspec import CorpusIndex, Document, build_index
+
+    tok = {"name": "tiny", "vocab_size": 100, "fingerprint": "0" * 64}
+    docs = [
+        Document(np.array([1, 2, 3, 4, 5, 6]), "a1", {"repo": "a"}),
+        Document(np.array([1, 2, 3, 40, 50, 60]), "b1", {"repo": "b"}),
+        Document(np.array([7, 8, 9]), "b2", {"repo": "b"}),
+    ]
+    build_index(docs, tmp_path / "idx", tokenizer=tok)
+    return CorpusIndex.open(tmp_path / "idx")
+
+
+def test_corpus_index_source_unrestricted_and_filtered(tmp_path):
+    index = _tiny_index(tmp_path)
+    prop = Proposer(corpus=index, global_cache=False)
+    paths = _tree_paths(prop.start([9, 1, 2, 3]).propose(16))
+    assert (4, 5, 6) in paths and (40, 50, 60) in paths
+    only_a = _tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "a"}).propose(16))
+    assert (4, 5, 6) in only_a and not any(p[0] == 40 for p in only_a)
+    only_b = _tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "b"}).propose(16))
+    assert (40, 50, 60) in only_b and not any(p[0] == 4 for p in only_b)
+    with pytest.raises(BadInputError, match="filter"):
+        Proposer(global_cache=False).start([1], filter={"repo": "a"})

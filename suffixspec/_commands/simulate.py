@@ -57,10 +57,10 @@ def run(args) -> int:
         traces = load_traces(args.traces, tokenizer)
     filters = parse_filters(args.filter)
     corpora = open_corpora(args.corpus, tokenizer)
-    if filters:
-        corpora = [c.restrict(filters) for c in corpora]
+    if filters and not corpora:
+        raise BadInputError("--filter needs at least one --corpus index")
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_global_cache)
-    stats = simulate(traces, proposer, args.budget)
+    stats = simulate(traces, proposer, args.budget, filter=filters or None)
     print(f"traces            {len(traces)}")
     for key in ("rounds", "output_tokens", "mean_accepted_tokens", "oracle_mean_accepted_tokens",
                 "acceptance_rate", "drafted_per_round", "propose_us_p50", "propose_us_p99"):

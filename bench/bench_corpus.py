@@ -1,0 +1,231 @@
+"""Corpus index benchmark: build throughput, bytes per token, open time, query latency.
+
+    python bench/bench_corpus.py [--tokens 12000000] [--jobs 2] [--shard-tokens 6000000] [--queries 2000]
+
+Data: the `*.py` files of the standard libraries under /root/.pyenv/versions/3.1*/lib/python3.*/
+(site-packages excluded; newest version first, sorted paths, until --tokens), one document per
+file tagged repo=python3.X and pkg=<top-level module>, tokenized with the default tokenizer
+and cached under bench/.cache/. Queries: 32-token contexts cut at random positions of random
+documents (so the match is long and rare, as when a model repeats its corpus) and 32-token
+contexts whose last token is replaced (a broken match); restricted to one Python version
+(large subset) and to one package of one version (small subset: contexts from its own
+documents, as for a completion request filtered to its repository, and "foreign" contexts
+from random documents, which make the restricted match walk up many suffix links). With arctic-inference
+importable (bench/_peers.py), its insert throughput and estimate_memory() on a prefix of the
+same tokens. Prints a table, then one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+CACHE = HERE / ".cache"
+
+
+def stdlib_corpus(tokenizer, limit):
+    fp = tokenizer.fingerprint[:16]
+    path = CACHE / f"corpus_pythons_{fp}_{limit}.npz"
+    if path.exists():
+        z = np.load(path, allow_pickle=False)
+        return z["tokens"], z["offsets"], json.loads(str(z["meta"]))
+    roots = sorted(glob.glob("/root/.pyenv/versions/3.1*/lib/python3.1*"), key=lambda p: int(p.rsplit(".", 1)[1]), reverse=True)
+    parts, meta, n = [], [], 0
+    for root in roots:
+        version = Path(root).name
+        files = sorted(p for p in Path(root).rglob("*.py") if "site-packages" not in p.parts and "__pycache__" not in p.parts)
+        for i in range(0, len(files), 256):
+            batch = files[i:i + 256]
+            texts = []
+            for f in batch:
+                try:
+                    texts.append(f.read_text(encoding="utf-8"))
+                except (UnicodeDecodeError, OSError):
+                    texts.append("")
+            for f, ids in zip(batch, tokenizer.encode_batch(texts)):
+                if ids:
+                    rel = f.relative_to(root)
+                    parts.append(np.asarray(ids, np.int32))
+                    meta.append([f"{version}/{rel}", version, rel.parts[0].removesuffix(".py")])
+                    n += len(ids)
+            if n >= limit:
+                break
+        if n >= limit:
+            break
+    offsets = np.zeros(len(parts) + 1, np.int64)
+    np.cumsum([len(p) for p in parts], out=offsets[1:])
+    tokens = np.concatenate(parts)
+    CACHE.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
+    np.savez(tmp, tokens=tokens, offsets=offsets, meta=np.array(json.dumps(meta)))
+    os.replace(tmp, path)
+    return tokens, offsets, meta
+
+
+def pct(xs, q):
+    return float(np.percentile(np.asarray(xs), q))
+
+
+def time_queries(ix, contexts, subset, k):
+    ix.query(contexts[0], subset, k=k)  # compile / warm
+    out = []
+    for c in contexts:
+        t = time.perf_counter()
+        ix.query(c, subset, k=k)
+        out.append((time.perf_counter() - t) * 1e6)
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokens", type=int, default=12_000_000)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--shard-tokens", type=int, default=6_000_000)
+    ap.add_argument("--queries", type=int, default=2000)
+    ap.add_argument("--k", type=int, default=4096)
+    ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--keep", default=None, metavar="DIR", help="keep the built index at DIR/stdlib.idx")
+    args = ap.parse_args()
+
+    from suffixspec.corpus import CorpusIndex, Document, build_index
+    from suffixspec.tokenizer import load_tokenizer
+
+    tok = load_tokenizer()
+    t = time.perf_counter()
+    tokens, offsets, meta = stdlib_corpus(tok, args.tokens)
+    t_data = time.perf_counter() - t
+    n_docs = len(meta)
+    docs = [Document(tokens[offsets[i]:offsets[i + 1]], meta[i][0], {"repo": meta[i][1], "pkg": meta[i][2]}) for i in range(n_docs)]
+    rows = []
+    work = Path(tempfile.mkdtemp(prefix="bench_corpus_", dir=CACHE if CACHE.exists() else None))
+    try:
+        out = work / "stdlib.idx"
+        t = time.perf_counter()
+        stats = build_index(docs, out, tokenizer=tok, shard_tokens=args.shard_tokens, jobs=args.jobs)
+        build_s = time.perf_counter() - t
+        n = stats.n_tokens
+        # one shard on one core, for the per-core figure
+        one = work / "one.idx"
+        sub_docs, m = [], 0
+        for d in docs:
+            if m >= 2_000_000:
+                break
+            sub_docs.append(d)
+            m += len(d.tokens)
+        t = time.perf_counter()
+        s1 = build_index(sub_docs, one, tokenizer=tok, shard_tokens=10**9, jobs=1)
+        one_s = time.perf_counter() - t
+
+        opens = []
+        for _ in range(7):
+            t = time.perf_counter()
+            ix = CorpusIndex.open(out, tokenizer=tok)
+            opens.append((time.perf_counter() - t) * 1e3)
+        t = time.perf_counter()
+        ix.verify()
+        verify_s = time.perf_counter() - t
+
+        versions = sorted({m_[1] for m_ in meta})
+        big = ix.subset(tags={"repo": versions[-1]})
+        small = ix.subset(tags={"repo": versions[-1], "pkg": "asyncio"})
+        rng = np.random.default_rng(0)
+
+        def sample_contexts(doc_ids, broken=None):
+            out = []
+            while len(out) < args.queries:
+                d = int(doc_ids[int(rng.integers(len(doc_ids)))])
+                lo, hi = int(offsets[d]), int(offsets[d + 1])
+                if hi - lo < 40:
+                    continue
+                i = int(rng.integers(lo + 32, hi))
+                out.append(np.array(tokens[i - 32:i]))
+            return out
+
+        own = sample_contexts(np.asarray(small.bitmap.to_array()))
+        contexts, broken = [], []
+        while len(contexts) < args.queries:
+            d = int(rng.integers(n_docs))
+            lo, hi = int(offsets[d]), int(offsets[d + 1])
+            if hi - lo < 40:
+                continue
+            i = int(rng.integers(lo + 32, hi))
+            c = np.array(tokens[i - 32:i])
+            contexts.append(c)
+            b = c.copy()
+            b[-1] = int(rng.integers(tok.vocab_size))
+            broken.append(b)
+        lat = {
+            "unrestricted": time_queries(ix, contexts, None, args.k),
+            "unrestricted_broken": time_queries(ix, broken, None, args.k),
+            "restricted_version": time_queries(ix, contexts, big, args.k),
+            "restricted_package": time_queries(ix, own, small, args.k),
+            "restricted_package_foreign": time_queries(ix, contexts, small, args.k),
+            "restricted_package_broken": time_queries(ix, broken, small, args.k),
+        }
+        t = time.perf_counter()
+        ix.subset(tags={"repo": versions[-1], "pkg": "json"})
+        subset_ms = (time.perf_counter() - t) * 1e3
+        est = sum(ix.query(c, small, k=args.k).estimated for c in own[:500]) / 5
+        mlen = float(np.mean([ix.query(c).length for c in contexts[:500]]))
+        result = {
+            "n_tokens": n, "n_documents": stats.n_documents, "n_shards": stats.n_shards, "jobs": args.jobs,
+            "sources": versions, "tokenize_or_load_s": round(t_data, 2),
+            "build_s": round(build_s, 2), "build_tokens_per_s": round(n / build_s), "build_tokens_per_s_per_core": round(n / build_s / args.jobs),
+            "single_shard_tokens": s1.n_tokens, "single_core_tokens_per_s": round(s1.n_tokens / one_s),
+            "bytes_on_disk": stats.bytes_on_disk, "bytes_per_token": round(stats.bytes_on_disk / n, 2),
+            "open_ms_median": round(float(np.median(opens)), 3), "open_ms_max": round(max(opens), 3),
+            "verify_s": round(verify_s, 2), "subset_compile_ms": round(subset_ms, 2),
+            "subset_version_docs": len(big), "subset_package_docs": len(small), "k": args.k,
+            "restricted_package_estimated_pct": est, "mean_match_length": round(mlen, 1),
+        }
+        for name, xs in lat.items():
+            result[f"{name}_p50_us"] = round(pct(xs, 50), 1)
+            result[f"{name}_p99_us"] = round(pct(xs, 99), 1)
+        del ix
+    finally:
+        if args.keep:
+            Path(args.keep).mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(Path(args.keep) / "stdlib.idx", ignore_errors=True)
+            if (work / "stdlib.idx").exists():
+                shutil.move(str(work / "stdlib.idx"), str(Path(args.keep) / "stdlib.idx"))
+        shutil.rmtree(work, ignore_errors=True)
+
+    if not args.no_peers:
+        try:
+            import _peers
+
+            ok, why = _peers.arctic_available()
+            if ok:
+                pr = _peers.arctic_build_bench([np.ascontiguousarray(tokens[:2_000_000])], repeats=1)
+                r = pr["results"][0]
+                result.update(arctic_tokens=r["n_tokens"], arctic_insert_tokens_per_s=round(r["tokens_per_s"]),
+                              arctic_bytes_per_token=round(r["bytes_per_token"], 1))
+            else:
+                result["arctic"] = f"unavailable: {why}"
+        except Exception as exc:  # optional peer
+            result["arctic"] = f"failed: {exc}"
+
+    print(f"{'metric':<40} {'value':>16}   target")
+    targets = {"build_tokens_per_s_per_core": ">= 2,000,000", "single_core_tokens_per_s": ">= 2,000,000",
+               "bytes_per_token": "<= 60", "open_ms_median": "<= 50 (10M tokens)",
+               "restricted_package_p50_us": "<= 100", "restricted_version_p50_us": "<= 100"}
+    for key, v in result.items():
+        if isinstance(v, (list, dict)):
+            continue
+        print(f"{key:<40} {v:>16,}   {targets.get(key, '')}" if isinstance(v, (int, float)) else f"{key:<40} {v:>16}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""`suffixspec index`, `info` and `merge` through `suffixspec.cli.main` (and once as a process)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from suffixspec.cli import main
+from suffixspec.corpus import CorpusIndex
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory):
+    """A tiny word-level tokenizer.json, distinct from the embedded default."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = ["[UNK]", "def", "return", "self", "(", ")", ":", "x", "y", "=", "+", "class", "import"]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    path = tmp_path_factory.mktemp("tok") / "tokenizer.json"
+    tok.save(str(path))
+    return str(path)
+
+
+def write_jsonl(path, rows, extra_lines=()):
+    with open(path, "w", encoding="utf-8") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+        for line in extra_lines:
+            f.write(line + "\n")
+    return path
+
+
+ROWS = [
+    {"id": "click/core.py", "text": "def invoke(self, ctx):\n    return ctx.invoke(self.callback)\n", "tags": {"repo": "click", "lang": "python"}},
+    {"id": "click/utils.py", "text": "def echo(message=None, file=None):\n    return _echo(message)\n", "tags": ["repo=click", "lang=python"]},
+    {"id": "flask/app.py", "text": "def invoke(self, ctx):\n    return self.app.dispatch(ctx)\n", "tags": {"repo": "flask"}},
+]
+
+
+def last_json(out):
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def test_index_jsonl_info_and_filtered_query(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "docs.jsonl", ROWS)
+    ix = tmp_path / "code.idx"
+    assert main(["index", str(src), "-o", str(ix), "--id-field", "id", "--tag-field", "tags", "--jobs", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 3 documents" in out and "B/token" in out
+    assert ix.is_dir() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
+    assert main(["info", str(ix), "--json"]) == 0
+    info = last_json(capsys.readouterr().out)
+    for key in ("n_tokens", "n_documents", "bytes_on_disk", "format_version", "tokenizer"):
+        assert key in info
+    assert info["n_documents"] == 3 and info["format_version"] == 1 and info["tokenizer"]["vocab_size"] > 1000
+    index = CorpusIndex.open(ix)
+    assert index.document_ids == ["click/core.py", "click/utils.py", "flask/app.py"]
+    assert index.document_tags[1] == {"repo": "click", "lang": "python"}
+    ctx = "def invoke(self, ctx):\n    return"
+    assert main(["info", str(ix), "--json", "--query", ctx]) == 0
+    q = last_json(capsys.readouterr().out)["query"]
+    assert q["count"] == 2 and q["match_length"] == q["n_context_tokens"]
+    assert main(["info", str(ix), "--json", "--query", ctx, "--filter", "repo=click"]) == 0
+    q = last_json(capsys.readouterr().out)["query"]
+    assert q["count"] == 1 and q["n_documents_selected"] == 2 and not q["estimated"]
+    assert q["continuations"][0]["document"] == "click/core.py"
+    assert main(["info", str(ix), "--query", ctx, "--filter", "repo=flask"]) == 0
+    assert "flask/app.py" in capsys.readouterr().out
+
+
+def test_directory_walk_glob_and_ignores(tmp_path, capsys):
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("def f(x):\n    return x + 1\n")
+    (repo / "b.py").write_text("class B:\n    pass\n")
+    (repo / "notes.txt").write_text("not python")
+    (repo / "blob.py").write_bytes(b"\x00\x01\x02binary")
+    for ignored in (".git", "__pycache__", "node_modules"):
+        (repo / ignored).mkdir()
+        (repo / ignored / "x.py").write_text("def ignored(): pass\n")
+    ix = tmp_path / "repo.idx"
+    assert main(["index", str(repo), "--glob", "*.py", "--tag", "repo=mine", "-o", str(ix)]) == 0
+    out = capsys.readouterr().out
+    assert "indexed 2 documents" in out and "1 unreadable or binary file" in out
+    index = CorpusIndex.open(ix)
+    assert sorted(index.document_ids) == ["repo/b.py", "repo/pkg/a.py"]
+    assert index.document_tags[0] == {"repo": "mine"}
+    # append a shard, then compact
+    (tmp_path / "more").mkdir()
+    (tmp_path / "more" / "c.py").write_text("def g(y):\n    return y\n")
+    assert main(["index", str(tmp_path / "more"), "-o", str(ix), "--append"]) == 0
+    assert "appended 1 documents" in capsys.readouterr().out
+    assert CorpusIndex.open(ix).n_shards == 2
+    assert main(["merge", str(ix), "-o", str(tmp_path / "merged.idx")]) == 0
+    assert "3 documents" in capsys.readouterr().out
+    assert CorpusIndex.open(tmp_path / "merged.idx").n_shards == 1
+
+
+def test_bad_input_reports_file_and_line(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "bad.jsonl", ROWS[:1], extra_lines=['{"text": "ok"', '{"id": 3}'])
+    out = str(tmp_path / "x.idx")
+    assert main(["index", str(src), "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert f"{src}:2: malformed JSON" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not os.path.exists(out)
+    assert main(["index", str(src), "-o", out, "--skip-bad"]) == 0
+    assert "skipped 2 bad line(s)" in capsys.readouterr().out
+    assert main(["index", str(tmp_path / "missing.txt"), "-o", out]) == 2
+    assert "missing.txt: no such file" in capsys.readouterr().err
+    empty = write_jsonl(tmp_path / "empty.jsonl", [{"text": ""}])
+    assert main(["index", str(empty), "-o", str(tmp_path / "e.idx")]) == 2
+    assert "empty corpus" in capsys.readouterr().err
+    (tmp_path / "emptydir").mkdir()
+    assert main(["index", str(tmp_path / "emptydir"), "-o", str(tmp_path / "e.idx")]) == 2
+    assert "empty corpus" in capsys.readouterr().err
+    assert main(["index", str(src), "-o", out, "--tag", "oops"]) == 2
+    assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_info_detects_damage_and_tokenizer_mismatch(tmp_path, capsys, small_tokenizer):
+    src = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ix = tmp_path / "small.idx"
+    assert main(["index", str(src), "-o", str(ix), "--tokenizer", small_tokenizer]) == 0
+    capsys.readouterr()
+    assert main(["info", str(ix), "--query", "def invoke ( self"]) == 2  # default tokenizer is not the index's
+    assert "built with tokenizer" in capsys.readouterr().err
+    assert main(["info", str(ix), "--query", "def invoke ( self", "--tokenizer", small_tokenizer, "--json"]) == 0
+    assert last_json(capsys.readouterr().out)["query"]["match_length"] == 4
+    shard = ix / "shard-00000.ssx"
+    data = bytearray(shard.read_bytes())
+    data[-3] ^= 0xFF  # inside an array: only the checksum can tell
+    shard.write_bytes(bytes(data))
+    assert main(["info", str(ix)]) == 2
+    err = capsys.readouterr().err
+    assert "shard-00000.ssx" in err and "checksum" in err and "Traceback" not in err
+    assert main(["info", str(tmp_path / "nope.idx")]) == 2
+
+
+def test_cli_as_a_process(tmp_path):
+    src = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ix = tmp_path / "p.idx"
+    run = lambda *a: subprocess.run([sys.executable, "-m", "suffixspec.cli", *a], capture_output=True, text=True, timeout=120)
+    r = run("index", str(src), "-o", str(ix), "--tag-field", "tags")
+    assert r.returncode == 0, r.stderr
+    r = run("info", str(ix), "--json", "--query", "def", "--filter", "repo=click")
+    assert r.returncode == 0, r.stderr
+    info = last_json(r.stdout)
+    assert info["n_documents"] == 3 and info["query"]["count"] == 2
+    r = run("index", str(tmp_path / "d.jsonl"), "-o", str(ix), "--field", "body")
+    assert r.returncode == 2 and "d.jsonl:1: field 'body'" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_shipped_sample_corpora_index_and_filter(tmp_path, capsys):
+    import importlib.resources
+
+    root = importlib.resources.files("suffixspec.corpora")
+    code, docs = root / "python_stdlib.jsonl", root / "stdlib_docs.jsonl"
+    ix = tmp_path / "samples.idx"
+    assert main(["index", str(code), str(docs), "--id-field", "id", "--tag-field", "tags", "-o", str(ix), "--jobs", "1"]) == 0
+    capsys.readouterr()
+    index = CorpusIndex.open(ix, verify=True)
+    assert index.n_documents > 100 and index.n_tokens > 20_000
+    assert {t["lang"] for t in index.document_tags} == {"python", "en"}
+    assert main(["info", str(ix), "--json", "--query", "    def __init__(self", "--filter", "repo=argparse", "--filter", "lang=python"]) == 0
+    q = last_json(capsys.readouterr().out)["query"]
+    assert q["match_length"] >= 4 and q["count"] >= 1
+    assert all(c["document"].startswith("argparse.py:") for c in q["continuations"])

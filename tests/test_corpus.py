@@ -1,0 +1,429 @@
+"""CorpusIndex against the dynamic automaton and the brute-force reference (tests/naive.py)."""
+
+import os
+import struct
+import subprocess
+import sys
+import textwrap
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pyroaring import BitMap
+
+import naive
+from suffixspec import SuffixAutomaton
+from suffixspec.corpus import (
+    CorpusIndex,
+    Document,
+    append_documents,
+    build_index,
+    delete_documents,
+    merge_indexes,
+)
+from suffixspec.errors import BadInputError, IndexFormatError, TokenizerMismatchError
+
+TOK = {"name": "toy", "vocab_size": 4, "fingerprint": "f" * 64}
+OTHER_TOK = {"name": "other", "vocab_size": 4, "fingerprint": "0" * 64}
+
+
+def random_docs(seed, n_docs=14, max_len=40, alphabet=3):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, alphabet, int(rng.integers(0, max_len))).tolist() for _ in range(n_docs)]
+
+
+def build(tmp_path, docs, name="ix", **kw):
+    kw.setdefault("tokenizer", TOK)
+    documents = [Document(np.asarray(d, np.int32), id=f"d{i}", tags={"parity": str(i % 2)}) for i, d in enumerate(docs)]
+    build_index(documents, tmp_path / name, **kw)
+    return CorpusIndex.open(tmp_path / name)
+
+
+# -- restricted brute force ---------------------------------------------------------------------
+
+
+def doc_of(docs, pos):
+    base = 0
+    for i, d in enumerate(docs):
+        if pos < base + len(d):
+            return i
+        base += len(d)
+    raise AssertionError
+
+
+def r_ends(docs, keep, pattern):
+    return [e for e in naive.end_positions(docs, pattern) if doc_of(docs, e) in keep]
+
+
+def r_match_length(docs, keep, context):
+    best = 0
+    for length in range(1, len(context) + 1):
+        if r_ends(docs, keep, context[len(context) - length:]):
+            best = length
+        else:
+            break
+    return best
+
+
+def r_continuations(docs, keep, pattern):
+    out = {}
+    for tok in sorted({t for d in docs for t in d}):
+        ends = r_ends(docs, keep, list(pattern) + [tok])
+        if ends:
+            out[tok] = (len(ends), max(ends))
+    return out
+
+
+def patterns(docs, rng, n=60):
+    """Substrings of the documents (so they occur) plus random ones (so some do not)."""
+    out = [[]]
+    flat = [d for d in docs if d]
+    for _ in range(n):
+        d = flat[int(rng.integers(len(flat)))]
+        i = int(rng.integers(len(d)))
+        out.append(d[i:i + int(rng.integers(1, 6))])
+        out.append(rng.integers(0, 3, int(rng.integers(1, 5))).tolist())
+    return out
+
+
+# -- equivalence ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shard_tokens", [10**6, 50, 7])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_unrestricted_equals_automaton_and_naive(tmp_path, seed, shard_tokens):
+    docs = random_docs(seed)
+    ix = build(tmp_path, docs, shard_tokens=shard_tokens)
+    live = [d for d in docs if d]  # empty documents are skipped
+    assert ix.n_documents == len(live) and ix.n_tokens == sum(map(len, live))
+    if shard_tokens == 7:
+        assert ix.n_shards > 3
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    rng = np.random.default_rng(seed)
+    for p in patterns(live, rng):
+        assert ix.count(p) == naive.count(live, p) == sa.count(p)
+        want = naive.continuations(live, p)
+        assert ix.continuations(p) == want
+        state = sa.locate(p)
+        if state >= 0:
+            assert sa.continuations(state).as_dict() == want
+        assert ix.match_length(p) == naive.match_length(live, p) == sa.match_length(p)
+        m = ix.query(p)
+        assert m.length == naive.match_length(live, p) and not m.estimated
+        assert m.count == naive.count(live, p[len(p) - m.length:])
+        assert m.as_dict() == naive.continuations(live, p[len(p) - m.length:])
+
+
+@pytest.mark.parametrize("shard_tokens", [10**6, 40])
+def test_restricted_subsets_equal_naive(tmp_path, shard_tokens):
+    docs = [d for d in random_docs(3, n_docs=16) if d]
+    ix = build(tmp_path, docs, shard_tokens=shard_tokens)
+    rng = np.random.default_rng(5)
+    for trial in range(4):
+        keep = {i for i in range(len(docs)) if rng.random() < 0.4}
+        sub = ix.subset(BitMap(keep))
+        for p in patterns(docs, rng, n=25):
+            m = ix.lookup(p, sub, k=10**6)
+            assert not m.estimated
+            assert m.count == len(r_ends(docs, keep, p)), (keep, p)
+            assert m.as_dict() == r_continuations(docs, keep, p)
+            assert ix.match_length(p, sub) == r_match_length(docs, keep, p)
+            q = ix.query(p, sub)
+            assert q.length == r_match_length(docs, keep, p)
+            assert q.as_dict() == r_continuations(docs, keep, p[len(p) - q.length:])
+
+
+def test_subset_by_tags_and_ids(tmp_path):
+    docs = [d for d in random_docs(4) if d]
+    ix = build(tmp_path, docs, shard_tokens=30)
+    odd = ix.subset(tags={"parity": "1"})
+    assert set(odd.bitmap) == {i for i in range(len(docs)) if i % 2}
+    assert set(ix.subset(ids=["d0", "d3"]).bitmap) == {0, 3}
+    keep = set(odd.bitmap)
+    for p in patterns(docs, np.random.default_rng(0), n=20):
+        assert ix.count(p, odd) == len(r_ends(docs, keep, p))
+    assert ix.subset(tags={"parity": "7"}).mask.sum() == 0
+    assert ix.match_length(docs[0], ix.subset(tags={"parity": "7"})) == 0
+
+
+def test_estimate_beyond_k(tmp_path):
+    docs = [[0, 1] * 50 for _ in range(10)]
+    ix = build(tmp_path, docs)
+    keep = {0, 1, 2}
+    sub = ix.subset(BitMap(keep))
+    exact = ix.lookup([0, 1], sub, k=10**6)
+    assert exact.count == 150 and not exact.estimated
+    # beyond k the estimate comes from the k most recent occurrences (all in document 9 here)
+    est = ix.lookup([0, 1], sub, k=64)
+    assert est.estimated and est.count == 0 and est.length == 2
+    recent = ix.lookup([0, 1], ix.subset(BitMap({8, 9})), k=64)
+    assert recent.estimated and recent.count == 500 and recent.as_dict()[0][1] == 998
+    assert ix.match_length([0, 1], sub) == 2  # lengths stay exact
+    small = ix.lookup([0, 1], sub, k=500)  # 500 occurrences <= k: exact
+    assert small.count == 150 and not small.estimated
+
+
+def test_real_text_multi_shard(tmp_path, real_streams):
+    docs = [list(s[i:i + 700]) for s in real_streams for i in range(0, 2100, 700) if len(s[i:i + 700]) > 10]
+    ix = build(tmp_path, docs, shard_tokens=5000)
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    assert ix.n_shards >= 3
+    rng = np.random.default_rng(1)
+    keep = set(range(0, len(docs), 3))
+    sub = ix.subset(BitMap(keep))
+    for _ in range(40):
+        d = docs[int(rng.integers(len(docs)))]
+        i = int(rng.integers(len(d) - 8))
+        ctx = d[i:i + int(rng.integers(1, 8))]
+        assert ix.match_length(ctx) == sa.match_length(ctx)
+        assert ix.count(ctx) == sa.count(ctx)
+        st = sa.locate(ctx)
+        assert ix.continuations(ctx) == sa.continuations(st).as_dict()
+        m = ix.lookup(ctx, sub, k=10**6)
+        assert m.count == len(r_ends(docs, keep, ctx))
+    # following and document spans use global positions
+    m = ix.query(docs[5][:6])
+    end = int(m.last_ends[0]) if len(m) else 0
+    assert np.array_equal(ix.following(end, 4), sa.following(end, 4))
+    for doc in (0, 4, len(docs) - 1):
+        assert ix.document_tokens(doc).tolist() == list(docs[doc])
+
+
+def test_deletions(tmp_path):
+    docs = [d for d in random_docs(6) if d]
+    build(tmp_path, docs, shard_tokens=60)
+    gone = {1, 4, 5}
+    assert delete_documents(tmp_path / "ix", gone) == 3
+    ix = CorpusIndex.open(tmp_path / "ix", verify=True)
+    assert set(ix.deleted) == gone
+    keep = set(range(len(docs))) - gone
+    for p in patterns(docs, np.random.default_rng(2), n=25):
+        assert ix.count(p, k=10**6) == len(r_ends(docs, keep, p))
+        assert ix.match_length(p) == r_match_length(docs, keep, p)
+        assert ix.continuations(p, k=10**6) == r_continuations(docs, keep, p)
+        sub = ix.subset(BitMap({0, 1, 2}))  # deleted documents stay excluded from subsets
+        assert ix.count(p, sub, k=10**6) == len(r_ends(docs, {0, 2}, p))
+    merged = merge_indexes([tmp_path / "ix"], tmp_path / "merged")
+    assert merged.n_documents == len(keep)
+    mix = CorpusIndex.open(tmp_path / "merged")
+    assert len(mix.deleted) == 0 and mix.n_shards == 1
+    kept_docs = [docs[i] for i in sorted(keep)]
+    for p in patterns(kept_docs, np.random.default_rng(3), n=20):
+        assert mix.count(p) == naive.count(kept_docs, p)
+    with pytest.raises(BadInputError):
+        delete_documents(tmp_path / "ix", [len(docs)])
+
+
+def test_round_trip_append_merge(tmp_path):
+    docs = [d for d in random_docs(7, n_docs=20) if d]
+    ix = build(tmp_path, docs[:12], shard_tokens=80)
+    docs_back = list(ix.iter_documents())
+    assert [d.tokens.tolist() for d in docs_back] == docs[:12]
+    assert [d.id for d in docs_back] == [f"d{i}" for i in range(12)]
+    assert docs_back[3].tags == {"parity": "1"}
+    append_documents(tmp_path / "ix", [Document(np.asarray(d, np.int32), id=f"d{12 + i}") for i, d in enumerate(docs[12:])],
+                     tokenizer=TOK, shard_tokens=80)
+    ix = CorpusIndex.open(tmp_path / "ix", verify=True)
+    assert ix.n_documents == len(docs) and ix.document_ids[-1] == f"d{len(docs) - 1}"
+    build(tmp_path, docs[:5], name="other")
+    merge_indexes([tmp_path / "ix", tmp_path / "other"], tmp_path / "m")
+    m = CorpusIndex.open(tmp_path / "m", verify=True)
+    all_docs = docs + docs[:5]
+    assert m.n_shards == 1 and m.n_documents == len(all_docs)
+    for p in patterns(all_docs, np.random.default_rng(8), n=25):
+        assert m.count(p) == naive.count(all_docs, p)
+        assert m.continuations(p) == naive.continuations(all_docs, p)
+    with pytest.raises(TokenizerMismatchError):
+        append_documents(tmp_path / "ix", [[1, 2]], tokenizer=OTHER_TOK)
+    build(tmp_path, docs[:3], name="foreign", tokenizer=OTHER_TOK)
+    with pytest.raises(TokenizerMismatchError):
+        merge_indexes([tmp_path / "ix", tmp_path / "foreign"], tmp_path / "m2")
+
+
+def test_atomic_write(tmp_path):
+    docs = random_docs(9)
+    build(tmp_path, docs)
+    build(tmp_path, docs[:3])  # an existing index is replaced
+    assert CorpusIndex.open(tmp_path / "ix").n_documents == len([d for d in docs[:3] if d])
+
+    def failing():
+        yield Document(np.array([1, 2, 3], np.int32))
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        build_index(failing(), tmp_path / "new", tokenizer=TOK)
+    assert not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ix"]  # no temporary left behind
+    (tmp_path / "file.txt").write_text("hello")
+    with pytest.raises(BadInputError, match="not a suffixspec index"):
+        build_index([[1, 2]], tmp_path / "file.txt", tokenizer=TOK)
+    with pytest.raises(BadInputError, match="empty corpus"):
+        build_index([[], []], tmp_path / "empty", tokenizer=TOK)
+    assert not (tmp_path / "empty").exists()
+
+
+def test_parallel_build_equals_serial(tmp_path):
+    docs = [d for d in random_docs(11, n_docs=30) if d]
+    a = build(tmp_path, docs, name="a", shard_tokens=100, jobs=1)
+    b = build(tmp_path, docs, name="b", shard_tokens=100, jobs=2)
+    assert a.n_shards == b.n_shards > 2
+    for s, t in zip(a.shards, b.shards):
+        assert s.file.payload_crc == t.file.payload_crc
+
+
+# -- damage -----------------------------------------------------------------------------------
+
+
+def index_files(path):
+    return sorted(p for p in Path(path).iterdir() if p.suffix == ".ssx")
+
+
+def open_and_verify(path):
+    CorpusIndex.open(path, verify=True)
+
+
+@pytest.fixture
+def damaged_setup(tmp_path):
+    docs = [d for d in random_docs(12) if d]
+    build(tmp_path, docs, shard_tokens=120)
+    delete_documents(tmp_path / "ix", [2])
+    return tmp_path / "ix"
+
+
+def test_damage_truncate_flip_zero(damaged_setup, tmp_path):
+    files = index_files(damaged_setup)
+    assert len(files) >= 4  # manifest, shards, deleted bitmap
+    pristine = {f: f.read_bytes() for f in files}
+    for f, data in pristine.items():
+        for cut in (0, 10, 64, len(data) // 2, len(data) - 1):
+            f.write_bytes(data[:cut])
+            with pytest.raises(IndexFormatError, match=f.name):
+                open_and_verify(damaged_setup)
+        for where in (3, 20, 70, len(data) // 3, len(data) - 2):
+            bad = bytearray(data)
+            bad[where] ^= 0x5A
+            f.write_bytes(bytes(bad))
+            with pytest.raises(IndexFormatError, match=f.name):
+                open_and_verify(damaged_setup)
+        f.write_bytes(b"\0" * len(data))
+        with pytest.raises(IndexFormatError, match=f"{f.name}.*bad magic"):
+            open_and_verify(damaged_setup)
+        f.write_bytes(data)
+    open_and_verify(damaged_setup)
+    (damaged_setup / files[-1].name).unlink()
+    with pytest.raises(IndexFormatError, match="missing"):
+        CorpusIndex.open(damaged_setup)
+
+
+def rewrite_header(f, **fields):
+    data = bytearray(f.read_bytes())
+    if "magic" in fields:
+        data[0:8] = fields["magic"]
+    if "version" in fields:
+        data[8:12] = struct.pack("<I", fields["version"])
+    data[60:64] = struct.pack("<I", zlib.crc32(bytes(data[:60])))
+    f.write_bytes(bytes(data))
+
+
+def test_wrong_magic_version_tokenizer(damaged_setup):
+    manifest = damaged_setup / "manifest.ssx"
+    good = manifest.read_bytes()
+    rewrite_header(manifest, version=2)
+    with pytest.raises(IndexFormatError, match="manifest.ssx: format version 2, this suffixspec reads version 1"):
+        CorpusIndex.open(damaged_setup)
+    manifest.write_bytes(good)
+    rewrite_header(manifest, magic=b"GGUF\0\0\0\0")
+    with pytest.raises(IndexFormatError, match="bad magic"):
+        CorpusIndex.open(damaged_setup)
+    manifest.write_bytes(good)
+    with pytest.raises(TokenizerMismatchError, match="toy.*other"):
+        CorpusIndex.open(damaged_setup, tokenizer=OTHER_TOK)
+    CorpusIndex.open(damaged_setup, tokenizer=TOK).check_tokenizer(TOK)
+    with pytest.raises(IndexFormatError, match="not a suffixspec index"):
+        CorpusIndex.open(manifest)
+    # a shard from another index is rejected even though it is a valid file
+    shard = damaged_setup / "shard-00000.ssx"
+    other = damaged_setup / "shard-00001.ssx"
+    shard.write_bytes(other.read_bytes())
+    with pytest.raises(IndexFormatError, match="shard-00000.ssx"):
+        CorpusIndex.open(damaged_setup)
+
+
+FUZZ = textwrap.dedent("""
+    import sys, numpy as np
+    from pathlib import Path
+    from suffixspec.corpus import CorpusIndex
+    from suffixspec.errors import IndexFormatError
+    from pyroaring import BitMap
+    path = Path(sys.argv[1]); rng = np.random.default_rng(int(sys.argv[2]))
+    shards = sorted(path.glob("shard-*.ssx"))
+    pristine = {f: f.read_bytes() for f in shards}
+    survived = raised = 0
+    for trial in range(60):
+        for f, data in pristine.items():
+            f.write_bytes(data)
+        f = shards[trial % len(shards)]
+        bad = bytearray(pristine[f])
+        lo = 64 * 13  # past header and array table: the damage opening cannot see
+        for _ in range(int(rng.integers(1, 40))):
+            i = int(rng.integers(lo, len(bad)))
+            bad[i] = int(rng.integers(0, 256)) if trial % 3 else 0xFF
+        f.write_bytes(bytes(bad))
+        try:
+            ix = CorpusIndex.open(path)
+            sub = ix.subset(BitMap(range(0, ix.n_documents, 2)))
+            for _ in range(30):
+                ctx = rng.integers(0, 3, int(rng.integers(0, 8))).tolist()
+                for s in (None, sub):
+                    m = ix.query(ctx, s); ix.lookup(ctx, s); ix.match_length(ctx, s); m.top(3)
+                    if len(m):
+                        ix.following(int(m.last_ends[0]) % ix.n_tokens, 3)
+            survived += 1
+        except IndexFormatError:
+            raised += 1
+    print("ok", survived, raised)
+""")
+
+
+def test_queries_on_damaged_arrays_never_crash(tmp_path):
+    build(tmp_path, [d for d in random_docs(13) if d], shard_tokens=150)
+    res = subprocess.run([sys.executable, "-c", FUZZ, str(tmp_path / "ix"), "0"], capture_output=True, text=True,
+                         timeout=240, env={**os.environ, "PYTHONFAULTHANDLER": "1"})
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith("ok")
+
+
+def test_bad_arguments(tmp_path):
+    ix = build(tmp_path, [[1, 2, 3]])
+    with pytest.raises(BadInputError):
+        ix.following(5, 1)
+    with pytest.raises(BadInputError):
+        ix.subset([7])
+    with pytest.raises(BadInputError):
+        ix.lookup([1], ix.subset([0]), k=0)
+    with pytest.raises(IndexFormatError, match="no such index"):
+        CorpusIndex.open(tmp_path / "nope")
+    with pytest.raises(BadInputError, match="missing fingerprint"):
+        build_index([[1]], tmp_path / "x", tokenizer={"name": "a", "vocab_size": 3})
+
+
+def test_interrupted_append_leaves_index_unchanged(tmp_path):
+    docs = [d for d in random_docs(14) if d]
+    build(tmp_path, docs, shard_tokens=50)
+    before = sorted(p.name for p in (tmp_path / "ix").iterdir())
+
+    def failing():
+        for i in range(40):
+            yield Document(np.array([1, 2, 0, 1] * 10, np.int32))
+        raise RuntimeError("interrupted")
+
+    with pytest.raises(RuntimeError):
+        append_documents(tmp_path / "ix", failing(), tokenizer=TOK, shard_tokens=50)
+    assert sorted(p.name for p in (tmp_path / "ix").iterdir()) == before
+    ix = CorpusIndex.open(tmp_path / "ix", verify=True)
+    assert ix.n_documents == len(docs)
