@@ -227,3 +227,19 @@ def test_corpus_index_source_unrestricted_and_filtered(tmp_path):
     assert (40, 50, 60) in only_b and not any(p[0] == 4 for p in only_b)
     with pytest.raises(BadInputError, match="filter"):
         Proposer(global_cache=False).start([1], filter={"repo": "a"})
+
+
+def test_long_prompt_and_session_memory_cap():
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, 30_000, 150_000)
+    prop = Proposer(global_cache=False, max_session_tokens=200_000)
+    s = prop.start(prompt)
+    s.extend(prompt[1000:1010])
+    tree = s.propose(32)
+    assert tree.tokens[tree.path_to(int(np.argmax(tree.depths)))].tolist()[:20] == prompt[1010:1030].tolist()
+    s.extend(rng.integers(0, 30_000, 60_000))  # past the cap: rebuilt over the most recent half
+    assert len(s._sam) <= 200_000
+    s.extend(prompt[-5000:-4990])  # older than the kept half: no longer matched from the request
+    s.extend(s._sam.tokens[-40_000:-39_990].tolist())  # still held: proposed
+    tree = s.propose(8)
+    assert len(tree) > 0
