@@ -34,6 +34,11 @@ from .errors import (
 _LAZY = {
     "load_tokenizer": ".tokenizer",
     "Tokenizer": ".tokenizer",
+    "SpeculativeGenerator": ".generate",
+    "GenerationResult": ".generate",
+    "GenerationStats": ".generate",
+    "CostModel": ".generate",
+    "load_model": ".models",
 }
 
 __all__ = [

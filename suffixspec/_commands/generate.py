@@ -1,0 +1,128 @@
+"""`suffixspec generate`: speculative generation with a real target model, streamed."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+from ..errors import BadInputError
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("generate", help="generate with a target model, drafting from prompt, outputs and corpora")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
+    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
+    src.add_argument("--prompt-file", metavar="F", help="read the prompt from a file ('-': stdin)")
+    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of a ChatML conversation")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
+    p.add_argument("--top-p", type=float, default=None, metavar="P")
+    p.add_argument("--top-k", type=int, default=None, metavar="K")
+    p.add_argument("--seed", type=int, default=None, metavar="S")
+    p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per round (0: plain decoding; default auto)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
+    p.add_argument("--stats", action="store_true", help="print generation statistics")
+    p.add_argument("--compare", action="store_true", help="also run plain greedy decoding (transformers) and compare")
+    p.add_argument("--json", action="store_true", help="print one JSON object with the statistics as the last line")
+    p.set_defaults(func=run)
+
+
+def _budget(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        budget = int(value)
+    except ValueError:
+        raise BadInputError(f"--budget: expected an integer or 'auto', got {value!r}") from None
+    if budget < 0:
+        raise BadInputError(f"--budget: expected >= 0, got {budget}")
+    return budget
+
+
+def chatml(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def run(args) -> int:
+    budget = _budget(args.budget)
+    if args.max_new_tokens < 0:
+        raise BadInputError(f"--max-new-tokens: expected >= 0, got {args.max_new_tokens}")
+    if args.prompt is not None:
+        prompt = args.prompt
+    elif args.prompt_file == "-":
+        prompt = sys.stdin.read()
+    else:
+        with open(args.prompt_file, encoding="utf-8") as handle:
+            prompt = handle.read()
+    if args.chat:
+        prompt = chatml(prompt)
+
+    import torch
+
+    from ..generate import SpeculativeGenerator
+    from ..models import load_model
+    from ..proposer import Proposer
+    from .simulate import open_corpora, parse_filters
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.model)
+    if tokenizer is None:
+        raise BadInputError(f"model {args.model!r} has no tokenizer.json; the CLI needs one to encode the prompt")
+    filters = parse_filters(args.filter)
+    corpora = open_corpora(args.corpus, tokenizer)
+    if filters and not corpora:
+        raise BadInputError("--filter needs at least one --corpus index")
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
+    do_sample = args.temperature is not None and args.temperature > 0
+    ids = tokenizer.encode(prompt)
+
+    shown = [""]
+    committed: list[int] = []
+
+    def stream(_request, tokens):
+        committed.extend(tokens)
+        text = tokenizer.decode(committed)
+        if text.endswith("\ufffd"):  # an incomplete UTF-8 sequence: wait for the rest
+            return
+        sys.stdout.write(text[len(shown[0]):])
+        sys.stdout.flush()
+        shown[0] = text
+
+    result = gen.generate([ids], max_new_tokens=args.max_new_tokens, do_sample=do_sample,
+                          temperature=args.temperature if do_sample else 1.0, top_k=args.top_k, top_p=args.top_p,
+                          seed=args.seed, stream=stream, budget=budget, filter=filters or None)
+    final = tokenizer.decode(result.sequences[0])
+    sys.stdout.write(final[len(shown[0]):] + "\n")
+    stats = result.stats
+    report = stats.to_dict()
+    report.pop("per_request")
+    if gen.cost_model is not None:
+        report["cost_curve"] = gen.cost_model.relative()
+    if args.stats or args.compare:
+        print("--- statistics", file=sys.stderr if args.json else sys.stdout)
+        print(stats.summary())
+        if gen.cost_model is not None:
+            curve = ", ".join(f"{k}:{v:.2f}" for k, v in gen.cost_model.relative().items())
+            print(f"pass cost relative to one token: {curve}")
+    if args.compare:
+        with torch.inference_mode():
+            t = time.perf_counter()
+            plain = model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                   max_new_tokens=args.max_new_tokens, do_sample=False,
+                                   pad_token_id=tokenizer.eos_token_id or 0)[0, len(ids):].tolist()
+            plain_s = time.perf_counter() - t
+        plain_tps = len(plain) / plain_s if plain_s > 0 else 0.0
+        identical = plain == result.sequences[0] if not do_sample else None
+        speedup = stats.tokens_per_s / plain_tps if plain_tps else 0.0
+        print(f"plain decoding {plain_tps:.1f} tok/s  speculative {stats.tokens_per_s:.1f} tok/s  speedup {speedup:.2f}x"
+              + ("" if identical is None else f"  identical output: {'yes' if identical else 'NO'}"))
+        report.update(plain_tokens_per_s=plain_tps, speedup=speedup, identical=identical)
+    if args.json:
+        print(json.dumps(report))
+    return 0

@@ -1,0 +1,633 @@
+"""`SpeculativeGenerator`: the decoding loop over any transformers causal LM.
+
+Each round, for every unfinished request of the batch: the proposer drafts a tree from the committed
+tokens, the trees are pruned to the round's budget, one forward pass verifies all of them
+(`verify.KVState.forward`), acceptance (`verify.accept`) commits the accepted drafts plus one bonus
+token, and the committed tokens flow back to the proposer. A finished request leaves the batch (its
+cache rows are dropped).
+
+The budget is either fixed (`budget=N` draft nodes per request, 0 = plain decoding) or "auto": a
+`CostModel` measured on the running hardware gives the cost of a pass as a function of the tokens it
+feeds, the tree scores (calibrated online against observed acceptance) give the expected committed
+tokens, and the round uses the tree size that maximises expected committed tokens per second, which
+is zero (plain decoding) when speculation would not pay.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BadInputError, BadInputTypeError
+from .tree import DraftTree
+
+__all__ = ["SpeculativeGenerator", "GenerationResult", "GenerationStats", "RequestStats", "CostModel", "prune_tree"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUDGET = 64
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class RequestStats:
+    prompt_tokens: int = 0
+    new_tokens: int = 0
+    rounds: int = 0
+    committed_per_round: list[int] = field(default_factory=list)
+    drafted: int = 0  # draft nodes verified
+    accepted: int = 0  # draft nodes accepted
+    accepted_by_position: list[int] = field(default_factory=list)  # [depth - 1] -> accepted count
+    ttft_s: float = 0.0
+    e2e_s: float = 0.0
+    finish_reason: str = ""  # "eos", "stop" or "length"
+
+    @property
+    def tpot_s(self) -> float:
+        return (self.e2e_s - self.ttft_s) / (self.new_tokens - 1) if self.new_tokens > 1 else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tpot_s"] = self.tpot_s
+        d["tokens_per_round"] = self.tokens_per_round
+        return d
+
+
+@dataclass
+class GenerationStats:
+    requests: list[RequestStats]
+    rounds: int = 0  # forward passes of the batch
+    plain_rounds: int = 0  # rounds that verified no draft at all
+    proposer_s: float = 0.0
+    verifier_s: float = 0.0
+    e2e_s: float = 0.0
+    peak_memory_bytes: int = 0
+    budgets: list[int] = field(default_factory=list)  # draft nodes per request chosen each round
+    fallback: str | None = None  # why speculation was off for the whole run, if it was
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(r.new_tokens for r in self.requests)
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.requests)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.requests)
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def tokens_per_round(self) -> float:
+        """Mean tokens committed per request-round (the acceptance length, bonus included)."""
+        request_rounds = sum(r.rounds for r in self.requests)
+        return self.new_tokens / request_rounds if request_rounds else 0.0
+
+    @property
+    def accepted_by_position(self) -> list[int]:
+        out: list[int] = []
+        for r in self.requests:
+            for i, c in enumerate(r.accepted_by_position):
+                if i == len(out):
+                    out.append(0)
+                out[i] += c
+        return out
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.new_tokens / self.e2e_s if self.e2e_s > 0 else 0.0
+
+    @property
+    def ttft_s(self) -> float:
+        return float(np.median([r.ttft_s for r in self.requests])) if self.requests else 0.0
+
+    @property
+    def tpot_s(self) -> float:
+        return float(np.median([r.tpot_s for r in self.requests])) if self.requests else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "requests": len(self.requests),
+            "new_tokens": self.new_tokens,
+            "rounds": self.rounds,
+            "plain_rounds": self.plain_rounds,
+            "tokens_per_round": self.tokens_per_round,
+            "drafted": self.drafted,
+            "accepted": self.accepted,
+            "acceptance_rate": self.acceptance_rate,
+            "accepted_by_position": self.accepted_by_position,
+            "proposer_s": self.proposer_s,
+            "verifier_s": self.verifier_s,
+            "ttft_s": self.ttft_s,
+            "tpot_s": self.tpot_s,
+            "e2e_s": self.e2e_s,
+            "tokens_per_s": self.tokens_per_s,
+            "peak_memory_bytes": self.peak_memory_bytes,
+            "mean_budget": float(np.mean(self.budgets)) if self.budgets else 0.0,
+            "fallback": self.fallback,
+            "per_request": [r.to_dict() for r in self.requests],
+        }
+
+    def summary(self) -> str:
+        d = self.to_dict()
+        lines = [
+            f"requests {d['requests']}  new tokens {d['new_tokens']}  rounds {d['rounds']} (plain {d['plain_rounds']})",
+            f"tokens/round {d['tokens_per_round']:.2f}  drafted {d['drafted']}  accepted {d['accepted']}"
+            f"  acceptance {d['acceptance_rate']:.1%}",
+            f"accepted by draft position {d['accepted_by_position'][:16]}",
+            f"proposer {d['proposer_s'] * 1e3:.1f} ms  verifier {d['verifier_s'] * 1e3:.1f} ms"
+            f"  TTFT {d['ttft_s'] * 1e3:.1f} ms  TPOT {d['tpot_s'] * 1e3:.1f} ms  e2e {d['e2e_s']:.3f} s",
+            f"throughput {d['tokens_per_s']:.1f} tok/s  peak memory {d['peak_memory_bytes'] / 2**20:.0f} MiB"
+            + (f"  fallback: {d['fallback']}" if d["fallback"] else ""),
+        ]
+        return "\n".join(lines)
+
+
+@dataclass
+class GenerationResult:
+    sequences: list[list[int]]
+    stats: GenerationStats
+    texts: list[str] | None = None
+
+
+# ------------------------------------------------------------------------------------------ cost model
+
+
+class CostModel:
+    """Seconds per forward pass as a function of the new tokens it feeds (all rows together),
+    interpolated linearly between measured sizes and extrapolated proportionally beyond them."""
+
+    SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+
+    def __init__(self, sizes, seconds):
+        order = np.argsort(sizes)
+        self.sizes = np.asarray(sizes, np.float64)[order]
+        self.seconds = np.maximum.accumulate(np.asarray(seconds, np.float64)[order])  # never cheaper when bigger
+
+    def __call__(self, tokens) -> np.ndarray:
+        tokens = np.asarray(tokens, np.float64)
+        inside = np.interp(tokens, self.sizes, self.seconds)
+        beyond = self.seconds[-1] * tokens / self.sizes[-1]
+        return np.where(tokens > self.sizes[-1], beyond, inside)
+
+    def relative(self) -> dict[int, float]:
+        return {int(s): float(c / self.seconds[0]) for s, c in zip(self.sizes, self.seconds)}
+
+    def to_dict(self):
+        return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
+
+    @classmethod
+    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 3) -> CostModel:
+        """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix."""
+        import torch
+
+        from .verify import KVState
+
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        rng = np.random.default_rng(0)
+        state = KVState(model, 1)
+        state.forward([rng.integers(0, vocab, past).tolist()], [DraftTree.empty()])
+        state.commit([[]])
+        seconds = []
+        cuda = state.device.type == "cuda"
+        for size in sizes:
+            chain = rng.integers(0, vocab, size - 1)
+            tree = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
+            times = []
+            for rep in range(repeats + 1):
+                if cuda:
+                    torch.cuda.synchronize()
+                t = time.perf_counter()
+                state.forward([[int(rng.integers(0, vocab))]], [tree])
+                if cuda:
+                    torch.cuda.synchronize()
+                if rep:  # the first one warms up
+                    times.append(time.perf_counter() - t)
+                state.commit([[]])
+            seconds.append(float(np.median(times)))
+        return cls(list(sizes), seconds)
+
+    @classmethod
+    def cached(cls, model) -> CostModel:
+        """`measure` once per (model, dtype, device, threads); kept in the user cache directory."""
+        import torch
+
+        from .tokenizer import cache_dir
+
+        params = sum(p.numel() for p in model.parameters())
+        dev = next(model.parameters()).device
+        ident = json.dumps([
+            getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
+            str(next(model.parameters()).dtype), str(dev),
+            torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
+            getattr(model.config, "_attn_implementation", None),
+        ])
+        path = cache_dir() / "cost" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["sizes"], data["seconds"])
+        except (OSError, ValueError, KeyError):
+            pass
+        model_cost = cls.measure(model)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps({**model_cost.to_dict(), "identity": ident}))
+            os.replace(tmp, path)
+        except OSError as exc:
+            log.warning("could not cache the cost curve in %s: %s", path, exc)
+        return model_cost
+
+
+def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
+    """The best `size` nodes of `tree` by score (a closed subtree) no deeper than `max_depth`."""
+    n = len(tree)
+    if n == 0 or size <= 0 or max_depth <= 0:
+        return DraftTree.empty()
+    if n <= size and int(tree.depths.max()) <= max_depth:
+        return tree
+    order = sorted(range(n), key=lambda i: (-float(tree.scores[i]), i))
+    keep = np.zeros(n, bool)
+    count = 0
+    for i in order:
+        if count >= size:
+            break
+        parent = int(tree.parents[i])
+        if tree.depths[i] <= max_depth and (parent < 0 or keep[parent]):
+            keep[i] = True
+            count += 1
+    idx = np.flatnonzero(keep)
+    remap = -np.ones(n, np.int64)
+    remap[idx] = np.arange(len(idx))
+    parents = np.where(tree.parents[idx] >= 0, remap[np.maximum(tree.parents[idx], 0)], -1)
+    return DraftTree(tree.tokens[idx], parents, tree.scores[idx])
+
+
+# ------------------------------------------------------------------------------------------ fallback proposer
+
+
+class PromptLookupProposer:
+    """A minimal stand-in proposer (used when `suffixspec.Proposer` is unavailable): the tokens
+    that followed the most recent earlier occurrence of the longest matching suffix n-gram."""
+
+    def __init__(self, corpus=None, max_ngram: int = 3, **_options):
+        self.max_ngram = max_ngram
+
+    def start(self, prompt_ids, request_id=None, filter=None):
+        return _LookupSession(list(map(int, prompt_ids)), self.max_ngram)
+
+
+class _LookupSession:
+    def __init__(self, tokens, max_ngram):
+        self.tokens, self.max_ngram = tokens, max_ngram
+
+    def extend(self, tokens):
+        self.tokens.extend(int(t) for t in tokens)
+
+    def propose(self, budget):
+        toks = self.tokens
+        for n in range(min(self.max_ngram, len(toks) - 1), 0, -1):
+            tail = toks[-n:]
+            for start in range(len(toks) - n - 1, -1, -1):
+                if toks[start : start + n] == tail:
+                    draft = toks[start + n : start + n + budget]
+                    if draft:
+                        scores = 0.8 ** np.arange(1, len(draft) + 1)
+                        return DraftTree(draft, np.arange(len(draft)) - 1, scores)
+        return DraftTree.empty()
+
+    def close(self):
+        pass
+
+
+# ------------------------------------------------------------------------------------------ the generator
+
+
+class SpeculativeGenerator:
+    """Speculative decoding with model-free draft trees over a transformers causal LM.
+
+    `model`: any transformers causal LM (device and dtype are the model's). `tokenizer`: optional,
+    lets `generate` take strings and return texts (a `suffixspec.Tokenizer` or an HF tokenizer).
+    `proposer`: an object with `start(prompt_ids, request_id=None, filter=None)` returning sessions
+    (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
+    """
+
+    def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
+                 cost_model: CostModel | None = None, **proposer_options):
+        self.model = model
+        self.tokenizer = tokenizer
+        self._proposer = proposer
+        self._proposer_options = proposer_options
+        self.max_budget = int(max_budget)
+        self.cost_model = cost_model
+        self._calibration = 1.0  # observed accepted / expected, smoothed
+        self._unsupported: str | None = None
+        self._checked = False
+
+    @property
+    def proposer(self):
+        if self._proposer is None:
+            try:
+                from .proposer import Proposer
+            except ImportError:
+                log.warning("suffixspec.Proposer is unavailable; using a plain prompt-lookup proposer")
+                Proposer = PromptLookupProposer
+            self._proposer = Proposer(**self._proposer_options)
+        return self._proposer
+
+    # ---------------------------------------------------------------------------------- inputs
+
+    def _encode(self, inputs) -> list[list[int]]:
+        if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (int, np.integer))):
+            inputs = [inputs]
+        if not isinstance(inputs, (list, tuple)) or not inputs:
+            raise BadInputTypeError(f"inputs: expected a non-empty list of token-id lists or strings, got {type(inputs).__name__}")
+        out = []
+        for i, item in enumerate(inputs):
+            if isinstance(item, str):
+                if self.tokenizer is None:
+                    raise BadInputError("inputs: strings need a tokenizer (SpeculativeGenerator(model, tokenizer=...))")
+                ids = list(self.tokenizer.encode(item))
+            else:
+                from ._tokens import as_tokens
+
+                ids = as_tokens(item, f"inputs[{i}]").tolist()
+            if not ids:
+                raise BadInputError(f"inputs[{i}]: a prompt needs at least one token")
+            out.append([int(t) for t in ids])
+        return out
+
+    def _eos_set(self, eos_token_id) -> frozenset[int]:
+        if eos_token_id is None:
+            eos_token_id = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if eos_token_id is None:
+            return frozenset()
+        if isinstance(eos_token_id, (int, np.integer)):
+            return frozenset([int(eos_token_id)])
+        return frozenset(int(t) for t in eos_token_id)
+
+    def _stop_matchers(self, stop) -> list[Callable[[list[int]], bool]]:
+        if stop is None:
+            return []
+        if isinstance(stop, str) or (isinstance(stop, (list, tuple)) and stop and isinstance(stop[0], (int, np.integer))):
+            stop = [stop]
+        matchers = []
+        for s in stop:
+            if isinstance(s, str):
+                if self.tokenizer is None:
+                    raise BadInputError("stop: string stop sequences need a tokenizer")
+                window = 2 * len(s) + 4
+                matchers.append(lambda out, s=s, w=window: s in self.tokenizer.decode(out[-w:]))
+            else:
+                seq = [int(t) for t in s]
+                if not seq:
+                    raise BadInputError("stop: an empty stop sequence")
+                matchers.append(lambda out, seq=seq: out[-len(seq):] == seq)
+        return matchers
+
+    # ---------------------------------------------------------------------------------- generate
+
+    def generate(self, inputs, max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 eos_token_id=None, stop=None, stream: Callable[[int, list[int]], Any] | None = None,
+                 logits_processor=None, budget="auto", filter=None, request_ids=None) -> GenerationResult:
+        """Generate for every prompt of `inputs`; see the module docstring.
+
+        `stream(request_index, tokens)` receives each round's committed tokens. `filter`: one corpus
+        filter for every request, or a list with one per request (passed to the proposer).
+        Sampling draws are keyed by (seed, request index in `inputs`, output position).
+        """
+        import torch
+
+        from .verify import KVState, Sampler, accept, check_tree_logits, tree_attention_support, warn_once
+
+        prompts = self._encode(inputs)
+        if int(max_new_tokens) < 0:
+            raise BadInputError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+        auto = budget == "auto"
+        if not auto and (not isinstance(budget, (int, np.integer)) or budget < 0):
+            raise BadInputError(f"budget: expected 'auto' or an int >= 0, got {budget!r}")
+        max_new = int(max_new_tokens)
+        B = len(prompts)
+        eos = self._eos_set(eos_token_id)
+        stops = self._stop_matchers(stop)
+        sampler = Sampler(do_sample, temperature, top_k, top_p, seed, logits_processor)
+        filters = list(filter) if isinstance(filter, (list, tuple)) else [filter] * B
+        stats = GenerationStats(requests=[RequestStats(prompt_tokens=len(p)) for p in prompts])
+        if not self._checked:
+            self._unsupported = tree_attention_support(self.model)
+            if self._unsupported is None:
+                try:
+                    check_tree_logits(self.model)
+                except Exception as exc:  # any failure means we cannot trust tree passes
+                    self._unsupported = f"tree verification self-check failed: {exc}"
+            self._checked = True
+        if self._unsupported is not None:
+            warn_once(f"suffixspec: speculation disabled for this model ({self._unsupported}); using plain decoding")
+            return self._plain_generate(prompts, stats, max_new, sampler, eos, stops, stream, do_sample, temperature, top_k, top_p)
+        if auto and self.cost_model is None:
+            self.cost_model = CostModel.cached(self.model)
+
+        device = next(self.model.parameters()).device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        t_start = time.perf_counter()
+        outputs: list[list[int]] = [[] for _ in range(B)]
+        contexts = [list(p) for p in prompts]
+        pending = [list(p) for p in prompts]
+        rows = list(range(B)) if max_new > 0 else []
+        for q in range(B):
+            if max_new == 0:
+                stats.requests[q].finish_reason = "length"
+        proposer = self.proposer if (auto or budget > 0) and rows else None
+        sessions = {}
+        if proposer is not None:
+            for q in rows:
+                rid = request_ids[q] if request_ids is not None else None
+                sessions[q] = proposer.start(prompts[q], request_id=rid, filter=filters[q])
+        state = KVState(self.model, len(rows))
+        try:
+            while rows:
+                limits = [max_new - len(outputs[q]) for q in rows]
+                t = time.perf_counter()
+                trees = self._propose(proposer, sessions, rows, limits, budget)
+                stats.proposer_s += time.perf_counter() - t
+                t = time.perf_counter()
+                if auto:
+                    trees = self._auto_prune(trees, limits)
+                logits, root = state.forward([pending[q] for q in rows], trees)
+                results = accept(logits, root, trees, sampler, [contexts[q] for q in rows], rows,
+                                 [len(outputs[q]) for q in rows], limits, eos)
+                state.commit([res.accepted_nodes for res in results])
+                stats.verifier_s += time.perf_counter() - t
+                stats.rounds += 1
+                stats.plain_rounds += all(len(tr) == 0 for tr in trees)
+                stats.budgets.extend(len(tr) for tr in trees)
+                now = time.perf_counter() - t_start
+                expected = accepted_total = 0.0
+                keep_rows = []
+                for i, (q, res, tree) in enumerate(zip(rows, results, trees)):
+                    rs = stats.requests[q]
+                    tokens, reason = [], ""
+                    for tok in res.tokens:
+                        tokens.append(tok)
+                        outputs[q].append(tok)
+                        if tok in eos:
+                            reason = "eos"
+                        elif any(m(outputs[q]) for m in stops):
+                            reason = "stop"
+                        elif len(outputs[q]) >= max_new:
+                            reason = "length"
+                        if reason:
+                            break
+                    n_acc = min(len(res.accepted_nodes), len(tokens))
+                    if not rs.rounds:
+                        rs.ttft_s = now
+                    rs.rounds += 1
+                    rs.committed_per_round.append(len(tokens))
+                    rs.drafted += len(tree)
+                    rs.accepted += n_acc
+                    for d in range(n_acc):
+                        if d == len(rs.accepted_by_position):
+                            rs.accepted_by_position.append(0)
+                        rs.accepted_by_position[d] += 1
+                    rs.new_tokens = len(outputs[q])
+                    rs.e2e_s = now
+                    expected += float(tree.scores.sum()) if len(tree) else 0.0
+                    accepted_total += len(res.accepted_nodes)
+                    contexts[q].extend(tokens)
+                    pending[q] = [tokens[-1]]
+                    if stream is not None and tokens:
+                        stream(q, list(tokens))
+                    if reason:
+                        rs.finish_reason = reason
+                        if q in sessions:
+                            sessions.pop(q).close()
+                    else:
+                        if q in sessions:
+                            sessions[q].extend(tokens)
+                        keep_rows.append(i)
+                if expected > 0:
+                    ratio = (accepted_total + 0.5) / (expected + 0.5)
+                    self._calibration = float(np.clip(0.8 * self._calibration + 0.2 * ratio, 0.05, 2.0))
+                if len(keep_rows) < len(rows):
+                    rows = [rows[i] for i in keep_rows]
+                    if rows:
+                        state.select_rows(keep_rows)
+        finally:
+            for s in sessions.values():
+                s.close()
+        stats.e2e_s = time.perf_counter() - t_start
+        stats.peak_memory_bytes = _peak_memory(device)
+        texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
+        return GenerationResult(outputs, stats, texts)
+
+    # ---------------------------------------------------------------------------------- helpers
+
+    def _propose(self, proposer, sessions, rows, limits, budget) -> list[DraftTree]:
+        if proposer is None:
+            return [DraftTree.empty() for _ in rows]
+        want = self.max_budget if budget == "auto" else int(budget)
+        budgets = [max(0, min(want, lim - 1)) for lim in limits]
+        live = [q for q, b in zip(rows, budgets) if b > 0]
+        trees_by_row: dict[int, DraftTree] = {}
+        if live:
+            live_budgets = [b for b in budgets if b > 0]
+            batch = getattr(proposer, "propose_batch", None)
+            if batch is not None:
+                got = batch([sessions[q] for q in live], live_budgets)
+            else:
+                got = [sessions[q].propose(b) for q, b in zip(live, live_budgets)]
+            for q, b, tree in zip(live, live_budgets, got):
+                trees_by_row[q] = tree if tree is not None else DraftTree.empty()
+        out = []
+        for q, b, lim in zip(rows, budgets, limits):
+            tree = trees_by_row.get(q, DraftTree.empty())
+            out.append(prune_tree(tree, b, lim - 1) if len(tree) else tree)
+        return out
+
+    def _auto_prune(self, trees: list[DraftTree], limits) -> list[DraftTree]:
+        """Choose one draft size k for the round maximising expected committed tokens per second."""
+        b = len(trees)
+        best_scores = [np.sort(t.scores)[::-1] * self._calibration if len(t) else np.zeros(0) for t in trees]
+        kmax = max((len(s) for s in best_scores), default=0)
+        if kmax == 0:
+            return trees
+        gains = np.full(kmax + 1, float(b))
+        for s in best_scores:
+            c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
+            gains += c[np.minimum(np.arange(kmax + 1), len(s))]
+        cost = self.cost_model(b * (np.arange(kmax + 1) + 1))
+        k = int(np.argmax(gains / cost))
+        return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
+
+    def _plain_generate(self, prompts, stats, max_new, sampler, eos, stops, stream, do_sample, temperature, top_k, top_p):
+        """Clean fallback for models tree verification cannot serve: transformers' own generate."""
+        import torch
+
+        stats.fallback = self._unsupported
+        device = next(self.model.parameters()).device
+        t_start = time.perf_counter()
+        outputs = []
+        for q, prompt in enumerate(prompts):
+            kwargs = dict(max_new_tokens=max_new, do_sample=do_sample, logits_processor=sampler.processors,
+                          pad_token_id=next(iter(eos)) if eos else 0)
+            if eos:
+                kwargs["eos_token_id"] = sorted(eos)
+            if do_sample:
+                torch.manual_seed(sampler.seed + q)
+                kwargs.update(temperature=temperature, top_k=top_k or 0, top_p=top_p if top_p is not None else 1.0)
+            with torch.inference_mode():
+                ids = torch.tensor([prompt], device=device)
+                t = time.perf_counter()
+                seq = self.model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, len(prompt):].tolist()
+                stats.verifier_s += time.perf_counter() - t
+            out, reason = [], "length"
+            for tok in seq:
+                out.append(tok)
+                if tok in eos:
+                    reason = "eos"
+                    break
+                if any(m(out) for m in stops):
+                    reason = "stop"
+                    break
+            if stream is not None and out:
+                stream(q, list(out))
+            rs = stats.requests[q]
+            rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
+            rs.e2e_s = time.perf_counter() - t_start
+            rs.finish_reason = reason
+            stats.rounds += len(out)
+            stats.plain_rounds += len(out)
+            outputs.append(out)
+        stats.e2e_s = time.perf_counter() - t_start
+        stats.peak_memory_bytes = _peak_memory(device)
+        texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
+        return GenerationResult(outputs, stats, texts)
+
+
+def _peak_memory(device) -> int:
+    import torch
+
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss * (1 if os.uname().sysname == "Darwin" else 1024))

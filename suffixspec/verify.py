@@ -1,0 +1,463 @@
+"""Tree verification with a transformers causal LM: one forward pass for the whole batch, then
+greedy or stochastic acceptance.
+
+Terms (used the same way everywhere in suffixspec):
+
+* committed: tokens that are part of a request's output for good.
+* pending: committed tokens whose keys/values are not yet in the KV cache (the whole prompt before
+  the first pass, afterwards exactly one token: the previous round's bonus). The last pending token
+  is the root of the draft tree.
+* draft: the nodes of a request's `DraftTree`; accepted: drafted nodes whose token equals the
+  target's choice at their parent; bonus: the target's own token where the walk stops.
+
+One pass (`KVState.forward`) feeds, per request, ``[pad..] [pending..] [draft nodes..]`` (left
+padded to a common width). Positions come from the request's committed length and the node depths;
+attention comes from an explicit additive float mask ``(batch, 1, new, cached + new)``: a pending
+token sees the valid cache slots and the earlier pending tokens, a node additionally sees its
+ancestors only, a pad sees only itself. Models with sliding-window layers get one such mask per
+layer type with the window applied on logical positions.
+
+The KV cache is a transformers ``DynamicCache`` whose slots are tracked per request
+(`KVState.slot_pos`: the logical position a slot holds, -1 for a hole). After acceptance only the
+pending tokens and the accepted nodes stay; their slots are compacted to the front of the round's
+tail and the cache is cropped, so rejected branches never reach a later pass. Holes (requests that
+kept fewer slots than others) are masked, and squeezed out when they exceed a quarter of the cache.
+The prefix is never recomputed.
+
+Acceptance (`accept`) walks each tree from its root: at each node the target's logits are processed
+exactly as plain decoding would (user `LogitsProcessor`s with that node's full token context, then
+temperature, top-k, top-p), a token is chosen (argmax, or inverse-CDF sampling with a uniform drawn
+from (seed, request, output position)), and the walk follows the child drafting that token. With a
+deterministic draft this is the lossless rule "sample the target and follow the matching child",
+and the output equals plain decoding with the same draws whatever the trees were.
+"""
+
+from __future__ import annotations
+
+import inspect
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .tree import DraftTree
+
+__all__ = [
+    "KVState",
+    "Sampler",
+    "RowResult",
+    "accept",
+    "tree_attention_support",
+    "uniform_draw",
+]
+
+_MASK64 = (1 << 64) - 1
+
+
+# ------------------------------------------------------------------------------------------ randomness
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def uniform_draw(seed: int, request: int, position: int) -> float:
+    """The uniform in [0, 1) that decides output token `position` of request `request` under `seed`."""
+    h = _splitmix64(int(seed) & _MASK64)
+    h = _splitmix64(h ^ (int(request) & _MASK64))
+    h = _splitmix64(h ^ (int(position) & _MASK64))
+    return (h >> 11) * (1.0 / (1 << 53))
+
+
+# ------------------------------------------------------------------------------------------ processing
+
+
+class Sampler:
+    """Turns target logits into tokens exactly as plain decoding does.
+
+    Order (as in transformers' `generate`): user logits processors, then temperature, top-k, top-p
+    (transformers' own warpers), then argmax (greedy) or sampling from the softmax.
+    """
+
+    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None):
+        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+        self.do_sample = bool(do_sample)
+        self.processors = LogitsProcessorList(list(logits_processor or []))
+        warpers = []
+        if self.do_sample:
+            if temperature is not None and float(temperature) != 1.0:
+                warpers.append(TemperatureLogitsWarper(float(temperature)))
+            if top_k is not None and int(top_k) > 0:
+                warpers.append(TopKLogitsWarper(top_k=int(top_k)))
+            if top_p is not None and float(top_p) < 1.0:
+                warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+        self.warpers = LogitsProcessorList(warpers)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (1,)).item()) if self.do_sample else 0
+        self.seed = int(seed)
+
+    def process(self, contexts: list[list[int]], scores: torch.Tensor) -> torch.Tensor:
+        """scores: [m, vocab] float32 raw logits; contexts: each row's full token context (prompt +
+        output so far) before the token being chosen. Returns processed scores [m, vocab]."""
+        if len(self.processors):
+            rows = []
+            for i, ctx in enumerate(contexts):
+                ids = torch.tensor([ctx], dtype=torch.long, device=scores.device)
+                rows.append(self.processors(ids, scores[i : i + 1]))
+            scores = torch.cat(rows, 0)
+        if len(self.warpers):
+            dummy = torch.zeros((scores.shape[0], 1), dtype=torch.long, device=scores.device)
+            scores = self.warpers(dummy, scores)
+        return scores
+
+    def choose(self, scores: torch.Tensor, keys: list[tuple[int, int]]) -> list[int]:
+        """One token per row of processed `scores` [m, vocab]; keys: (request, output position)."""
+        if not self.do_sample:
+            return scores.argmax(dim=-1).tolist()
+        target_probs = torch.softmax(scores.double(), dim=-1)  # [m, vocab]
+        cdf = target_probs.cumsum(dim=-1)  # [m, vocab]
+        u = torch.tensor([uniform_draw(self.seed, r, p) for r, p in keys], dtype=torch.float64, device=cdf.device)
+        u = u * cdf[:, -1]
+        tokens = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
+        return tokens.clamp_(max=scores.shape[-1] - 1).tolist()
+
+
+# ------------------------------------------------------------------------------------------ the pass
+
+
+def _cache_argument(model) -> str:
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _accepts_logits_to_keep(model) -> bool:
+    return "logits_to_keep" in inspect.signature(model.forward).parameters
+
+
+def _layer_types(config) -> tuple[list[str] | None, int | None]:
+    """Layer types and sliding window of a text config (None: one plain causal mask for all)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(config, "layer_types", None)
+    window = getattr(config, "sliding_window", None)
+    if types is not None:
+        return list(types), window
+    if window is not None and getattr(config, "use_sliding_window", True):
+        return ["sliding_attention"] * int(getattr(config, "num_hidden_layers", 1)), window
+    return None, None
+
+
+def tree_attention_support(model) -> str | None:
+    """None when `KVState` can verify trees with `model`, else the reason it cannot."""
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl not in (None, "eager", "sdpa"):
+        return f"attention implementation {impl!r} does not take an explicit float tree mask (use 'sdpa' or 'eager')"
+    types, window = _layer_types(model.config)
+    if types is not None:
+        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            return f"layer types {unknown} are not supported by tree verification"
+        if "sliding_attention" in types and not window:
+            return "sliding-window layers without a window size"
+    if getattr(model.config, "is_encoder_decoder", False):
+        return "encoder-decoder models are not supported"
+    try:
+        from transformers import DynamicCache
+
+        if not hasattr(DynamicCache(), "layers"):
+            return "this transformers version's DynamicCache has no per-layer tensors"
+    except Exception as exc:  # pragma: no cover - very old transformers
+        return f"transformers has no usable DynamicCache ({exc})"
+    return None
+
+
+class KVState:
+    """The batch's KV cache plus per-request slot bookkeeping (see the module docstring)."""
+
+    def __init__(self, model, batch_size: int):
+        from transformers import DynamicCache
+
+        self.model = model
+        self.cache = DynamicCache()  # no config: every layer keeps all its slots, we mask them
+        self.device = next(model.parameters()).device
+        self.dtype = next(model.parameters()).dtype
+        self.slot_pos = torch.empty((batch_size, 0), dtype=torch.long, device=self.device)  # [b, L]
+        self.n_cached = np.zeros(batch_size, np.int64)  # logical tokens in the cache, per row
+        self._cache_arg = _cache_argument(model)
+        self._logits_to_keep = _accepts_logits_to_keep(model)
+        self._types, self._window = _layer_types(model.config)
+        self._last = None  # (W, offsets, pending lengths, tree sizes) of the last pass
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.slot_pos.shape[0])
+
+    @property
+    def cache_len(self) -> int:
+        return int(self.slot_pos.shape[1])
+
+    # -------------------------------------------------------------------------------- forward pass
+
+    @torch.inference_mode()
+    def forward(self, pending: list[list[int]], trees: list[DraftTree]) -> tuple[torch.Tensor, np.ndarray]:
+        """One pass over every row's pending tokens and draft tree.
+
+        Returns `logits` [b, K, vocab] (float32) and `root_index` int[b]: row r's logits after its
+        last pending token are `logits[r, root_index[r]]`, after its draft node i
+        `logits[r, root_index[r] + 1 + i]`.
+        """
+        b = self.batch_size
+        assert len(pending) == b and len(trees) == b
+        p = np.array([len(x) for x in pending], np.int64)
+        n = np.array([len(t) for t in trees], np.int64)
+        if np.any(p < 1):
+            raise ValueError("every row needs at least one pending token")
+        W = int((p + n).max())
+        K = int(n.max()) + 1
+        L = self.cache_len
+        tokens = np.zeros((b, W), np.int64)  # [b, W]
+        positions = np.zeros((b, W), np.int64)  # [b, W]
+        new_key_pos = np.full((b, W), -1, np.int64)  # [b, W] logical position of each new slot, -1: pad
+        allowed_new = np.zeros((b, W, W), bool)  # [b, W(query), W(key)]
+        is_pad = np.zeros((b, W), bool)  # [b, W]
+        offsets = W - p - n
+        for r in range(b):
+            off, pr, nr, base = int(offsets[r]), int(p[r]), int(n[r]), int(self.n_cached[r])
+            tokens[r, off : off + pr] = pending[r]
+            positions[r, :off] = base
+            positions[r, off : off + pr] = base + np.arange(pr)
+            is_pad[r, :off] = True
+            allowed_new[r, off : off + pr, off : off + pr] = np.tri(pr, dtype=bool)
+            if nr:
+                tree = trees[r]
+                tokens[r, off + pr :] = tree.tokens
+                positions[r, off + pr :] = base + pr - 1 + tree.depths
+                allowed_new[r, off + pr :, off : off + pr] = True
+                allowed_new[r, off + pr :, off + pr :] = tree.ancestor_mask()
+            new_key_pos[r, off:] = positions[r, off:]
+        dev = self.device
+        q_pos = torch.from_numpy(positions).to(dev)  # [b, W]
+        pad = torch.from_numpy(is_pad).to(dev)  # [b, W]
+        key_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
+        allowed = torch.cat(
+            [(self.slot_pos >= 0)[:, None, :].expand(b, W, L), torch.from_numpy(allowed_new).to(dev)], dim=2
+        )  # [b, W, L+W]
+        allowed[:, :, :L] &= ~pad[:, :, None]
+        diag = torch.arange(W, device=dev)
+        masks = {"full_attention": self._additive(allowed, pad, diag, L)}
+        if self._types is not None and "sliding_attention" in self._types:
+            in_window = key_pos[:, None, :] > (q_pos[:, :, None] - int(self._window))  # [b, W, L+W]
+            masks["sliding_attention"] = self._additive(allowed & in_window, pad, diag, L)
+        if self._types is None:
+            attention_mask = masks["full_attention"]
+            if W == 1 and L and bool((self.slot_pos >= 0).all()):
+                attention_mask = None  # one new token per row, no holes: plain causal attention
+        elif set(self._types) == {"sliding_attention"}:
+            attention_mask = masks["sliding_attention"]
+        else:
+            attention_mask = {t: masks[t] for t in set(self._types)}
+        kwargs = {self._cache_arg: self.cache, "use_cache": True}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = K
+        out = self.model(
+            input_ids=torch.from_numpy(tokens).to(dev),
+            attention_mask=attention_mask,
+            position_ids=q_pos,
+            **kwargs,
+        )
+        logits = out.logits[:, -K:, :].float()  # [b, K, vocab]
+        self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
+        self._last = (W, offsets, p, n)
+        root_index = K - 1 - n
+        return logits, root_index
+
+    def _additive(self, allowed, pad, diag, L) -> torch.Tensor:
+        allowed = allowed.clone()
+        allowed[:, diag, L + diag] |= pad  # a pad attends to itself only (no empty softmax rows)
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask[:, None]  # [b, 1, W, L+W]
+
+    # -------------------------------------------------------------------------------- bookkeeping
+
+    @torch.inference_mode()
+    def commit(self, kept_nodes: list[list[int]]) -> None:
+        """Keep, per row, the last pass's pending slots plus the slots of draft nodes `kept_nodes[r]`
+        (in path order); drop every other slot of that pass."""
+        W, offsets, p, n = self._last
+        L = self.cache_len - W
+        b = self.batch_size
+        keep = [np.concatenate([offsets[r] + np.arange(p[r]), offsets[r] + p[r] + np.asarray(kept_nodes[r], np.int64)])
+                for r in range(b)]
+        T = max(len(k) for k in keep)
+        index = np.zeros((b, T), np.int64)
+        valid = np.zeros((b, T), bool)
+        for r, k in enumerate(keep):
+            index[r, : len(k)] = L + k
+            index[r, len(k) :] = L + offsets[r]  # any slot of this row; marked as a hole below
+            valid[r, : len(k)] = True
+            self.n_cached[r] += len(k)
+        index_t = torch.from_numpy(index).to(self.device)  # [b, T]
+        tail_pos = torch.gather(self.slot_pos, 1, index_t)
+        tail_pos[~torch.from_numpy(valid).to(self.device)] = -1
+        if not np.array_equal(index, np.broadcast_to(L + np.arange(T), (b, T))):
+            self._rewrite_tail(L, index_t)
+        self._crop(L + T)
+        self.slot_pos = torch.cat([self.slot_pos[:, :L], tail_pos], 1)
+        self._last = None
+        holes = int((self.slot_pos < 0).sum(dim=1).min())
+        if holes > max(32, self.cache_len // 4):
+            self.compact()
+
+    @torch.inference_mode()
+    def compact(self) -> None:
+        """Squeeze holes out: each row's valid slots move to the front, in order."""
+        valid = self.slot_pos >= 0
+        order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid slots first
+        keep = int(valid.sum(dim=1).max())
+        index = order[:, :keep]
+        self._rewrite(index)
+        self.slot_pos = torch.gather(self.slot_pos, 1, index)
+
+    @torch.inference_mode()
+    def select_rows(self, rows) -> None:
+        """Keep only batch rows `rows` (finished requests cost nothing more)."""
+        rows_t = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel():
+                layer.keys = layer.keys.index_select(0, rows_t)
+                layer.values = layer.values.index_select(0, rows_t)
+        self.slot_pos = self.slot_pos.index_select(0, rows_t)
+        self.n_cached = self.n_cached[np.asarray(list(rows), np.int64)]
+        if self.batch_size and self.cache_len:
+            self.compact()
+
+    def _rewrite_tail(self, start: int, index: torch.Tensor) -> None:
+        """Slots start.. of every layer become slots `index` [b, T] (all >= start), in place."""
+        T = index.shape[1]
+        for layer in self.cache.layers:
+            for name in ("keys", "values"):
+                t = getattr(layer, name, None)
+                if t is None or t.numel() == 0:
+                    continue
+                b, h, _, d = t.shape
+                t[:, :, start : start + T] = torch.gather(t, 2, index[:, None, :, None].expand(b, h, T, d))
+
+    def _crop(self, length: int) -> None:
+        for layer in self.cache.layers:
+            if getattr(layer, "keys", None) is not None and layer.keys.numel() and layer.keys.shape[2] > length:
+                layer.keys = layer.keys[:, :, :length]
+                layer.values = layer.values[:, :, :length]
+
+    def _rewrite(self, index: torch.Tensor) -> None:
+        """Every layer's keys/values become their slots `index` [b, L'] (per row)."""
+        for layer in self.cache.layers:
+            keys = getattr(layer, "keys", None)
+            if keys is None or keys.numel() == 0:
+                continue
+            b, h, _, d = keys.shape
+            idx = index[:, None, :, None].expand(b, h, index.shape[1], d)
+            layer.keys = torch.gather(keys, 2, idx)
+            vd = layer.values.shape[-1]
+            layer.values = torch.gather(layer.values, 2, index[:, None, :, None].expand(b, h, index.shape[1], vd))
+
+
+# ------------------------------------------------------------------------------------------ acceptance
+
+
+@dataclass
+class RowResult:
+    tokens: list[int] = field(default_factory=list)  # committed this round (accepted drafts, then the bonus)
+    accepted_nodes: list[int] = field(default_factory=list)  # draft nodes whose tokens were committed
+    stopped_on_eos: bool = False
+
+
+def accept(
+    logits: torch.Tensor,
+    root_index: np.ndarray,
+    trees: list[DraftTree],
+    sampler: Sampler,
+    contexts: list[list[int]],
+    request_keys: list[int],
+    n_generated: list[int],
+    limits: list[int],
+    eos: frozenset[int] | set[int] = frozenset(),
+) -> list[RowResult]:
+    """Walk every row's tree (logits [b, K, vocab] from `KVState.forward`).
+
+    contexts[r]: row r's committed tokens (prompt + output); request_keys[r]: the request's draw key;
+    n_generated[r]: output tokens it has so far; limits[r]: most tokens to commit this round (>= 1).
+    The walk stops at a token in `eos` (committed). `accepted_nodes` excludes the node of the last
+    committed token, whose KV is never needed (it becomes the next pending token).
+    """
+    b = len(trees)
+    results = [RowResult() for _ in range(b)]
+    children = [{(int(pa), int(t)): i for i, (pa, t) in enumerate(zip(tr.parents, tr.tokens))} for tr in trees]
+    current = [-1] * b
+    path_nodes: list[list[int]] = [[] for _ in range(b)]
+    active = [r for r in range(b) if limits[r] > 0]
+    while active:
+        idx = torch.tensor([int(root_index[r]) + 1 + current[r] for r in active], device=logits.device)
+        rows = torch.tensor(active, device=logits.device)
+        scores = logits[rows, idx]  # [m, vocab]
+        ctx = [contexts[r] + results[r].tokens for r in active] if len(sampler.processors) else []
+        scores = sampler.process(ctx, scores)
+        keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in active]
+        chosen = sampler.choose(scores, keys)
+        still = []
+        for r, tok in zip(active, chosen):
+            res = results[r]
+            res.tokens.append(int(tok))
+            if tok in eos:
+                res.stopped_on_eos = True
+                continue
+            if len(res.tokens) >= limits[r]:
+                continue
+            child = children[r].get((current[r], int(tok)))
+            if child is None:
+                continue
+            path_nodes[r].append(child)
+            current[r] = child
+            still.append(r)
+        active = still
+    for r in range(b):
+        results[r].accepted_nodes = path_nodes[r][: len(results[r].tokens) - 1]
+    return results
+
+
+# ------------------------------------------------------------------------------------------ self-check
+
+
+@torch.inference_mode()
+def check_tree_logits(model, atol: float | None = None) -> float:
+    """Compare a tree pass with sequential passes on a short input; returns the max abs difference
+    and raises RuntimeError when it exceeds `atol` (default by dtype)."""
+    dtype = next(model.parameters()).dtype
+    if atol is None:
+        atol = 1e-6 if dtype == torch.float64 else (2e-3 if dtype == torch.float32 else 5e-2)
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    gen = np.random.default_rng(0)
+    prompt = gen.integers(0, vocab, 7).tolist()
+    branch_a, branch_b = gen.integers(0, vocab, 3).tolist(), gen.integers(0, vocab, 2).tolist()
+    tree = DraftTree.from_paths([branch_a, branch_b])
+    state = KVState(model, 1)
+    logits, root = state.forward([prompt], [tree])
+    worst = 0.0
+    for path in tree.paths():
+        toks = prompt + [int(t) for t in tree.tokens[path]]
+        ref = model(input_ids=torch.tensor([toks], device=state.device)).logits[0, len(prompt) - 1 :].float()
+        got = logits[0, [int(root[0])] + [int(root[0]) + 1 + int(i) for i in path]]
+        worst = max(worst, float((ref - got).abs().max()))
+    if worst > atol:
+        raise RuntimeError(f"tree logits differ from sequential logits by {worst:.3g} (> {atol:.1g})")
+    return worst
+
+
+def warn_once(message: str, _seen=set()) -> None:  # noqa: B006 - deliberate module-level memo
+    if message not in _seen:
+        _seen.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)

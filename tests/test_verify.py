@@ -1,0 +1,183 @@
+"""Tree verification: one batched pass equals sequential recomputation; KV bookkeeping; acceptance."""
+
+import numpy as np
+import pytest
+import torch
+
+from suffixspec.tree import DraftTree
+from suffixspec.verify import KVState, Sampler, accept, check_tree_logits, tree_attention_support, uniform_draw
+
+from tiny_models import FAMILIES, tiny_model
+
+ALL = [(k, a) for k in (*FAMILIES, "gemma3") for a in ("sdpa", "eager")]
+
+
+def random_tree(rng, vocab, n):
+    parents = [-1]
+    for i in range(1, n):
+        parents.append(int(rng.integers(-1, i)))
+    tokens, seen = [], set()
+    for i, p in enumerate(parents):
+        while True:
+            t = int(rng.integers(0, vocab))
+            if (p, t) not in seen:
+                seen.add((p, t))
+                tokens.append(t)
+                break
+    return DraftTree(tokens, parents)
+
+
+def sequential_logits(model, tokens):
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([tokens])).logits[0].float()
+
+
+@pytest.mark.parametrize("kind,attn", ALL)
+def test_self_check(kind, attn):
+    assert check_tree_logits(tiny_model(kind, attn)) < (1e-9 if attn == "sdpa" else 1e-6)
+
+
+@pytest.mark.parametrize("kind,attn", ALL)
+def test_rounds_match_full_recomputation(kind, attn):
+    """Several rounds over a batch of mixed lengths with random trees and random accepted paths:
+    after every round, every node's logits equal a from-scratch forward over its full context."""
+    model = tiny_model(kind, attn)
+    vocab = model.config.vocab_size
+    atol = 1e-9 if attn == "sdpa" else 1e-6  # eager attention takes its softmax in float32
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, vocab, n).tolist() for n in (3, 11, 1, 6)]
+    state = KVState(model, len(prompts))
+    committed = [list(p) for p in prompts]
+    pending = [list(p) for p in prompts]
+    for round_ in range(5):
+        trees = [random_tree(rng, vocab, int(rng.integers(0, 9))) for _ in prompts]
+        logits, root = state.forward(pending, trees)
+        kept = []
+        for r, tree in enumerate(trees):
+            ref = sequential_logits(model, committed[r])
+            np.testing.assert_allclose(logits[r, root[r]].numpy(), ref[-1].numpy(), atol=atol)
+            for path in tree.paths():
+                seq = committed[r] + tree.tokens[path].tolist()
+                ref = sequential_logits(model, seq)
+                got = logits[r, root[r] + 1 + path]
+                np.testing.assert_allclose(got.numpy(), ref[len(committed[r]):].numpy(), atol=atol)
+            # accept a random root path (possibly empty), then a fresh bonus token
+            path = tree.paths()[int(rng.integers(0, len(tree.paths())))] if len(tree) else np.zeros(0, int)
+            path = path[: int(rng.integers(0, len(path) + 1))]
+            kept.append(path.tolist())
+            bonus = int(rng.integers(0, vocab))
+            committed[r] += tree.tokens[path].tolist() + [bonus]
+            pending[r] = [bonus]
+        state.commit(kept)
+        assert state.n_cached.tolist() == [len(c) - 1 for c in committed]
+        if round_ == 2:  # drop a finished request mid-way
+            keep = [0, 2, 3]
+            state.select_rows(keep)
+            prompts = [prompts[i] for i in keep]
+            committed = [committed[i] for i in keep]
+            pending = [pending[i] for i in keep]
+
+
+def test_compaction_keeps_logits():
+    model = tiny_model("llama")
+    rng = np.random.default_rng(3)
+    state = KVState(model, 2)
+    seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5]]
+    state.forward([seqs[0], seqs[1]], [DraftTree.empty(), DraftTree.empty()])
+    state.commit([[], []])
+    assert (state.slot_pos < 0).sum() == 9  # the short row's holes
+    state.compact()
+    assert state.cache_len == 10 and (state.slot_pos[1] >= 0).sum() == 1
+    logits, root = state.forward([[11], [6]], [DraftTree.empty(), DraftTree.empty()])
+    np.testing.assert_allclose(logits[0, root[0]].numpy(), sequential_logits(model, seqs[0] + [11])[-1].numpy(), atol=1e-9)
+    np.testing.assert_allclose(logits[1, root[1]].numpy(), sequential_logits(model, [5, 6])[-1].numpy(), atol=1e-9)
+
+
+def test_sliding_window_mask_matters():
+    """With a window smaller than the context, ignoring the window changes the logits (so the
+    window test above is meaningful)."""
+    model = tiny_model("gemma3", window=3)
+    prompt = list(range(1, 12))
+    state = KVState(model, 1)
+    state._types = None  # pretend there is no window
+    logits, root = state.forward([prompt], [DraftTree.empty()])
+    ref = sequential_logits(model, prompt)[-1]
+    assert float((logits[0, root[0]] - ref).abs().max()) > 1e-6
+
+
+def test_unsupported_attention_is_detected():
+    model = tiny_model("llama")
+    assert tree_attention_support(model) is None
+    model.config._attn_implementation = "flash_attention_2"
+    assert "flash_attention_2" in tree_attention_support(model)
+
+
+# ------------------------------------------------------------------------------------ acceptance
+
+
+def naive_greedy_walk(tree, targets_at):
+    """Brute force: the longest root path whose tokens equal the target's argmax choices."""
+    best = []
+    for path in tree.paths():
+        for cut in range(len(path) + 1):
+            prefix = path[:cut].tolist()
+            ok = all(tree.tokens[n] == targets_at(prefix[:i]) for i, n in enumerate(prefix))
+            if ok and len(prefix) > len(best):
+                best = prefix
+    return best
+
+
+def test_greedy_accept_matches_brute_force():
+    rng = np.random.default_rng(11)
+    vocab = 6
+    for _ in range(200):
+        tree = random_tree(rng, vocab, int(rng.integers(0, 12)))
+        logits = torch.randn(1, len(tree) + 1, vocab)
+        # make some nodes agree with the target at their parent
+        choice = {}
+        def target(prefix_nodes):
+            node = prefix_nodes[-1] if prefix_nodes else -1
+            return int(logits[0, node + 1].argmax())
+        res = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [100])[0]
+        best = naive_greedy_walk(tree, target)
+        assert res.accepted_nodes == best
+        assert res.tokens[:-1] == tree.tokens[best].tolist()
+        assert res.tokens[-1] == target(best)
+
+
+def test_accept_respects_limit_and_eos():
+    tree = DraftTree([1, 2, 3], [-1, 0, 1])
+    logits = torch.full((1, 4, 5), -10.0)
+    for i, tok in enumerate([1, 2, 3, 4]):
+        logits[0, i, tok] = 10.0
+    full = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [10])[0]
+    assert full.tokens == [1, 2, 3, 4] and full.accepted_nodes == [0, 1, 2]
+    cut = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [2])[0]
+    assert cut.tokens == [1, 2] and cut.accepted_nodes == [0]
+    eos = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [10], frozenset([2]))[0]
+    assert eos.tokens == [1, 2] and eos.stopped_on_eos and eos.accepted_nodes == [0]
+
+
+def test_uniform_draw_is_deterministic_and_uniform():
+    assert uniform_draw(1, 2, 3) == uniform_draw(1, 2, 3)
+    assert len({uniform_draw(1, 2, p) for p in range(100)}) == 100
+    u = np.array([uniform_draw(5, r, p) for r in range(50) for p in range(100)])
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.02
+
+
+def test_sampler_inverse_cdf_distribution():
+    scores = torch.log(torch.tensor([[0.1, 0.2, 0.3, 0.4]]))
+    sampler = Sampler(do_sample=True, seed=3)
+    draws = [sampler.choose(scores, [(r, 0)])[0] for r in range(4000)]
+    freq = np.bincount(draws, minlength=4) / 4000
+    np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.03)
+
+
+def test_sampler_warpers_follow_transformers_order():
+    from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+    scores = torch.randn(3, 50)
+    ours = Sampler(do_sample=True, temperature=0.7, top_k=10, top_p=0.8).process([], scores.clone())
+    ref = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(10), TopPLogitsWarper(0.8)])(
+        torch.zeros(3, 1, dtype=torch.long), scores.clone())
+    assert torch.equal(ours, ref)
