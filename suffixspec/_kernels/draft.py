@@ -172,54 +172,59 @@ def make_workspace(budget, max_children):
 
 
 @njit(cache=True, nogil=True)
-def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws):
+def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
+    """Best-first expansion from (state, match_len); `live` picks the layout read."""
     ctok, cpar, cstate, clen, cdepth, hkey, hval, btok, bcnt, blast, bstate, node_of = ws
     out_tok = np.empty(budget, np.int32)
     out_par = np.empty(budget, np.int32)
     out_prob = np.empty(budget, np.float64)
-    online = M[sk.MODE] == sk.MODE_ONLINE
-    k, stack = _live_children(S, E, L, online, state, stack, btok, bcnt, blast, bstate)
-    n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
-                                    ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)
+    online = live and M[sk.MODE] == sk.MODE_ONLINE
+    n_cand = 0
+    n_heap = 0
     n_out = 0
-    while n_heap > 0 and n_out < budget:
+    c = -1
+    p = 1.0
+    v = state
+    length = match_len
+    depth = 0
+    while True:
+        if live:
+            k, stack = _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate)
+        else:
+            k = _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bstate)
+        n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, length, depth, params,
+                                        ctok, cpar, cstate, clen, cdepth, n_cand, hkey, hval, n_heap)
+        if n_heap == 0 or n_out >= budget:
+            break
         p, c, n_heap = _heap_pop(hkey, hval, n_heap)
         out_tok[n_out] = ctok[c]
         out_par[n_out] = -1 if cpar[c] < 0 else node_of[cpar[c]]
         out_prob[n_out] = p
         node_of[c] = n_out
         n_out += 1
-        if n_out < budget:
-            k, stack = _live_children(S, E, L, online, cstate[c], stack, btok, bcnt, blast, bstate)
-            n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, clen[c], cdepth[c],
-                                            params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey,
-                                            hval, n_heap)
+        if n_out >= budget:
+            break
+        v = cstate[c]
+        length = clen[c]
+        depth = cdepth[c]
     return out_tok[:n_out], out_par[:n_out], out_prob[:n_out], stack
 
 
-@njit(cache=True, nogil=True)
+def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws):
+    """Expand over a growable automaton (counts through its link-cut tree); returns the stack too."""
+    no32, no64 = np.empty(0, np.int32), np.empty(0, np.int64)
+    return _expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32, state, match_len, budget, params, ws)
+
+
+_NO_ROWS = np.empty((0, sk.STATE_COLS), np.int32)
+
+
 def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
-    ctok, cpar, cstate, clen, cdepth, hkey, hval, btok, bcnt, blast, bstate, node_of = ws
-    out_tok = np.empty(budget, np.int32)
-    out_par = np.empty(budget, np.int32)
-    out_prob = np.empty(budget, np.float64)
-    k = _frozen_children(offsets, etok, eto, counts, lasts, state, btok, bcnt, blast, bstate)
-    n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, -1, 1.0, match_len, 0, params,
-                                    ctok, cpar, cstate, clen, cdepth, 0, hkey, hval, 0)
-    n_out = 0
-    while n_heap > 0 and n_out < budget:
-        p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-        out_tok[n_out] = ctok[c]
-        out_par[n_out] = -1 if cpar[c] < 0 else node_of[cpar[c]]
-        out_prob[n_out] = p
-        node_of[c] = n_out
-        n_out += 1
-        if n_out < budget:
-            k = _frozen_children(offsets, etok, eto, counts, lasts, cstate[c], btok, bcnt, blast, bstate)
-            n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, clen[c], cdepth[c],
-                                            params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey,
-                                            hval, n_heap)
-    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out]
+    """Expand over a frozen automaton (read-only, safe to share)."""
+    no32 = np.empty(0, np.int32)
+    tok, par, prob, _ = _expand(False, _NO_ROWS, _NO_ROWS, _NO_ROWS, np.zeros(sk.META, np.int64), no32,
+                                offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws)
+    return tok, par, prob
 
 
 @njit(cache=True, nogil=True)
