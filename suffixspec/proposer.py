@@ -244,7 +244,7 @@ class Proposer:
 
     def _workspace(self, budget: int):
         ws = getattr(self._local, "ws", None)
-        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1:
+        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1:  # cand rows
             ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]))
         return ws
 
@@ -320,7 +320,7 @@ class Session:
 
     def _sync_cache(self) -> None:
         cache = self.proposer.cache
-        if cache is None:
+        if cache is None or cache._version == self._cache_version:  # an int read: no lock needed
             return
         version, sources = cache.sources()
         if version == self._cache_version:
@@ -349,23 +349,26 @@ class Session:
             sam._settle_counts()
             if sam._mode != sk.MODE_ONLINE:
                 sam._start_online()
-            for _ in range(p.match_levels):
-                tok, par, prob, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
-                                                            state, length, budget, p.params, ws)
-                parts.append((tok, par, prob))
+            for level in range(p.match_levels):
+                *part, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
+                                                   state, length, budget, p.params, ws)
+                parts.append(part)
+                if level + 1 == p.match_levels:
+                    break
                 state = int(sam._S[state, sk.LINK])
                 length = int(sam._S[state, sk.LEN]) if state > 0 else 0
                 if length < p.min_match:
                     break
         for automaton, cur in list(zip(self._frozen, self._corpus_cursors)) + self._cache_cursors:
             state, length = cur.state, cur.length
-            for _ in range(p.match_levels):
+            for level in range(p.match_levels):
                 if length < p.min_match:
                     break
-                tok, par, prob = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
-                                                  automaton.counts, automaton.lasts, state,
-                                                  length, budget, p.params, ws)
-                parts.append((tok, par, prob))
+                parts.append(dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
+                                              automaton.counts, automaton.lasts, state,
+                                              length, budget, p.params, ws))
+                if level + 1 == p.match_levels:
+                    break
                 state = automaton.state_link(state)
                 length = automaton.state_length(state) if state > 0 else 0
         if self._restricted:
@@ -376,17 +379,17 @@ class Session:
                     parts.append(cand)
         if not parts:
             return DraftTree.empty()
-        if len(parts) == 1:
-            tok, par, prob = parts[0]
-        else:
-            offset = 0
-            toks, pars, probs = [], [], []
-            for tok, par, prob in parts:
-                toks.append(tok)
-                pars.append(np.where(par >= 0, par + offset, -1).astype(np.int32))
-                probs.append(prob)
-                offset += tok.shape[0]
-            tok, par, prob = np.concatenate(toks), np.concatenate(pars), np.concatenate(probs)
+        if len(parts) == 1 and len(parts[0]) == 4:
+            tok, par, prob, depth = parts[0]  # one expansion is already a best-first tree
+            return DraftTree._trusted(tok, par, depth, prob)
+        offset = 0
+        toks, pars, probs = [], [], []
+        for tok, par, prob, *_ in parts:
+            toks.append(tok)
+            pars.append(np.where(par >= 0, par + offset, -1).astype(np.int32))
+            probs.append(prob)
+            offset += tok.shape[0]
+        tok, par, prob = np.concatenate(toks), np.concatenate(pars), np.concatenate(probs)
         t, pa, d, s = dk.merge(tok, par, prob, budget, p.min_prob)
         return DraftTree._trusted(t, pa, d, s)
 

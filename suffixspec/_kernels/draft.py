@@ -24,7 +24,6 @@ probs; parents come before children.
 import numpy as np
 from numba import njit
 
-from . import frozen as fk
 from . import lct
 from . import sam as sk
 
@@ -70,115 +69,34 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
-@njit(cache=True, inline="always")
-def _push_children(k, btok, bcnt, blast, bstate, parent_node, parent_prob, match_len, depth,
-                   params, ctok, cpar, cstate, clen, cdepth, n_cand, hkey, hval, n_heap):
-    """Score the k children of a node and push the best `max_children` of them."""
-    if k == 0:
-        return n_cand, n_heap
-    if params[P_MAX_DEPTH] > 0 and depth + 1 > params[P_MAX_DEPTH]:
-        return n_cand, n_heap
-    total = 0.0
-    recent = 0
-    for i in range(k):
-        total += bcnt[i]
-        if blast[i] > blast[recent]:
-            recent = i
-    if total <= 0:
-        return n_cand, n_heap
-    conf = match_len / (match_len + params[P_MATCH_PRIOR])
-    rec = params[P_RECENCY]
-    scale = parent_prob * conf / (total * (1.0 + rec))
-    max_children = int(params[P_MAX_CHILDREN])
-    # partial selection sort in place: k is usually tiny
-    for taken in range(min(max_children, k)):
-        best = taken
-        best_w = bcnt[taken] + (rec * total if taken == recent else 0.0)
-        for i in range(taken + 1, k):
-            w = bcnt[i] + (rec * total if i == recent else 0.0)
-            if w > best_w:
-                best_w = w
-                best = i
-        if best != taken:
-            btok[best], btok[taken] = btok[taken], btok[best]
-            bcnt[best], bcnt[taken] = bcnt[taken], bcnt[best]
-            bstate[best], bstate[taken] = bstate[taken], bstate[best]
-            blast[best], blast[taken] = blast[taken], blast[best]
-            if recent == taken:
-                recent = best
-            elif recent == best:
-                recent = taken
-        best_p = best_w * scale
-        if best_p < params[P_MIN_PROB] or n_cand >= ctok.shape[0]:
-            break
-        ctok[n_cand] = btok[taken]
-        cpar[n_cand] = parent_node
-        cstate[n_cand] = bstate[taken]
-        clen[n_cand] = match_len + 1
-        cdepth[n_cand] = depth + 1
-        n_heap = _heap_push(hkey, hval, n_heap, best_p, n_cand)
-        n_cand += 1
-    return n_cand, n_heap
-
-
-@njit(cache=True, inline="always")
-def _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate):
-    k = 0
-    e = S[v, sk.HEAD]
-    while e != -1 and k < btok.shape[0]:
-        w = E[e, sk.TO]
-        if online:
-            stack = lct.splay(L, S, w, stack)
-        btok[k] = E[e, sk.TOK]
-        bcnt[k] = S[w, sk.CNT]
-        blast[k] = S[w, sk.LAST]
-        bstate[k] = w
-        k += 1
-        e = E[e, sk.NEXT]
-    return k, stack
-
-
-@njit(cache=True, inline="always")
-def _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bstate):
-    n = offsets.shape[0] - 1
-    if v < 0 or v >= n:
-        return 0
-    lo = offsets[v]
-    hi = offsets[v + 1]
-    if lo < 0 or hi > etok.shape[0] or lo > hi:
-        return 0
-    k = 0
-    for e in range(lo, hi):
-        if k >= btok.shape[0]:
-            break
-        w = eto[e]
-        if w < 0 or w >= n:
-            return 0
-        btok[k] = etok[e]
-        bcnt[k] = counts[w]
-        blast[k] = lasts[w]
-        bstate[k] = w
-        k += 1
-    return k
-
-
 def make_workspace(budget, max_children):
-    """Scratch arrays for one expansion (one per thread); sized for `budget` nodes."""
+    """Scratch arrays for one expansion (one set per thread); sized for `budget` nodes."""
     cap = budget * max_children + max_children + 1
-    i32 = lambda n: np.empty(n, np.int32)  # noqa: E731
-    return (i32(cap), i32(cap), i32(cap), i32(cap), i32(cap), np.empty(cap, np.float64), i32(cap),
-            i32(CHILD_BUF), np.empty(CHILD_BUF, np.float64), np.empty(CHILD_BUF, np.int64), i32(CHILD_BUF),
-            i32(cap))
+    cand = np.empty((cap, 5), np.int32)  # token, parent candidate, state, matched length, depth
+    keys = np.empty(cap, np.float64)     # heap of candidate probabilities ...
+    vals = np.empty(cap, np.int32)       # ... and their candidate indexes
+    kids = np.empty((CHILD_BUF, 4), np.int64)  # children of one state: token, state, count, last end
+    node_of = np.empty(cap, np.int32)    # candidate -> output node
+    return cand, keys, vals, kids, node_of
 
 
 @njit(cache=True, nogil=True)
 def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
-    """Best-first expansion from (state, match_len); `live` picks the layout read."""
-    ctok, cpar, cstate, clen, cdepth, hkey, hval, btok, bcnt, blast, bstate, node_of = ws
+    """Best-first expansion from (state, match_len); `live` picks the layout read.
+
+    Written as one loop on purpose: passing arrays to helper functions costs reference-count
+    traffic per call, which dominated the per-node cost.
+    """
+    cand, hkey, hval, kids, node_of = ws
     out_tok = np.empty(budget, np.int32)
     out_par = np.empty(budget, np.int32)
     out_prob = np.empty(budget, np.float64)
+    out_depth = np.empty(budget, np.int32)
     online = live and M[sk.MODE] == sk.MODE_ONLINE
+    n_frozen = offsets.shape[0] - 1
+    max_children = int(params[P_MAX_CHILDREN])
+    max_depth = params[P_MAX_DEPTH]
+    rec = params[P_RECENCY]
     n_cand = 0
     n_heap = 0
     n_out = 0
@@ -188,43 +106,105 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     length = match_len
     depth = 0
     while True:
+        # -- gather the children of state v
+        k = 0
         if live:
-            k, stack = _live_children(S, E, L, online, v, stack, btok, bcnt, blast, bstate)
-        else:
-            k = _frozen_children(offsets, etok, eto, counts, lasts, v, btok, bcnt, blast, bstate)
-        n_cand, n_heap = _push_children(k, btok, bcnt, blast, bstate, c, p, length, depth, params,
-                                        ctok, cpar, cstate, clen, cdepth, n_cand, hkey, hval, n_heap)
+            e = S[v, sk.HEAD]
+            while e != -1 and k < CHILD_BUF:
+                w = E[e, sk.TO]
+                if online:
+                    stack = lct.splay(L, S, w, stack)
+                kids[k, 0] = E[e, sk.TOK]
+                kids[k, 1] = w
+                kids[k, 2] = S[w, sk.CNT]
+                kids[k, 3] = S[w, sk.LAST]
+                k += 1
+                e = E[e, sk.NEXT]
+        elif 0 <= v < n_frozen:
+            lo = offsets[v]
+            hi = offsets[v + 1]
+            if 0 <= lo <= hi <= etok.shape[0]:
+                for e in range(lo, min(hi, lo + CHILD_BUF)):
+                    w = eto[e]
+                    if w < 0 or w >= n_frozen:
+                        k = 0  # damaged arrays: draft nothing from here
+                        break
+                    kids[k, 0] = etok[e]
+                    kids[k, 1] = w
+                    kids[k, 2] = counts[w]
+                    kids[k, 3] = lasts[w]
+                    k += 1
+        # -- score them and push the best max_children
+        if k > 0 and not (max_depth > 0 and depth + 1 > max_depth):
+            total = 0.0
+            recent = 0
+            for i in range(k):
+                total += kids[i, 2]
+                if kids[i, 3] > kids[recent, 3]:
+                    recent = i
+            if total > 0:
+                scale = p * (length / (length + params[P_MATCH_PRIOR])) / (total * (1.0 + rec))
+                for taken in range(min(max_children, k)):
+                    best = taken
+                    best_w = kids[taken, 2] + (rec * total if taken == recent else 0.0)
+                    for i in range(taken + 1, k):
+                        wgt = kids[i, 2] + (rec * total if i == recent else 0.0)
+                        if wgt > best_w:
+                            best_w = wgt
+                            best = i
+                    if best != taken:
+                        for col in range(4):
+                            kids[best, col], kids[taken, col] = kids[taken, col], kids[best, col]
+                        if recent == taken:
+                            recent = best
+                        elif recent == best:
+                            recent = taken
+                    prob = best_w * scale
+                    if prob < params[P_MIN_PROB] or n_cand >= cand.shape[0]:
+                        break
+                    cand[n_cand, 0] = kids[taken, 0]
+                    cand[n_cand, 1] = c
+                    cand[n_cand, 2] = kids[taken, 1]
+                    cand[n_cand, 3] = length + 1
+                    cand[n_cand, 4] = depth + 1
+                    n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
+                    n_cand += 1
+        # -- pop the most probable candidate into the output
         if n_heap == 0 or n_out >= budget:
             break
         p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-        out_tok[n_out] = ctok[c]
-        out_par[n_out] = -1 if cpar[c] < 0 else node_of[cpar[c]]
+        out_tok[n_out] = cand[c, 0]
+        out_par[n_out] = -1 if cand[c, 1] < 0 else node_of[cand[c, 1]]
         out_prob[n_out] = p
+        out_depth[n_out] = cand[c, 4]
         node_of[c] = n_out
         n_out += 1
         if n_out >= budget:
             break
-        v = cstate[c]
-        length = clen[c]
-        depth = cdepth[c]
-    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out], stack
+        v = cand[c, 2]
+        length = cand[c, 3]
+        depth = cand[c, 4]
+    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out], out_depth[:n_out], stack
 
 
 def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws):
-    """Expand over a growable automaton (counts through its link-cut tree); returns the stack too."""
+    """Expand over a growable automaton (counts through its link-cut tree).
+
+    Returns tokens, parents, probs, depths (best-first order: a valid tree on its own) and the
+    link-cut stack (it may have been reallocated)."""
     no32, no64 = np.empty(0, np.int32), np.empty(0, np.int64)
     return _expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32, state, match_len, budget, params, ws)
 
 
 _NO_ROWS = np.empty((0, sk.STATE_COLS), np.int32)
+_NO_META = np.zeros(sk.META, np.int64)
+_NO_STACK = np.empty(0, np.int32)
 
 
 def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
-    """Expand over a frozen automaton (read-only, safe to share)."""
-    no32 = np.empty(0, np.int32)
-    tok, par, prob, _ = _expand(False, _NO_ROWS, _NO_ROWS, _NO_ROWS, np.zeros(sk.META, np.int64), no32,
-                                offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws)
-    return tok, par, prob
+    """Expand over a frozen automaton (read-only, safe to share); tokens, parents, probs, depths."""
+    return _expand(False, _NO_ROWS, _NO_ROWS, _NO_ROWS, _NO_META, _NO_STACK, offsets, etok, eto, counts,
+                   lasts, state, match_len, budget, params, ws)[:4]
 
 
 @njit(cache=True, nogil=True)
