@@ -4,12 +4,21 @@ vs transformers' prompt lookup (PLD), same run, same model, same prompts, warmed
     python bench/bench_generate.py                       # all workloads, defaults below
     python bench/bench_generate.py --workloads code-edit --prompts 4 --max-new-tokens 128
     python bench/bench_generate.py --identity 24         # greedy identity check only
+    python bench/bench_generate.py --workloads copy-edit,chat --prompts 12 --max-new-tokens 128 \
+        --budget auto,16,32 --pld-tokens 10,20 --diag      # several configurations side by side
 
 Workloads: `code-edit` (corpora/code_edit_traces.jsonl: "update this code" prompts whose answers
-copy heavily from the prompt), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
+copy heavily from the prompt), `copy-edit` (corpora/copy_edit_prompts.jsonl, made by
+corpora/make_copy_edit_prompts.py: stdlib functions under edit instructions the default model answers
+by rewriting the code; each kept prompt's greedy answer has a copy-oracle >= 8 tokens/round), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
 or $SUFFIXSPEC_SPECBENCH). Prompts are wrapped as one ChatML user turn. The proposer runs without
-its global response cache, so repeats never learn from earlier repeats. Prints a table, the
-measured pass-cost curve, then one JSON line.
+its global response cache, so repeats never learn from earlier repeats. `--budget` and
+`--pld-tokens` take comma-separated lists: every suffixspec budget and every PLD setting is timed on
+the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike).
+Every suffixspec output is checked against plain greedy decoding. Each prompt's copy-oracle (the
+clairvoyant copy proposer of `suffixspec simulate`, budget 64, prompt only) is computed from the
+plain greedy output. Prints per-prompt lines, a table, the measured pass-cost curve, with `--diag`
+per-configuration round statistics, then one JSON line.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH", ROOT.parent / "shared" / "data" / "specbench-dev.jsonl"))
 CODE_EDITS = ROOT / "corpora" / "code_edit_traces.jsonl"
+COPY_EDITS = ROOT / "corpora" / "copy_edit_prompts.jsonl"
 CHAT_CATEGORIES = ("roleplay", "reasoning", "coding", "extraction", "stem", "humanities", "writing", "math")
 
 
@@ -39,6 +49,9 @@ def load_prompts(workload: str, n: int) -> list[str]:
         rows = [json.loads(line) for line in CODE_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
         rows.sort(key=lambda r: len(r["prompt"]))
         return [chatml(r["prompt"]) for r in rows[:n]]
+    if workload == "copy-edit":
+        rows = [json.loads(line) for line in COPY_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [r["chatml"] for r in rows[:n]]
     rows = [json.loads(line) for line in SPECBENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
     cats = CHAT_CATEGORIES if workload == "chat" else (workload,)
     picked = [r for r in rows if r["category"] in cats]
@@ -73,8 +86,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--pld-tokens", type=int, default=10, help="prompt_lookup_num_tokens of the PLD baseline")
-    ap.add_argument("--budget", default="auto")
+    ap.add_argument("--pld-tokens", default="10", help="prompt_lookup_num_tokens of the PLD baseline (comma-separated list)")
+    ap.add_argument("--budget", default="auto", help="suffixspec budget: auto or N, or a comma-separated list")
+    ap.add_argument("--diag", action="store_true", help="print per-configuration round statistics")
     ap.add_argument("--proposer", choices=("suffixspec", "lookup"), default="suffixspec",
                     help="suffixspec.Proposer (default) or the minimal prompt-lookup stand-in")
     ap.add_argument("--identity", type=int, default=0, metavar="N",
@@ -89,7 +103,8 @@ def main(argv=None) -> int:
     from suffixspec.proposer import Proposer
 
     model, tok = load_model()
-    budget = args.budget if args.budget == "auto" else int(args.budget)
+    first = args.budget.split(",")[0]
+    budget = first if first == "auto" else int(first)
     from suffixspec.generate import PromptLookupProposer
 
     proposer = Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer()
@@ -99,7 +114,7 @@ def main(argv=None) -> int:
 
     if args.identity:
         per = max(1, args.identity // 5)
-        prompts = [p for w in ("code-edit", "chat", "summarization", "qa", "translation") for p in load_prompts(w, per)]
+        prompts = [p for w in ("code-edit", "copy-edit", "chat", "summarization", "qa", "translation") for p in load_prompts(w, per)]
         mismatches = []
         for i, text in enumerate(prompts):
             ids = tok.encode(text)
@@ -118,47 +133,138 @@ def main(argv=None) -> int:
         print(json.dumps({"identity_prompts": len(prompts), "mismatches": mismatches, "batch_identical": batch_ok}))
         return 0 if not mismatches and batch_ok else 1
 
+    budgets = [b if b == "auto" else int(b) for b in args.budget.split(",")]
+    plds = [int(p) for p in str(args.pld_tokens).split(",")]
+    gens = {}
+    for b in budgets:  # one generator per budget: the auto calibration state stays per configuration
+        g = SpeculativeGenerator(model, tok, proposer=Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer())
+        g.cost_model = gen.cost_model
+        gens[f"ss-{b}"] = (g, b)
+    methods = ["plain"] + [f"pld-{p}" for p in plds] + list(gens)
+
     # warm up every path once
     warm = tok.encode(load_prompts("chat", 1)[0])
     plain(model, warm, 8)
-    plain(model, warm, 8, prompt_lookup_num_tokens=args.pld_tokens)
-    gen.generate([warm], max_new_tokens=8, budget=budget)
+    for p in plds:
+        plain(model, warm, 8, prompt_lookup_num_tokens=p)
+    for g, b in gens.values():
+        g.generate([warm], max_new_tokens=8, budget=b)
 
-    rows, summary = [], {}
+    from suffixspec.simulate import Trace, oracle_mean_accepted
+    import numpy as np
+
+    def run_method(m, ids):
+        if m == "plain":
+            return plain(model, ids, args.max_new_tokens), None
+        if m.startswith("pld-"):
+            return plain(model, ids, args.max_new_tokens, prompt_lookup_num_tokens=int(m[4:])), None
+        g, b = gens[m]
+        res = g.generate([ids], max_new_tokens=args.max_new_tokens, budget=b)
+        return res.sequences[0], res.stats
+
+    summary, diag = {}, {}
     for workload in args.workloads.split(","):
-        tot = {"plain": 0.0, "pld": 0.0, "suffixspec": 0.0}
-        tokens = {"plain": 0, "pld": 0, "suffixspec": 0}
-        per_round, identical = [], True
-        for text in load_prompts(workload, args.prompts):
+        tot = {m: 0.0 for m in methods}
+        tokens = {m: 0 for m in methods}
+        per_round = {m: [] for m in methods if m.startswith("ss-")}
+        acc = {m: {"rounds": 0, "plain_rounds": 0, "drafted": 0, "accepted": 0, "proposer_s": 0.0, "verifier_s": 0.0,
+                   "budgets": []} for m in per_round}
+        identical = {m: True for m in per_round}
+        mismatches = []
+        oracles = []
+        for pi, text in enumerate(load_prompts(workload, args.prompts)):
             ids = tok.encode(text)
-            t_plain, ref = timed(lambda: plain(model, ids, args.max_new_tokens), args.repeats)
-            t_pld, pld = timed(lambda: plain(model, ids, args.max_new_tokens, prompt_lookup_num_tokens=args.pld_tokens), args.repeats)
-            t_ss, res = timed(lambda: gen.generate([ids], max_new_tokens=args.max_new_tokens, budget=budget), args.repeats)
-            identical &= res.sequences[0] == ref
-            per_round.append(res.stats.tokens_per_round)
-            for key, t, n in (("plain", t_plain, len(ref)), ("pld", t_pld, len(pld)), ("suffixspec", t_ss, len(res.sequences[0]))):
-                tot[key] += t
-                tokens[key] += n
-            print(f"  {workload:<13} prompt {len(ids):5d} tok  plain {len(ref) / t_plain:6.1f}  pld {len(pld) / t_pld:6.1f}"
-                  f"  suffixspec {len(res.sequences[0]) / t_ss:6.1f} tok/s  tokens/round {res.stats.tokens_per_round:.2f}"
-                  f"  rounds {res.stats.rounds} (plain {res.stats.plain_rounds})", flush=True)
-        tps = {k: tokens[k] / tot[k] for k in tot}
+            times = {m: [] for m in methods}
+            outs, stats = {}, {}
+            for _ in range(args.repeats):
+                for m in methods:
+                    t = time.perf_counter()
+                    outs[m], st = run_method(m, ids)
+                    times[m].append(time.perf_counter() - t)
+                    if st is not None:
+                        stats[m] = st
+            ref = outs["plain"]
+            oracle = oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(ref, np.int32))], budget=64,
+                                          use_history=False)
+            oracles.append(oracle)
+            line = f"  {workload:<10} #{pi:<2d} prompt {len(ids):4d} tok  oracle {oracle:5.2f}  plain {len(ref) / statistics.median(times['plain']):5.1f}"
+            for m in methods:
+                t = statistics.median(times[m])
+                tot[m] += t
+                tokens[m] += len(outs[m])
+                if m != "plain":
+                    line += f"  {m} {len(outs[m]) / t:5.1f}"
+                if m in stats:
+                    st = stats[m]
+                    same = outs[m] == ref
+                    identical[m] &= same
+                    if not same:
+                        first = next((k for k, (a, b) in enumerate(zip(outs[m], ref)) if a != b), min(len(outs[m]), len(ref)))
+                        mismatches.append({"workload": workload, "prompt": pi, "config": m, "first_difference": first})
+                    per_round[m].append(st.tokens_per_round)
+                    a = acc[m]
+                    a["rounds"] += st.rounds
+                    a["plain_rounds"] += st.plain_rounds
+                    a["drafted"] += st.drafted
+                    a["accepted"] += st.accepted
+                    a["proposer_s"] += st.proposer_s
+                    a["verifier_s"] += st.verifier_s
+                    a["budgets"].extend(st.budgets)
+                    line += f" ({st.tokens_per_round:.1f}/r{'' if same else ' DIFF'})"
+            print(line + "  tok/s", flush=True)
+        tps = {m: tokens[m] / tot[m] for m in methods}
+        best_pld = max((m for m in methods if m.startswith("pld-")), key=lambda m: tps[m])
         summary[workload] = {
-            "plain_tps": tps["plain"], "pld_tps": tps["pld"], "suffixspec_tps": tps["suffixspec"],
-            "speedup_vs_plain": tps["suffixspec"] / tps["plain"], "speedup_vs_pld": tps["suffixspec"] / tps["pld"],
-            "tokens_per_round": statistics.mean(per_round), "identical": identical,
+            "prompts": len(oracles), "mean_oracle": statistics.mean(oracles), "plain_tps": tps["plain"],
+            **{f"{m}_tps": tps[m] for m in methods if m != "plain"},
+            **{f"{m}_vs_plain": tps[m] / tps["plain"] for m in methods if m != "plain"},
+            **{f"{m}_vs_best_pld": tps[m] / tps[best_pld] for m in per_round},
+            **{f"{m}_tokens_per_round": statistics.mean(per_round[m]) for m in per_round},
+            "best_pld": best_pld, "identical": all(identical.values()), "mismatches": mismatches,
         }
-        rows.append((workload, summary[workload]))
+        diag[workload] = {}
+        for m, a in acc.items():
+            r = max(a["rounds"], 1)
+            bud = np.asarray(a["budgets"], np.int64)
+            hist = {int(k): int(v) for k, v in zip(*np.unique(np.minimum(bud, 64) // 8 * 8, return_counts=True))}
+            diag[workload][m] = {
+                "rounds": a["rounds"], "plain_rounds": a["plain_rounds"], "drafted_per_round": a["drafted"] / r,
+                "accepted_per_round": a["accepted"] / r, "acceptance_rate": a["accepted"] / max(a["drafted"], 1),
+                "proposer_ms_per_round": 1e3 * a["proposer_s"] / r, "verifier_ms_per_round": 1e3 * a["verifier_s"] / r,
+                "mean_tree": float(bud.mean()) if len(bud) else 0.0,
+                "rel_pass_cost_at_mean_tree": float(gen.cost_model(bud.mean() + 1) / gen.cost_model(1)) if len(bud) else 1.0,
+                "tree_size_hist_by8": hist,
+            }
 
     print()
-    print(f"{'workload':<14}{'plain':>9}{'PLD':>9}{'suffixspec':>12}{'vs plain':>10}{'vs PLD':>9}{'tok/round':>11}{'identical':>11}")
-    for workload, s in rows:
-        print(f"{workload:<14}{s['plain_tps']:9.1f}{s['pld_tps']:9.1f}{s['suffixspec_tps']:12.1f}"
-              f"{s['speedup_vs_plain']:9.2f}x{s['speedup_vs_pld']:8.2f}x{s['tokens_per_round']:11.2f}{str(s['identical']):>11}")
+    head = f"{'workload':<11}{'oracle':>7}{'plain':>7}" + "".join(f"{m:>9}" for m in methods if m != "plain")
+    print(head + "   tok/s (median of repeats, summed over prompts)")
+    for w, s in summary.items():
+        print(f"{w:<11}{s['mean_oracle']:7.2f}{s['plain_tps']:7.1f}" + "".join(f"{s[m + '_tps']:9.1f}" for m in methods if m != "plain"))
+    print()
+    print(f"{'workload':<11}{'config':<9}{'vs plain':>9}{'vs best PLD':>13}{'tok/round':>11}{'identical':>11}")
+    for w, s in summary.items():
+        for m in methods:
+            if m == "plain":
+                continue
+            ss = m.startswith("ss-")
+            print(f"{w:<11}{m:<9}{s[m + '_vs_plain']:8.2f}x" + (f"{s[m + '_vs_best_pld']:12.2f}x ({s['best_pld']})" if ss else " " * 13)
+                  + (f"{s[m + '_tokens_per_round']:11.2f}" if ss else "") + (f"{str(not any(x['config'] == m for x in s['mismatches'])):>11}" if ss else ""))
     print("pass cost relative to one token: " + ", ".join(f"{k}:{v:.2f}" for k, v in curve.items()))
+    if args.diag:
+        print()
+        print(f"{'workload':<11}{'config':<9}{'rounds':>7}{'plain r':>8}{'drafted/r':>10}{'accepted/r':>11}{'accept%':>8}"
+              f"{'tree':>6}{'cost':>6}{'prop ms/r':>10}{'verify ms/r':>12}  tree sizes (by 8)")
+        for w, d in diag.items():
+            for m, x in d.items():
+                print(f"{w:<11}{m:<9}{x['rounds']:7d}{x['plain_rounds']:8d}{x['drafted_per_round']:10.1f}{x['accepted_per_round']:11.2f}"
+                      f"{100 * x['acceptance_rate']:7.1f}%{x['mean_tree']:6.1f}{x['rel_pass_cost_at_mean_tree']:6.2f}"
+                      f"{x['proposer_ms_per_round']:10.2f}{x['verifier_ms_per_round']:12.2f}  {x['tree_size_hist_by8']}")
     print(json.dumps({"threads": args.threads, "proposer": args.proposer, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                      "budget": args.budget, "cost_curve": curve, "workloads": summary}))
-    return 0
+                      "budgets": args.budget, "pld_tokens": plds, "cost_curve": curve, "workloads": summary,
+                      **({"diag": diag} if args.diag else {})}))
+    ok = all(s["identical"] for s in summary.values())
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
