@@ -180,7 +180,17 @@ class CostModel:
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
         self.sizes = np.asarray(sizes, np.float64)[order]
-        self.seconds = np.maximum.accumulate(np.asarray(seconds, np.float64)[order])  # never cheaper when bigger
+        self._raw = np.asarray(seconds, np.float64)[order]
+        self.seconds = np.maximum.accumulate(self._raw)  # never cheaper when bigger
+
+    def observe(self, tokens: int, seconds: float, weight: float = 0.1) -> None:
+        """Blend a pass time seen while generating into the nearest measured size, so the curve
+        follows the machine as it is now (load, threads) rather than when it was measured."""
+        i = int(np.argmin(np.abs(np.log(self.sizes) - np.log(max(tokens, 1)))))
+        expected = float(self(tokens))
+        if expected > 0 and seconds > 0:
+            self._raw[i] *= (1.0 - weight) + weight * (seconds / expected)
+            self.seconds = np.maximum.accumulate(self._raw)
 
     def __call__(self, tokens) -> np.ndarray:
         tokens = np.asarray(tokens, np.float64)
@@ -195,7 +205,7 @@ class CostModel:
         return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
 
     @classmethod
-    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 3) -> CostModel:
+    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 5) -> CostModel:
         """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix."""
         import torch
 
@@ -206,23 +216,26 @@ class CostModel:
         state = KVState(model, 1)
         state.forward([rng.integers(0, vocab, past).tolist()], [DraftTree.empty()])
         state.commit([[]])
-        seconds = []
         cuda = state.device.type == "cuda"
+        trees = {}
         for size in sizes:
             chain = rng.integers(0, vocab, size - 1)
-            tree = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
-            times = []
-            for rep in range(repeats + 1):
+            trees[size] = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
+        times = {size: [] for size in sizes}
+        # sizes interleaved round by round and the minimum kept: a load spike hits one sample of
+        # one size, not a whole size's measurement
+        for rep in range(repeats + 1):
+            for size in sizes:
                 if cuda:
                     torch.cuda.synchronize()
                 t = time.perf_counter()
-                state.forward([[int(rng.integers(0, vocab))]], [tree])
+                state.forward([[int(rng.integers(0, vocab))]], [trees[size]])
                 if cuda:
                     torch.cuda.synchronize()
-                if rep:  # the first one warms up
-                    times.append(time.perf_counter() - t)
+                if rep:  # the first round warms up
+                    times[size].append(time.perf_counter() - t)
                 state.commit([[]])
-            seconds.append(float(np.median(times)))
+        seconds = [float(np.min(times[size])) for size in sizes]
         return cls(list(sizes), seconds)
 
     @classmethod
@@ -235,6 +248,7 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         dev = next(model.parameters()).device
         ident = json.dumps([
+            "cost-v2",  # bump when `measure` changes: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
             str(next(model.parameters()).dtype), str(dev),
             torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
@@ -473,7 +487,11 @@ class SpeculativeGenerator:
                 t = time.perf_counter()
                 if auto:
                     trees = self._auto_prune(trees, limits)
+                t_pass = time.perf_counter()
                 logits, root = state.forward([pending[q] for q in rows], trees)
+                if auto:
+                    self.cost_model.observe(sum(len(pending[q]) + len(tr) for q, tr in zip(rows, trees)),
+                                            time.perf_counter() - t_pass)
                 results = accept(logits, root, trees, sampler, [contexts[q] for q in rows], rows,
                                  [len(outputs[q]) for q in rows], limits, eos)
                 state.commit([res.accepted_nodes for res in results])

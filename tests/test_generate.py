@@ -353,3 +353,16 @@ def test_cli_generate_with_a_local_model_dir(tmp_path, capsys):
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert report["new_tokens"] == 12 and report["identical"] is True
     assert main(["generate", "--model", str(tmp_path), "--prompt", "t1", "--budget", "x"]) == 2
+
+
+def test_cost_model_follows_observed_pass_times():
+    from suffixspec.generate import CostModel
+
+    cm = CostModel([1, 8, 64], [1.0, 2.0, 4.0])
+    for _ in range(200):
+        cm.observe(8, 3.0)  # the machine got slower for 8-token passes
+    assert cm(8) == pytest.approx(3.0, rel=0.01)
+    assert cm(1) == pytest.approx(1.0) and cm(64) == pytest.approx(4.0)
+    for _ in range(200):
+        cm.observe(64, 2.0)  # cheaper than a smaller pass: the curve stays monotone
+    assert cm(64) >= cm(8)
