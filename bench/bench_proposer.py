@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench import _peers  # noqa: E402
 from suffixspec import Proposer  # noqa: E402
-from suffixspec.simulate import Trace, load_traces, simulate  # noqa: E402
+from suffixspec.simulate import load_traces, simulate  # noqa: E402
 from suffixspec.tokenizer import load_tokenizer  # noqa: E402
 
 CACHE = ROOT / "bench" / ".cache"

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import naive
-from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
+from suffixspec import BadInputError, Proposer, ResponseCache, SuffixAutomaton
 from suffixspec.cli import main as cli_main
 from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 

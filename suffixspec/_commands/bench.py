@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..errors import BadInputError
+from ._args import open_corpora, parse_budget, parse_filters
 
 
 def add_parser(sub) -> None:
@@ -45,18 +46,6 @@ def parse_concurrency(text: str) -> list[int]:
     return sorted(set(values))
 
 
-def parse_budget(value: str):
-    if value == "auto":
-        return "auto"
-    try:
-        budget = int(value)
-    except ValueError:
-        raise BadInputError(f"--budget: expected an integer or 'auto', got {value!r}") from None
-    if budget < 0:
-        raise BadInputError(f"--budget: expected >= 0, got {budget}")
-    return budget
-
-
 def settings_from_args(args):
     from ..bench import MODES, BenchSettings
 
@@ -76,7 +65,6 @@ def settings_from_args(args):
 def run(args) -> int:
     settings = settings_from_args(args)
     from .. import bench
-    from .simulate import open_corpora, parse_filters
 
     workload = bench.load_workload(args.workload, args.num_prompts)
     filters = parse_filters(args.filter)

@@ -7,6 +7,7 @@ import sys
 import time
 
 from ..errors import BadInputError
+from ._args import open_corpora, parse_budget, parse_filters
 
 
 def add_parser(sub) -> None:
@@ -32,24 +33,12 @@ def add_parser(sub) -> None:
     p.set_defaults(func=run)
 
 
-def _budget(value: str):
-    if value == "auto":
-        return "auto"
-    try:
-        budget = int(value)
-    except ValueError:
-        raise BadInputError(f"--budget: expected an integer or 'auto', got {value!r}") from None
-    if budget < 0:
-        raise BadInputError(f"--budget: expected >= 0, got {budget}")
-    return budget
-
-
 def chatml(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def run(args) -> int:
-    budget = _budget(args.budget)
+    budget = parse_budget(args.budget)
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens: expected >= 0, got {args.max_new_tokens}")
     if args.prompt is not None:
@@ -67,7 +56,6 @@ def run(args) -> int:
     from ..generate import SpeculativeGenerator
     from ..models import load_model
     from ..proposer import Proposer
-    from .simulate import open_corpora, parse_filters
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInputError
+from ._args import open_corpora, parse_filters
 
 
 def add_parser(sub) -> None:
@@ -17,24 +18,6 @@ def add_parser(sub) -> None:
     p.add_argument("--no-global-cache", action="store_true", help="do not learn from earlier traces' outputs")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
-
-
-def parse_filters(items) -> dict[str, str]:
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise BadInputError(f"--filter: expected K=V, got {item!r}")
-        out[key] = value
-    return out
-
-
-def open_corpora(paths, tokenizer=None):
-    if not paths:
-        return []
-    from ..corpus import CorpusIndex
-
-    return [CorpusIndex.open(p, tokenizer=tokenizer) for p in paths]
 
 
 def run(args) -> int:

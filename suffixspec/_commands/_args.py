@@ -1,0 +1,35 @@
+"""Argument parsing shared by the subcommands (budgets, tag filters, corpus indexes)."""
+
+from __future__ import annotations
+
+from ..errors import BadInputError
+
+
+def parse_budget(value: str):
+    if value == "auto":
+        return "auto"
+    try:
+        budget = int(value)
+    except ValueError:
+        raise BadInputError(f"--budget: expected an integer or 'auto', got {value!r}") from None
+    if budget < 0:
+        raise BadInputError(f"--budget: expected >= 0, got {budget}")
+    return budget
+
+
+def parse_filters(items) -> dict[str, str]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise BadInputError(f"--filter: expected K=V, got {item!r}")
+        out[key] = value
+    return out
+
+
+def open_corpora(paths, tokenizer=None):
+    if not paths:
+        return []
+    from ..corpus import CorpusIndex
+
+    return [CorpusIndex.open(p, tokenizer=tokenizer) for p in paths]
