@@ -11,7 +11,8 @@ Sources, each giving the longest suffix of the request's context it contains:
   documents to the newest generation; when it holds `cache_tokens / cache_generations` tokens
   it is frozen and a new one starts; beyond `cache_generations` the oldest generation is
   dropped whole (an automaton cannot delete). Counts therefore cover the responses of the
-  generations still held. Sessions read frozen snapshots only.
+  generations still held. Sessions read frozen snapshots only; `add` (a session's `close`)
+  re-freezes the newest generation, so that cost falls on the closing request, not on proposals.
 - corpora: any number of frozen automata or corpus indexes.
 
 Each source expands a best-first candidate tree (see `_kernels/draft.py` for the scores), and
@@ -70,18 +71,22 @@ class ResponseCache:
             return
         with self._lock:
             self._live.add_document(toks)
-            self._snapshot = None
-            self._version += 1
+            # freeze now, on the closing request's time, not on the next proposal's
+            snapshot = self._live.freeze()
             if len(self._live) >= self.generation_tokens:
-                self._frozen.append((self._live_id, self._live.freeze()))
+                self._frozen.append((self._live_id, snapshot))
                 self._live = SuffixAutomaton()
                 self._live_id += 1
+                self._snapshot = None
                 del self._frozen[: max(0, len(self._frozen) - (self.generations - 1))]
+            else:
+                self._snapshot = (self._live_id, snapshot)
+            self._version += 1
 
     def sources(self) -> tuple[int, list[tuple[int, FrozenAutomaton]]]:
         """(version, [(generation id, frozen automaton)...]) as of now."""
         with self._lock:
-            if self._snapshot is None and len(self._live):
+            if self._snapshot is None and len(self._live):  # e.g. just loaded from disk
                 self._snapshot = (self._live_id, self._live.freeze())
             out = list(self._frozen)
             if self._snapshot is not None:
