@@ -247,10 +247,10 @@ class Proposer:
         self._pool = None
         self._local = threading.local()  # per-thread scratch arrays for the kernels
 
-    def _workspace(self, budget: int):
+    def _workspace(self, budget: int, n_sources: int):
         ws = getattr(self._local, "ws", None)
-        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1:  # cand rows
-            ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]))
+        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1 or ws[5].shape[0] < budget * n_sources:
+            ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]), max(n_sources, 4))
         return ws
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
@@ -344,58 +344,55 @@ class Session:
             return DraftTree.empty()
         p = self.proposer
         self._sync_cache()
-        parts = []
-        ws = p._workspace(budget)
+        frozen = list(zip(self._frozen, self._corpus_cursors)) + self._cache_cursors
+        ws = p._workspace(budget, (1 + len(frozen)) * p.match_levels + len(self._restricted))
+        n = 0        # nodes written into the workspace outputs so far
+        parts = 0    # expansions that wrote something
         sam = self._sam
         last = int(sam._M[sk.LAST_STATE])
         state = int(sam._S[last, sk.LINK]) if last > 0 else 0
         length = int(sam._S[state, sk.LEN]) if state > 0 else 0
         if length >= p.min_match:
-            sam._settle_counts()
             if sam._mode != sk.MODE_ONLINE:
                 sam._start_online()
             for level in range(p.match_levels):
-                *part, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
-                                                   state, length, budget, p.params, ws)
-                parts.append(part)
+                k, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
+                                               state, length, budget, p.params, ws, n)
+                n, parts = n + k, parts + (k > 0)
                 if level + 1 == p.match_levels:
                     break
                 state = int(sam._S[state, sk.LINK])
                 length = int(sam._S[state, sk.LEN]) if state > 0 else 0
                 if length < p.min_match:
                     break
-        for automaton, cur in list(zip(self._frozen, self._corpus_cursors)) + self._cache_cursors:
+        for automaton, cur in frozen:
             state, length = cur.state, cur.length
             for level in range(p.match_levels):
                 if length < p.min_match:
                     break
-                parts.append(dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto,
-                                              automaton.counts, automaton.lasts, state,
-                                              length, budget, p.params, ws))
+                k = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto, automaton.counts,
+                                     automaton.lasts, state, length, budget, p.params, ws, n)
+                n, parts = n + k, parts + (k > 0)
                 if level + 1 == p.match_levels:
                     break
                 state = automaton.state_link(state)
                 length = automaton.state_length(state) if state > 0 else 0
+        out_tok, out_par, out_prob, out_depth = ws[5:]
         if self._restricted:
             context = sam.tokens[-_RestrictedSource.window :]
             for src in self._restricted:
                 cand = src.candidates(context, budget, p.params, p.min_match)
                 if cand is not None and cand[0].shape[0]:
-                    parts.append(cand)
-        if not parts:
+                    k = min(cand[0].shape[0], out_tok.shape[0] - n)
+                    out_tok[n : n + k] = cand[0][:k]
+                    out_par[n : n + k] = np.where(cand[1][:k] >= 0, cand[1][:k] + n, -1)
+                    out_prob[n : n + k] = cand[2][:k]
+                    n, parts = n + k, parts + 2  # chains are not best-first ordered: always merge
+        if parts == 0:
             return DraftTree.empty()
-        if len(parts) == 1 and len(parts[0]) == 4:
-            tok, par, prob, depth = parts[0]  # one expansion is already a best-first tree
-            return DraftTree._trusted(tok, par, depth, prob)
-        offset = 0
-        toks, pars, probs = [], [], []
-        for tok, par, prob, *_ in parts:
-            toks.append(tok)
-            pars.append(np.where(par >= 0, par + offset, -1).astype(np.int32))
-            probs.append(prob)
-            offset += tok.shape[0]
-        tok, par, prob = np.concatenate(toks), np.concatenate(pars), np.concatenate(probs)
-        t, pa, d, s = dk.merge(tok, par, prob, budget, p.min_prob)
+        if parts == 1:  # one expansion is already a best-first tree
+            return DraftTree._trusted(out_tok[:n].copy(), out_par[:n].copy(), out_depth[:n].copy(), out_prob[:n].copy())
+        t, pa, d, s = dk.merge(out_tok[:n], out_par[:n], out_prob[:n], budget, p.min_prob)
         return DraftTree._trusted(t, pa, d, s)
 
     def close(self) -> None:

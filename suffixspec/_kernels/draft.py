@@ -69,29 +69,31 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
-def make_workspace(budget, max_children):
-    """Scratch arrays for one expansion (one set per thread); sized for `budget` nodes."""
+def make_workspace(budget, max_children, n_sources):
+    """Scratch arrays (one set per thread) for up to `n_sources` expansions of `budget` nodes;
+    the expansions write their nodes one after another into the output arrays."""
     cap = budget * max_children + max_children + 1
     cand = np.empty((cap, 5), np.int32)  # token, parent candidate, state, matched length, depth
     keys = np.empty(cap, np.float64)     # heap of candidate probabilities ...
     vals = np.empty(cap, np.int32)       # ... and their candidate indexes
     kids = np.empty((CHILD_BUF, 4), np.int64)  # children of one state: token, state, count, last end
     node_of = np.empty(cap, np.int32)    # candidate -> output node
-    return cand, keys, vals, kids, node_of
+    n_out = budget * n_sources
+    out = (np.empty(n_out, np.int32), np.empty(n_out, np.int32), np.empty(n_out, np.float64), np.empty(n_out, np.int32))
+    return (cand, keys, vals, kids, node_of) + out  # out: tokens, parents, probs, depths
 
 
 @njit(cache=True, nogil=True)
-def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
-    """Best-first expansion from (state, match_len); `live` picks the layout read.
+def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws, at):
+    """Best-first expansion from (state, match_len); `live` picks the layout read. Writes its
+    nodes into the workspace outputs from index `at` (parents offset accordingly) and returns
+    how many it wrote.
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, node_of = ws
-    out_tok = np.empty(budget, np.int32)
-    out_par = np.empty(budget, np.int32)
-    out_prob = np.empty(budget, np.float64)
-    out_depth = np.empty(budget, np.int32)
+    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth = ws
+    budget = min(budget, out_tok.shape[0] - at)
     online = live and M[sk.MODE] == sk.MODE_ONLINE
     n_frozen = offsets.shape[0] - 1
     max_children = int(params[P_MAX_CHILDREN])
@@ -173,10 +175,10 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
         if n_heap == 0 or n_out >= budget:
             break
         p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-        out_tok[n_out] = cand[c, 0]
-        out_par[n_out] = -1 if cand[c, 1] < 0 else node_of[cand[c, 1]]
-        out_prob[n_out] = p
-        out_depth[n_out] = cand[c, 4]
+        out_tok[at + n_out] = cand[c, 0]
+        out_par[at + n_out] = -1 if cand[c, 1] < 0 else at + node_of[cand[c, 1]]
+        out_prob[at + n_out] = p
+        out_depth[at + n_out] = cand[c, 4]
         node_of[c] = n_out
         n_out += 1
         if n_out >= budget:
@@ -184,16 +186,19 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
         v = cand[c, 2]
         length = cand[c, 3]
         depth = cand[c, 4]
-    return out_tok[:n_out], out_par[:n_out], out_prob[:n_out], out_depth[:n_out], stack
+    return n_out, stack
 
 
-def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws):
-    """Expand over a growable automaton (counts through its link-cut tree).
+_NO32 = np.empty(0, np.int32)
+_NO64 = np.empty(0, np.int64)
 
-    Returns tokens, parents, probs, depths (best-first order: a valid tree on its own) and the
-    link-cut stack (it may have been reallocated)."""
-    no32, no64 = np.empty(0, np.int32), np.empty(0, np.int64)
-    return _expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32, state, match_len, budget, params, ws)
+
+def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws, at):
+    """Expand over a growable automaton (counts through its link-cut tree) into the workspace
+    outputs from `at`, in best-first order (a valid tree on its own). Returns (nodes written,
+    link-cut stack), the stack possibly reallocated."""
+    return _expand(True, S, E, L, M, stack, _NO64, _NO32, _NO32, _NO32, _NO32, state, match_len, budget,
+                   params, ws, at)
 
 
 _NO_ROWS = np.empty((0, sk.STATE_COLS), np.int32)
@@ -201,10 +206,10 @@ _NO_META = np.zeros(sk.META, np.int64)
 _NO_STACK = np.empty(0, np.int32)
 
 
-def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws):
-    """Expand over a frozen automaton (read-only, safe to share); tokens, parents, probs, depths."""
+def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws, at):
+    """Expand over a frozen automaton (read-only, safe to share); returns the nodes written."""
     return _expand(False, _NO_ROWS, _NO_ROWS, _NO_ROWS, _NO_META, _NO_STACK, offsets, etok, eto, counts,
-                   lasts, state, match_len, budget, params, ws)[:4]
+                   lasts, state, match_len, budget, params, ws, at)[0]
 
 
 @njit(cache=True, nogil=True)
