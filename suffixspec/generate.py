@@ -342,15 +342,18 @@ class SpeculativeGenerator:
     lets `generate` take strings and return texts (a `suffixspec.Tokenizer` or an HF tokenizer).
     `proposer`: an object with `start(prompt_ids, request_id=None, filter=None)` returning sessions
     (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
+    `min_gain`: with `budget="auto"`, a round speculates only when its predicted committed tokens
+    per second beat plain decoding by this factor (a margin for the error of the prediction).
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
-                 cost_model: CostModel | None = None, **proposer_options):
+                 cost_model: CostModel | None = None, min_gain: float = 1.1, **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
         self._proposer_options = proposer_options
         self.max_budget = int(max_budget)
+        self.min_gain = float(min_gain)
         self.cost_model = cost_model
         self._calibration = 1.0  # observed accepted / expected, smoothed
         self._unsupported: str | None = None
@@ -594,7 +597,10 @@ class SpeculativeGenerator:
             c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
             gains += c[np.minimum(np.arange(kmax + 1), len(s))]
         cost = self.cost_model(b * (np.arange(kmax + 1) + 1))
-        k = int(np.argmax(gains / cost))
+        rate = gains / cost
+        k = int(np.argmax(rate))
+        if rate[k] < self.min_gain * rate[0]:
+            k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
 
     def _plain_generate(self, prompts, stats, max_new, sampler, eos, stops, stream, do_sample, temperature, top_k, top_p):
