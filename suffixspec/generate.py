@@ -347,7 +347,7 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
-                 cost_model: CostModel | None = None, min_gain: float = 1.1, **proposer_options):
+                 cost_model: CostModel | None = None, min_gain: float = 1.0, **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
