@@ -159,17 +159,9 @@ def subset_any(occ, occ_start, counts, doc_starts, mask, doc_base, state):
     lo, hi = _range(occ, occ_start, counts, state)
     if lo == CORRUPT:
         return CORRUPT
-    n = mask.shape[0]
-    n_tok_docs = doc_starts.shape[0]
-    if n_tok_docs == 0:
+    if doc_starts.shape[0] == 0:
         return CORRUPT
-    for i in range(hi - 1, lo - 1, -1):
-        d = _doc_of(doc_starts, occ[i])
-        if d < 0 or doc_base + d >= n:
-            return CORRUPT
-        if mask[doc_base + d]:
-            return 1
-    return 0
+    return _any_in(occ, lo, hi, doc_starts, mask, doc_base)
 
 
 @njit(cache=True)
