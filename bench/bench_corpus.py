@@ -73,6 +73,10 @@ def stdlib_corpus(tokenizer, limit):
     return tokens, offsets, meta
 
 
+class _Done(Exception):
+    pass
+
+
 def pct(xs, q):
     return float(np.percentile(np.asarray(xs), q))
 
@@ -95,6 +99,8 @@ def main():
     ap.add_argument("--queries", type=int, default=2000)
     ap.add_argument("--k", type=int, default=4096)
     ap.add_argument("--no-peers", action="store_true")
+    ap.add_argument("--single-core-tokens", type=int, default=2_000_000, help="tokens of the one-shard, one-core build")
+    ap.add_argument("--build-only", action="store_true", help="skip the query latencies (build, size and open figures only)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the built index at DIR/stdlib.idx")
     args = ap.parse_args()
 
@@ -119,7 +125,7 @@ def main():
         one = work / "one.idx"
         sub_docs, m = [], 0
         for d in docs:
-            if m >= 2_000_000:
+            if m >= args.single_core_tokens:
                 break
             sub_docs.append(d)
             m += len(d.tokens)
@@ -136,6 +142,21 @@ def main():
         ix.verify()
         verify_s = time.perf_counter() - t
 
+        result = {
+            "n_tokens": n, "n_documents": stats.n_documents, "n_shards": stats.n_shards, "jobs": args.jobs,
+            "tokenize_or_load_s": round(t_data, 2),
+            "build_s": round(build_s, 2), "build_tokens_per_s": round(n / build_s), "build_tokens_per_s_per_core": round(n / build_s / args.jobs),
+            "single_shard_tokens": s1.n_tokens, "single_core_tokens_per_s": round(s1.n_tokens / one_s),
+            "bytes_on_disk": stats.bytes_on_disk, "bytes_per_token": round(stats.bytes_on_disk / n, 2),
+            "open_ms_median": round(float(np.median(opens)), 3), "open_ms_max": round(max(opens), 3),
+            "verify_s": round(verify_s, 2),
+        }
+        # seconds per build phase of the one-core build, and its remainder (input cutting, pool, rename, manifest)
+        for name, v in s1.phases.items():
+            result[f"single_core_{name}_s"] = round(v, 3)
+        result["single_core_other_s"] = round(one_s - sum(s1.phases.values()), 3)
+        if args.build_only:
+            raise _Done
         versions = sorted({m_[1] for m_ in meta})
         big = ix.subset(tags={"repo": versions[-1]})
         small = ix.subset(tags={"repo": versions[-1], "pkg": "asyncio"})
@@ -178,21 +199,17 @@ def main():
         subset_ms = (time.perf_counter() - t) * 1e3
         est = sum(ix.query(c, small, k=args.k).estimated for c in own[:500]) / 5
         mlen = float(np.mean([ix.query(c).length for c in contexts[:500]]))
-        result = {
-            "n_tokens": n, "n_documents": stats.n_documents, "n_shards": stats.n_shards, "jobs": args.jobs,
-            "sources": versions, "tokenize_or_load_s": round(t_data, 2),
-            "build_s": round(build_s, 2), "build_tokens_per_s": round(n / build_s), "build_tokens_per_s_per_core": round(n / build_s / args.jobs),
-            "single_shard_tokens": s1.n_tokens, "single_core_tokens_per_s": round(s1.n_tokens / one_s),
-            "bytes_on_disk": stats.bytes_on_disk, "bytes_per_token": round(stats.bytes_on_disk / n, 2),
-            "open_ms_median": round(float(np.median(opens)), 3), "open_ms_max": round(max(opens), 3),
-            "verify_s": round(verify_s, 2), "subset_compile_ms": round(subset_ms, 2),
+        result.update({
+            "sources": versions, "subset_compile_ms": round(subset_ms, 2),
             "subset_version_docs": len(big), "subset_package_docs": len(small), "k": args.k,
             "restricted_package_estimated_pct": est, "mean_match_length": round(mlen, 1),
-        }
+        })
         for name, xs in lat.items():
             result[f"{name}_p50_us"] = round(pct(xs, 50), 1)
             result[f"{name}_p99_us"] = round(pct(xs, 99), 1)
         del ix
+    except _Done:
+        pass
     finally:
         if args.keep:
             Path(args.keep).mkdir(parents=True, exist_ok=True)
@@ -201,7 +218,7 @@ def main():
                 shutil.move(str(work / "stdlib.idx"), str(Path(args.keep) / "stdlib.idx"))
         shutil.rmtree(work, ignore_errors=True)
 
-    if not args.no_peers:
+    if not args.no_peers and not args.build_only:
         try:
             import _peers
 

@@ -102,9 +102,10 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.ndarray]) -> dict:
+def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.ndarray], phases: dict | None = None) -> dict:
     """Write one container file at `path` (the caller picks a temporary name); returns
-    {"bytes", "payload_crc"}."""
+    {"bytes", "payload_crc"}. Adds seconds spent on checksums and writing to `phases`."""
+    clock = _PhaseClock(phases)
     arrays = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
     meta_b = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
     meta_off = _HEADER.size + _ENTRY.size * len(arrays)
@@ -119,6 +120,7 @@ def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.nda
         entries.append(_ENTRY.pack(name.encode(), code.encode(), off, a.shape[0], zlib.crc32(buf), b""))
         layout.append((off, buf))
         off = _align(off + buf.nbytes)
+    clock.lap("checksums")
     file_length = layout[-1][0] + layout[-1][1].nbytes if layout else meta_off + len(meta_b)
     crc = 0
     with open(path, "wb") as f:
@@ -142,6 +144,7 @@ def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.nda
         f.write(head)
         f.flush()
         os.fsync(f.fileno())
+    clock.lap("write")
     return {"bytes": file_length, "payload_crc": crc}
 
 
@@ -231,6 +234,7 @@ class BuildStats:
     bytes_on_disk: int = 0
     seconds: float = 0.0
     empty_documents: int = 0
+    phases: dict = field(default_factory=dict)  # seconds per build phase, summed over shards (and workers)
 
     @property
     def bytes_per_token(self) -> float:
@@ -249,14 +253,18 @@ def _tokenizer_info(tokenizer) -> dict:
     return {"name": str(info["name"]), "vocab_size": int(info["vocab_size"]), "fingerprint": str(info["fingerprint"])}
 
 
-def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray) -> tuple[dict[str, np.ndarray], dict]:
+def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray, phases: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
+    """Frozen automaton and occurrence layout of one shard; adds seconds per phase to `phases`."""
+    clock = _PhaseClock(phases)
     sa = SuffixAutomaton()
     pos = 0
     for n in doc_lens.tolist():
         sa.add_document(tokens[pos : pos + n])
         pos += n
+    clock.lap("automaton")
     fa = sa.freeze()
     del sa
+    clock.lap("freeze")
     doc_starts = np.zeros(len(doc_lens), np.int64)
     np.cumsum(doc_lens[:-1], out=doc_starts[1:])
     if not np.array_equal(fa.doc_starts, doc_starts):
@@ -265,6 +273,7 @@ def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray) -> tuple[dict[str, n
     occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
     if not ok or (pstate.shape[0] and pstate[0] == fk.CORRUPT):
         raise AssertionError("occurrence layout disagrees with the automaton's counts")
+    clock.lap("occurrences")
     arrays = fa.arrays()
     if arrays["etok"].shape[0] < 2**31:
         arrays["offsets"] = arrays["offsets"].astype(np.int32)  # halves the per-state edge offsets
@@ -274,12 +283,29 @@ def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray) -> tuple[dict[str, n
     return arrays, meta
 
 
+class _PhaseClock:
+    """Adds the seconds since the previous lap to `phases[name]` (does nothing without a dict)."""
+
+    def __init__(self, phases: dict | None):
+        self.phases = phases
+        self.t = time.perf_counter()
+
+    def lap(self, name: str) -> None:
+        if self.phases is not None:
+            t = time.perf_counter()
+            self.phases[name] = self.phases.get(name, 0.0) + t - self.t
+            self.t = t
+
+
 def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1)."""
-    arrays, meta = _shard_arrays(tokens, doc_lens)
+    phases = {}
+    arrays, meta = _shard_arrays(tokens, doc_lens, phases)
+    clock = _PhaseClock(phases)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
-    out = _write_container(Path(path), KIND_SHARD, meta, arrays)
-    out.update(n_tokens=meta["n_tokens"], n_documents=meta["n_documents"])
+    clock.lap("write")
+    out = _write_container(Path(path), KIND_SHARD, meta, arrays, phases)
+    out.update(n_tokens=meta["n_tokens"], n_documents=meta["n_documents"], phases=phases)
     return out
 
 
@@ -346,7 +372,7 @@ class _ShardWriter:
 
     def _done(self, record, result):
         os.replace(record.pop("tmp"), self.directory / record["file"])
-        record.update(bytes=result["bytes"], payload_crc=result["payload_crc"])
+        record.update(bytes=result["bytes"], payload_crc=result["payload_crc"], phases=result["phases"])
         if self.progress is not None:
             self.progress(record)
 
@@ -424,7 +450,16 @@ def build_index(documents: Iterable, path, *, tokenizer, shard_tokens: int = DEF
             writer.close()
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return BuildStats(meta["n_documents"], meta["n_tokens"], len(records), _disk_bytes(path), time.perf_counter() - t0, empty)
+    return BuildStats(meta["n_documents"], meta["n_tokens"], len(records), _disk_bytes(path), time.perf_counter() - t0, empty,
+                      _sum_phases(records))
+
+
+def _sum_phases(records) -> dict:
+    out = {}
+    for r in records:
+        for k, v in r.get("phases", {}).items():
+            out[k] = out.get(k, 0.0) + v
+    return out
 
 
 def _replace_dir(tmp: Path, path: Path) -> None:
@@ -466,7 +501,8 @@ def append_documents(path, documents: Iterable, *, tokenizer, shard_tokens: int 
     new_meta = _manifest_meta(meta["tokenizer"], old + records, meta.get("deleted"))
     _write_manifest(path, new_meta)
     added_tokens = sum(r["n_tokens"] for r in records)
-    return BuildStats(sum(r["n_documents"] for r in records), added_tokens, len(records), _disk_bytes(path), time.perf_counter() - t0)
+    return BuildStats(sum(r["n_documents"] for r in records), added_tokens, len(records), _disk_bytes(path),
+                      time.perf_counter() - t0, phases=_sum_phases(records))
 
 
 def _next_shard_number(meta) -> int:
@@ -474,25 +510,38 @@ def _next_shard_number(meta) -> int:
     return max(nums, default=-1) + 1
 
 
-def delete_documents(path, documents) -> int:
-    """Mark document indexes (ints, or a BitMap) as deleted; returns the number now deleted."""
-    from pyroaring import BitMap
+def delete_documents(path, documents=None, *, ids: Iterable[str] | None = None, tags: dict | None = None) -> int:
+    """Mark documents of the index at `path` deleted; returns how many are deleted afterwards.
 
+    Selection as in `CorpusIndex.subset`: document indexes (ints or a BitMap) and/or the
+    documents named in `ids` and carrying all `tags`; given together, all must hold. An index
+    out of range, an id naming no document, tags matching no document or no selector at all is
+    a BadInputError and changes nothing. The new bitmap file is written under a temporary name
+    and renamed; the manifest rename commits it (one writer at a time per index).
+    """
     path = Path(path)
     index = CorpusIndex.open(path)
-    bm = BitMap(index.deleted)
-    new = BitMap(int(d) for d in documents)
-    if len(new) and (new.min() < 0 or new.max() >= index.n_documents):
-        raise BadInputError(f"documents: expected indexes in [0, {index.n_documents - 1}]")
-    bm |= new
-    name = f"deleted-{uuid.uuid4().hex[:8]}.ssx"
-    out = _write_container(path / name, KIND_DELETED, {"n_deleted": len(bm)},
-                           {"bitmap": np.frombuffer(bm.serialize(), np.uint8)})
-    meta = dict(index._manifest)
-    old = meta.get("deleted")
-    meta["deleted"] = {"file": name, "payload_crc": out["payload_crc"], "bytes": out["bytes"]}
-    _write_manifest(path, meta)
-    index.close()
+    try:
+        chosen = index.select_documents(documents, ids=ids, tags=tags)
+        bm = index.deleted | chosen
+        if len(bm) == len(index.deleted):
+            return len(bm)  # nothing new: leave the files alone
+        name = f"deleted-{uuid.uuid4().hex[:8]}.ssx"
+        tmp = path / f".{name}.tmp"
+        try:
+            out = _write_container(tmp, KIND_DELETED, {"n_deleted": len(bm)},
+                                   {"bitmap": np.frombuffer(bm.serialize(), np.uint8)})
+            os.replace(tmp, path / name)
+            meta = dict(index._manifest)
+            old = meta.get("deleted")
+            meta["deleted"] = {"file": name, "payload_crc": out["payload_crc"], "bytes": out["bytes"]}
+            _write_manifest(path, meta)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            (path / name).unlink(missing_ok=True)
+            raise
+    finally:
+        index.close()
     if old and old["file"] != name:
         (path / old["file"]).unlink(missing_ok=True)
     return len(bm)
@@ -515,6 +564,8 @@ def merge_indexes(paths, out, *, shard_tokens: int | None = None, jobs: int = 1)
         for ix in indexes:
             yield from ix.iter_documents()
 
+    if not any(ix.n_documents > len(ix.deleted) for ix in indexes):
+        raise BadInputError("merge: every document of the input index(es) is deleted; nothing to merge")
     total = sum(ix.n_tokens for ix in indexes)
     return build_index(docs(), out, tokenizer=info, shard_tokens=shard_tokens or max(total, 1), jobs=jobs)
 
@@ -781,6 +832,38 @@ class CorpusIndex:
         return BitMap(i for i in range(self.n_documents)
                       if (want_ids is None or all_ids[i] in want_ids)
                       and all(all_tags[i].get(k) == v for k, v in tags.items()))
+
+    def select_documents(self, documents=None, *, ids: Iterable[str] | None = None, tags: dict | None = None):
+        """BitMap of document indexes chosen by `documents` (ints or a BitMap) and/or `ids` and
+        `tags`, all of which must hold (deleted documents included). Strict, for destructive
+        use: an index out of range, an unknown id, ids/tags selecting nothing or no selector at
+        all raise BadInputError."""
+        from pyroaring import BitMap
+
+        if documents is None and ids is None and tags is None:
+            raise BadInputError("select: expected document indexes, ids or tags; got none")
+        bm = None
+        if documents is not None:
+            try:
+                bm = BitMap(int(d) for d in documents) if not isinstance(documents, BitMap) else BitMap(documents)
+            except (TypeError, ValueError, OverflowError):
+                raise BadInputError(f"documents: expected document indexes in [0, {self.n_documents - 1}]") from None
+            if len(bm) and bm.max() >= self.n_documents:
+                raise BadInputError(f"documents: expected indexes in [0, {self.n_documents - 1}], got {bm.max()}")
+        if ids is not None:
+            ids = [str(i) for i in ids]
+            known = set(self.document_ids)
+            unknown = [i for i in ids if i not in known]
+            if unknown:
+                shown = ", ".join(repr(i) for i in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+                raise BadInputError(f"{self.path}: no document with id {shown}")
+        if ids is not None or tags is not None:
+            found = self.find_documents(tags=tags, ids=ids)
+            bm = found if bm is None else bm & found
+            if not len(bm):
+                what = [f"{k}={v}" for k, v in (tags or {}).items()] + ([f"{len(ids)} given id(s)"] if ids is not None else [])
+                raise BadInputError(f"{self.path}: no document matches {' and '.join(what)}")
+        return bm
 
     def subset(self, documents=None, *, tags: dict | None = None, ids: Iterable[str] | None = None) -> Subset:
         """Compile a filter: document indexes (a BitMap or ints), and/or tags / document ids."""

@@ -168,3 +168,76 @@ def test_shipped_sample_corpora_index_and_filter(tmp_path, capsys):
     q = last_json(capsys.readouterr().out)["query"]
     assert q["match_length"] >= 4 and q["count"] >= 1
     assert all(c["document"].startswith("argparse.py:") for c in q["continuations"])
+
+
+def test_delete_by_id_and_filter_then_merge(tmp_path, capsys, small_tokenizer):
+    """Queries after `suffixspec delete` equal brute force over the remaining documents."""
+    import naive
+
+    rows = ROWS + [{"id": f"gen/{i}.py", "text": f"def f{i % 3}(x):\n    return x + {i % 2}\n", "tags": {"repo": "gen", "half": str(i % 2)}}
+                   for i in range(8)]
+    src = write_jsonl(tmp_path / "d.jsonl", rows)
+    ix = tmp_path / "d.idx"
+    assert main(["index", str(src), "-o", str(ix), "--id-field", "id", "--tag-field", "tags",
+                 "--tokenizer", small_tokenizer, "--shard-tokens", "40", "--jobs", "1"]) == 0
+    capsys.readouterr()
+    all_docs = [d.tokens.tolist() for d in CorpusIndex.open(ix).iter_documents()]
+    ids = [r["id"] for r in rows]
+
+    def check(gone_ids):
+        index = CorpusIndex.open(ix, verify=True)
+        assert sorted(index.document_ids[d] for d in index.deleted) == sorted(gone_ids)
+        live = [d for i, d in zip(ids, all_docs) if i not in gone_ids]
+        for doc in all_docs:
+            for a in range(len(doc)):
+                p = doc[a:a + 3]  # positions are global in the index, so compare counts, not ends
+                assert index.count(p) == naive.count(live, p)
+                got = index.continuations(p)
+                assert {t: c for t, (c, _) in got.items()} == {t: c for t, (c, _) in naive.continuations(live, p).items()}
+                assert index.match_length(p) == naive.match_length(live, p)
+
+    assert main(["delete", str(ix), "--id", "flask/app.py", "--json"]) == 0
+    out = last_json(capsys.readouterr().out)
+    assert out["newly_deleted"] == 1 and out["n_deleted"] == 1 and out["document_ids"] == ["flask/app.py"]
+    check({"flask/app.py"})
+    assert main(["delete", str(ix), "--filter", "repo=gen", "--filter", "half=1", "--dry-run"]) == 0
+    assert "would delete 4 document(s)" in capsys.readouterr().out
+    check({"flask/app.py"})
+    assert main(["delete", str(ix), "--filter", "repo=gen", "--filter", "half=1"]) == 0
+    assert "deleted 4 document(s); 5 of 11 documents deleted" in capsys.readouterr().out
+    gone = {"flask/app.py"} | {f"gen/{i}.py" for i in range(1, 8, 2)}
+    check(gone)
+    assert main(["delete", str(ix), "--id", "gen/0.py", "--id", "gen/1.py", "--filter", "repo=gen"]) == 0
+    assert "deleted 1 document(s) (1 already deleted)" in capsys.readouterr().out
+    gone.add("gen/0.py")
+    check(gone)
+    assert main(["info", str(ix), "--json"]) == 0
+    assert last_json(capsys.readouterr().out)["n_deleted"] == 6
+    assert main(["merge", str(ix), "-o", str(tmp_path / "m.idx")]) == 0
+    capsys.readouterr()
+    merged = CorpusIndex.open(tmp_path / "m.idx", verify=True)
+    assert merged.document_ids == [i for i in ids if i not in gone] and len(merged.deleted) == 0
+
+
+def test_delete_errors_exit_2_and_change_nothing(tmp_path, capsys):
+    src = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ix = tmp_path / "d.idx"
+    assert main(["index", str(src), "-o", str(ix), "--id-field", "id", "--tag-field", "tags", "--jobs", "1"]) == 0
+    capsys.readouterr()
+    before = {p.name: p.read_bytes() for p in ix.iterdir()}
+    cases = [
+        (["--id", "click/core.py", "--id", "nope.py"], "no document with id 'nope.py'"),
+        (["--filter", "repo=django"], "no document matches repo=django"),
+        (["--filter", "repo"], "--filter: expected K=V"),
+        ([], "expected --id ID or --filter"),
+    ]
+    for extra, msg in cases:
+        assert main(["delete", str(ix), *extra]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert {p.name: p.read_bytes() for p in ix.iterdir()} == before
+    assert main(["delete", str(tmp_path / "missing.idx"), "--id", "x"]) == 2
+    assert "no such index" in capsys.readouterr().err
+    (ix / "manifest.ssx").write_bytes(b"garbage")
+    assert main(["delete", str(ix), "--id", "click/core.py"]) == 2
+    assert "manifest.ssx" in capsys.readouterr().err

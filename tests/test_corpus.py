@@ -219,6 +219,66 @@ def test_deletions(tmp_path):
         delete_documents(tmp_path / "ix", [len(docs)])
 
 
+def check_live(ix, docs, keep):
+    """Every query of `ix` equals brute force over the documents in `keep` (positions stay global)."""
+    for p in patterns(docs, np.random.default_rng(len(keep)), n=20):
+        assert ix.count(p, k=10**6) == len(r_ends(docs, keep, p))
+        assert ix.continuations(p, k=10**6) == r_continuations(docs, keep, p)
+        assert ix.match_length(p) == r_match_length(docs, keep, p)
+        q = ix.query(p, k=10**6)
+        assert q.length == r_match_length(docs, keep, p) and not q.estimated
+        assert q.as_dict() == r_continuations(docs, keep, p[len(p) - q.length:])
+
+
+@pytest.mark.parametrize("shard_tokens", [10**6, 45])
+def test_deletions_by_id_and_tags_mirror_a_set(tmp_path, shard_tokens):
+    """Stateful: each deletion is mirrored on a plain set; queries equal brute force after each."""
+    docs = [d for d in random_docs(15, n_docs=18) if d]
+    build(tmp_path, docs, shard_tokens=shard_tokens)
+    path = tmp_path / "ix"
+    gone = set()
+    steps = [dict(ids=["d3"]), dict(ids=["d0", "d7", "d3"]), dict(tags={"parity": "1"}, ids=["d5", "d6"]),
+             dict(documents=[len(docs) - 1]), dict(tags={"parity": "0"}), dict(tags={"parity": "1"})]
+    for step in steps:
+        chosen = set(CorpusIndex.open(path).select_documents(**step))
+        want = {i for i in range(len(docs))
+                if ("ids" not in step or f"d{i}" in step["ids"])
+                and ("tags" not in step or str(i % 2) == step["tags"]["parity"])
+                and ("documents" not in step or i in step["documents"])}
+        assert chosen == want
+        gone |= want
+        assert delete_documents(path, **step) == len(gone)
+        ix = CorpusIndex.open(path, verify=True)
+        assert set(ix.deleted) == gone
+        check_live(ix, docs, set(range(len(docs))) - gone)
+        assert [d.id for d in ix.iter_documents()] == [f"d{i}" for i in range(len(docs)) if i not in gone]
+    # every document is deleted now: queries find nothing, merging has nothing to keep
+    ix = CorpusIndex.open(path)
+    assert ix.query(docs[0]).length == 0 and ix.count([]) == 0
+    with pytest.raises(BadInputError, match="every document"):
+        merge_indexes([path], tmp_path / "m")
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("deleted")) == [ix._manifest["deleted"]["file"]]
+
+
+def test_delete_rejects_bad_selections_and_changes_nothing(tmp_path):
+    docs = [d for d in random_docs(16) if d]
+    build(tmp_path, docs, shard_tokens=60)
+    path = tmp_path / "ix"
+    delete_documents(path, ids=["d1"])
+    before = {p.name: p.read_bytes() for p in path.iterdir()}
+    bad = [dict(ids=["d1", "nope"]), dict(tags={"parity": "9"}), dict(), dict(documents=[len(docs)]),
+           dict(documents=[-1]), dict(ids=["d0"], tags={"parity": "1"})]
+    for kw in bad:
+        with pytest.raises(BadInputError):
+            delete_documents(path, **kw)
+    with pytest.raises(BadInputError, match="no document with id 'nope'"):
+        delete_documents(path, ids=["nope"])
+    assert delete_documents(path, ids=["d1"]) == 1  # already deleted: nothing is rewritten
+    assert {p.name: p.read_bytes() for p in path.iterdir()} == before
+    with pytest.raises(IndexFormatError, match="no such index"):
+        delete_documents(tmp_path / "missing", ids=["d1"])
+
+
 def test_round_trip_append_merge(tmp_path):
     docs = [d for d in random_docs(7, n_docs=20) if d]
     ix = build(tmp_path, docs[:12], shard_tokens=80)

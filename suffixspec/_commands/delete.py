@@ -1,0 +1,53 @@
+"""`suffixspec delete INDEX [--id ID]... [--filter KEY=VALUE]...`: mark documents deleted."""
+
+from __future__ import annotations
+
+import json
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser("delete", help="mark documents of an index deleted (by id and/or tags); merge drops them",
+                              description="Mark documents deleted: queries skip them at once; `suffixspec merge` "
+                                          "drops them for good. --id and --filter select together: a document is "
+                                          "deleted when its id is one of the --id values (if any) and it carries "
+                                          "every --filter tag (if any). An unknown id, or a selection matching no "
+                                          "document, is an error and changes nothing.")
+    p.add_argument("index", metavar="INDEX")
+    p.add_argument("--id", action="append", default=None, metavar="ID", dest="ids",
+                   help="document id to delete (repeatable)")
+    p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
+                   help="delete documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
+    p.add_argument("--dry-run", action="store_true", help="report what would be deleted, change nothing")
+    p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from ..corpus import CorpusIndex, delete_documents
+    from ..errors import BadInputError
+    from ._args import parse_filters
+
+    tags = parse_filters(args.filter)
+    ids = list(args.ids) if args.ids is not None else None
+    if "id" in tags:
+        ids = (ids or []) + [tags.pop("id")]
+    if ids is None and not tags:
+        raise BadInputError("delete: expected --id ID or --filter KEY=VALUE (deleting every document needs an explicit filter)")
+    index = CorpusIndex.open(args.index)
+    chosen = index.select_documents(ids=ids, tags=tags or None)
+    before = len(index.deleted)
+    newly = chosen - index.deleted
+    names = [index.document_ids[d] for d in chosen]
+    index.close()
+    after = before + len(newly) if args.dry_run else delete_documents(args.index, chosen)
+    report = {"index": str(args.index), "selected": len(chosen), "newly_deleted": len(newly),
+              "n_deleted": after, "n_documents": index.n_documents, "dry_run": args.dry_run, "document_ids": names}
+    if args.json:
+        print(json.dumps(report))
+    else:
+        verb = "would delete" if args.dry_run else "deleted"
+        already = len(chosen) - len(newly)
+        print(f"{args.index}: {verb} {len(newly)} document(s)" + (f" ({already} already deleted)" if already else "")
+              + f"; {after} of {index.n_documents} documents deleted" + (" (dry run: nothing changed)" if args.dry_run else ""))
+    return 0
