@@ -48,8 +48,9 @@ class RequestStats:
     drafted: int = 0  # draft nodes verified
     accepted: int = 0  # draft nodes accepted
     accepted_by_position: list[int] = field(default_factory=list)  # [depth - 1] -> accepted count
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0
+    ttft_s: float = 0.0  # from submission (queueing included)
+    e2e_s: float = 0.0  # from submission (queueing included)
+    queue_s: float = 0.0  # from submission to admission into the running batch
     finish_reason: str = ""  # "eos", "stop" or "length"
 
     @property
@@ -422,33 +423,10 @@ class SpeculativeGenerator:
 
     # ---------------------------------------------------------------------------------- generate
 
-    def generate(self, inputs, max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0,
-                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                 eos_token_id=None, stop=None, stream: Callable[[int, list[int]], Any] | None = None,
-                 logits_processor=None, budget="auto", filter=None, request_ids=None) -> GenerationResult:
-        """Generate for every prompt of `inputs`; see the module docstring.
+    def _check_support(self) -> str | None:
+        """None when tree verification works with this model (checked once), else the reason."""
+        from .verify import check_tree_logits, tree_attention_support
 
-        `stream(request_index, tokens)` receives each round's committed tokens. `filter`: one corpus
-        filter for every request, or a list with one per request (passed to the proposer).
-        Sampling draws are keyed by (seed, request index in `inputs`, output position).
-        """
-        import torch
-
-        from .verify import KVState, Sampler, accept, check_tree_logits, tree_attention_support, warn_once
-
-        prompts = self._encode(inputs)
-        if int(max_new_tokens) < 0:
-            raise BadInputError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
-        auto = budget == "auto"
-        if not auto and (not isinstance(budget, (int, np.integer)) or budget < 0):
-            raise BadInputError(f"budget: expected 'auto' or an int >= 0, got {budget!r}")
-        max_new = int(max_new_tokens)
-        B = len(prompts)
-        eos = self._eos_set(eos_token_id)
-        stops = self._stop_matchers(stop)
-        sampler = Sampler(do_sample, temperature, top_k, top_p, seed, logits_processor)
-        filters = list(filter) if isinstance(filter, (list, tuple)) else [filter] * B
-        stats = GenerationStats(requests=[RequestStats(prompt_tokens=len(p)) for p in prompts])
         if not self._checked:
             self._unsupported = tree_attention_support(self.model)
             if self._unsupported is None:
@@ -457,136 +435,83 @@ class SpeculativeGenerator:
                 except Exception as exc:  # any failure means we cannot trust tree passes
                     self._unsupported = f"tree verification self-check failed: {exc}"
             self._checked = True
-        if self._unsupported is not None:
-            warn_once(f"suffixspec: speculation disabled for this model ({self._unsupported}); using plain decoding")
-            return self._plain_generate(prompts, stats, max_new, sampler, eos, stops, stream, do_sample, temperature, top_k, top_p)
-        if auto and self.cost_model is None:
-            self.cost_model = CostModel.cached(self.model)
+        return self._unsupported
 
-        device = next(self.model.parameters()).device
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        t_start = time.perf_counter()
-        outputs: list[list[int]] = [[] for _ in range(B)]
-        contexts = [list(p) for p in prompts]
-        pending = [list(p) for p in prompts]
-        rows = list(range(B)) if max_new > 0 else []
-        for q in range(B):
-            if max_new == 0:
-                stats.requests[q].finish_reason = "length"
-        proposer = self.proposer if (auto or budget > 0) and rows else None
-        sessions = {}
-        if proposer is not None:
-            for q in rows:
-                rid = request_ids[q] if request_ids is not None else None
-                sessions[q] = proposer.start(prompts[q], request_id=rid, filter=filters[q])
-        state = KVState(self.model, len(rows))
-        try:
-            while rows:
-                limits = [max_new - len(outputs[q]) for q in rows]
-                t = time.perf_counter()
-                trees = self._propose(proposer, sessions, rows, limits, budget)
-                stats.proposer_s += time.perf_counter() - t
-                t = time.perf_counter()
-                if auto:
-                    trees = self._auto_prune(trees, limits)
-                t_pass = time.perf_counter()
-                logits, root = state.forward([pending[q] for q in rows], trees)
-                if auto:
-                    self.cost_model.observe(sum(len(pending[q]) + len(tr) for q, tr in zip(rows, trees)),
-                                            time.perf_counter() - t_pass)
-                results = accept(logits, root, trees, sampler, [contexts[q] for q in rows], rows,
-                                 [len(outputs[q]) for q in rows], limits, eos)
-                state.commit([res.accepted_nodes for res in results])
-                stats.verifier_s += time.perf_counter() - t
-                stats.rounds += 1
-                stats.plain_rounds += all(len(tr) == 0 for tr in trees)
-                stats.budgets.extend(len(tr) for tr in trees)
-                now = time.perf_counter() - t_start
-                expected = accepted_total = 0.0
-                keep_rows = []
-                for i, (q, res, tree) in enumerate(zip(rows, results, trees)):
-                    rs = stats.requests[q]
-                    tokens, reason = [], ""
-                    for tok in res.tokens:
-                        tokens.append(tok)
-                        outputs[q].append(tok)
-                        if tok in eos:
-                            reason = "eos"
-                        elif any(m(outputs[q]) for m in stops):
-                            reason = "stop"
-                        elif len(outputs[q]) >= max_new:
-                            reason = "length"
-                        if reason:
-                            break
-                    n_acc = min(len(res.accepted_nodes), len(tokens))
-                    if not rs.rounds:
-                        rs.ttft_s = now
-                    rs.rounds += 1
-                    rs.committed_per_round.append(len(tokens))
-                    rs.drafted += len(tree)
-                    rs.accepted += n_acc
-                    for d in range(n_acc):
-                        if d == len(rs.accepted_by_position):
-                            rs.accepted_by_position.append(0)
-                        rs.accepted_by_position[d] += 1
-                    rs.new_tokens = len(outputs[q])
-                    rs.e2e_s = now
-                    expected += float(tree.scores.sum()) if len(tree) else 0.0
-                    accepted_total += len(res.accepted_nodes)
-                    contexts[q].extend(tokens)
-                    pending[q] = [tokens[-1]]
-                    if stream is not None and tokens:
-                        stream(q, list(tokens))
-                    if reason:
-                        rs.finish_reason = reason
-                        if q in sessions:
-                            sessions.pop(q).close()
-                    else:
-                        if q in sessions:
-                            sessions[q].extend(tokens)
-                        keep_rows.append(i)
-                if expected > 0:
-                    ratio = (accepted_total + 0.5) / (expected + 0.5)
-                    self._calibration = float(np.clip(0.8 * self._calibration + 0.2 * ratio, 0.05, 2.0))
-                if len(keep_rows) < len(rows):
-                    rows = [rows[i] for i in keep_rows]
-                    if rows:
-                        state.select_rows(keep_rows)
-        finally:
-            for s in sessions.values():
-                s.close()
-        stats.e2e_s = time.perf_counter() - t_start
-        stats.peak_memory_bytes = _peak_memory(device)
-        texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
-        return GenerationResult(outputs, stats, texts)
+    def serve(self, **options):
+        """A continuous-batching `suffixspec.serve.Server` over this generator: `add` requests at any
+        time, `step` rounds; takes `generate`'s keyword arguments plus `max_batch`."""
+        from .serve import Server
+
+        return Server(self, **options)
+
+    def generate(self, inputs, max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0,
+                 top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                 eos_token_id=None, stop=None, stream: Callable[[int, list[int]], Any] | None = None,
+                 logits_processor=None, budget="auto", filter=None, request_ids=None,
+                 max_batch: int | None = None) -> GenerationResult:
+        """Generate for every prompt of `inputs`; see the module docstring.
+
+        `stream(request_index, tokens)` receives each round's committed tokens. `filter`: one corpus
+        filter for every request, or a list with one per request (passed to the proposer).
+        Sampling draws are keyed by (seed, request index in `inputs`, output position).
+        `max_batch`: decode at most this many requests together, refilling freed slots in input order
+        (continuous batching; default: all at once).
+        """
+        from .verify import Sampler, warn_once
+
+        prompts = self._encode(inputs)
+        B = len(prompts)
+        filters = list(filter) if isinstance(filter, (list, tuple)) else [filter] * B
+        options = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k,
+                       top_p=top_p, seed=seed, eos_token_id=eos_token_id, stop=stop, stream=stream,
+                       logits_processor=logits_processor, budget=budget, max_batch=max_batch)
+        if self._check_support() is not None:
+            if int(max_new_tokens) < 0:
+                raise BadInputError(f"max_new_tokens: expected >= 0, got {max_new_tokens}")
+            warn_once(f"suffixspec: speculation disabled for this model ({self._unsupported}); using plain decoding")
+            stats = GenerationStats(requests=[RequestStats(prompt_tokens=len(p)) for p in prompts])
+            sampler = Sampler(do_sample, temperature, top_k, top_p, seed, logits_processor)
+            return self._plain_generate(prompts, stats, int(max_new_tokens), sampler, self._eos_set(eos_token_id),
+                                        self._stop_matchers(stop), stream, do_sample, temperature, top_k, top_p)
+        server = self.serve(**options)
+        if server.device.type == "cuda":
+            import torch
+
+            torch.cuda.reset_peak_memory_stats(server.device)
+        for q, prompt in enumerate(prompts):
+            server.add(prompt, key=q, filter=filters[q], request_id=request_ids[q] if request_ids is not None else None)
+        return server.run()
 
     # ---------------------------------------------------------------------------------- helpers
 
-    def _propose(self, proposer, sessions, rows, limits, budget) -> list[DraftTree]:
+    def _propose(self, proposer, sessions, limits, budget) -> list[DraftTree]:
+        """One tree per row (`sessions[i]` may be None: no drafts), pruned to the budget and the row's limit."""
         if proposer is None:
-            return [DraftTree.empty() for _ in rows]
+            return [DraftTree.empty() for _ in sessions]
         want = self.max_budget if budget == "auto" else int(budget)
-        budgets = [max(0, min(want, lim - 1)) for lim in limits]
-        live = [q for q, b in zip(rows, budgets) if b > 0]
-        trees_by_row: dict[int, DraftTree] = {}
+        budgets = [max(0, min(want, lim - 1)) if s is not None else 0 for s, lim in zip(sessions, limits)]
+        live = [i for i, b in enumerate(budgets) if b > 0]
+        trees: dict[int, DraftTree] = {}
         if live:
-            live_budgets = [b for b in budgets if b > 0]
+            live_budgets = [budgets[i] for i in live]
             batch = getattr(proposer, "propose_batch", None)
             if batch is not None:
-                got = batch([sessions[q] for q in live], live_budgets)
+                got = batch([sessions[i] for i in live], live_budgets)
             else:
-                got = [sessions[q].propose(b) for q, b in zip(live, live_budgets)]
-            for q, b, tree in zip(live, live_budgets, got):
-                trees_by_row[q] = tree if tree is not None else DraftTree.empty()
+                got = [sessions[i].propose(b) for i, b in zip(live, live_budgets)]
+            for i, tree in zip(live, got):
+                trees[i] = tree if tree is not None else DraftTree.empty()
         out = []
-        for q, b, lim in zip(rows, budgets, limits):
-            tree = trees_by_row.get(q, DraftTree.empty())
+        for i, (b, lim) in enumerate(zip(budgets, limits)):
+            tree = trees.get(i, DraftTree.empty())
             out.append(prune_tree(tree, b, lim - 1) if len(tree) else tree)
         return out
 
-    def _auto_prune(self, trees: list[DraftTree], limits) -> list[DraftTree]:
-        """Choose one draft size k for the round maximising expected committed tokens per second."""
+    def _auto_prune(self, trees: list[DraftTree], limits, width: int = 1) -> list[DraftTree]:
+        """Choose one draft size k for the round maximising expected committed tokens per second.
+
+        The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
+        for all rows costs the same as per-row sizes whose largest is k; each row keeps its best k."""
         b = len(trees)
         best_scores = [np.sort(t.scores)[::-1] * self._calibration if len(t) else np.zeros(0) for t in trees]
         kmax = max((len(s) for s in best_scores), default=0)
@@ -596,7 +521,7 @@ class SpeculativeGenerator:
         for s in best_scores:
             c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
             gains += c[np.minimum(np.arange(kmax + 1), len(s))]
-        cost = self.cost_model(b * (np.arange(kmax + 1) + 1))
+        cost = self.cost_model(b * (np.arange(kmax + 1) + width))
         rate = gains / cost
         k = int(np.argmax(rate))
         if rate[k] < self.min_gain * rate[0]:

@@ -336,6 +336,38 @@ class KVState:
         if self.batch_size and self.cache_len:
             self.compact()
 
+    @torch.inference_mode()
+    def add_rows(self, other: KVState) -> None:
+        """Append `other`'s rows (same model, no pass in flight) after this state's rows.
+
+        The shorter cache is padded on the right with holes (slot position -1, zero keys/values),
+        which every later mask excludes; `other` must not be used afterwards."""
+        if self._last is not None or other._last is not None:
+            raise RuntimeError("add_rows between forward and commit")
+        if other.batch_size == 0:
+            return
+        if self.batch_size == 0:
+            self.cache, self.slot_pos, self.n_cached = other.cache, other.slot_pos, other.n_cached.copy()
+            return
+        L = max(self.cache_len, other.cache_len)
+
+        def padded(t: torch.Tensor, fill) -> torch.Tensor:  # [b, ..., length(dim 2 or 1)] -> length L
+            dim = 2 if t.dim() == 4 else 1
+            short = L - t.shape[dim]
+            if short == 0:
+                return t
+            shape = list(t.shape)
+            shape[dim] = short
+            return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
+
+        if len(self.cache.layers) != len(other.cache.layers):
+            raise RuntimeError("add_rows: the two caches have different layer counts")
+        for mine, theirs in zip(self.cache.layers, other.cache.layers):
+            mine.keys = torch.cat([padded(mine.keys, 0), padded(theirs.keys, 0)], 0)
+            mine.values = torch.cat([padded(mine.values, 0), padded(theirs.values, 0)], 0)
+        self.slot_pos = torch.cat([padded(self.slot_pos, -1), padded(other.slot_pos, -1)], 0)
+        self.n_cached = np.concatenate([self.n_cached, other.n_cached])
+
     def _rewrite_tail(self, start: int, index: torch.Tensor) -> None:
         """Slots start.. of every layer become slots `index` [b, T] (all >= start), in place."""
         T = index.shape[1]

@@ -1,5 +1,7 @@
 """Tiny randomly initialised causal LMs (float64) and stand-in proposers for the verifier tests."""
 
+import zlib
+
 import numpy as np
 import torch
 
@@ -65,7 +67,8 @@ def hf_generate(model, prompt, max_new_tokens, eos_token_id=None, logits_process
 class _Session:
     def __init__(self, proposer, prompt, request_id):
         self.proposer, self.prompt, self.out, self.request_id = proposer, list(prompt), [], request_id
-        self.rng = np.random.default_rng(abs(hash((tuple(prompt), request_id))) % 2**32)
+        # crc32, not hash(): hash(None) differs between processes before Python 3.12
+        self.rng = np.random.default_rng(zlib.crc32(repr((tuple(prompt), request_id)).encode()))
 
     def extend(self, tokens):
         self.out.extend(int(t) for t in tokens)
