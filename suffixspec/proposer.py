@@ -33,12 +33,14 @@ import os
 import pickle
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numba
 import numpy as np
+from numba import typed, types
 
 from ._kernels import draft as dk
+from ._kernels import propose as pk
 from ._kernels import sam as sk
 from ._tokens import as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
@@ -207,6 +209,81 @@ class _RestrictedSource:
         return (np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs, np.float64))
 
 
+_RO32 = types.Array(types.int32, 1, "C", readonly=True)
+
+
+def _kernel_arrays(fa: FrozenAutomaton) -> tuple:
+    """offsets, etok, eto, counts, lasts, links, lens of `fa` as read-only C int32 arrays (the
+    element type of the kernels' typed lists); converted copies are kept on the automaton."""
+    got = fa.__dict__.get("_kernel_arrays")
+    if got is None:
+        out = []
+        for name in ("offsets", "etok", "eto", "counts", "lasts", "links", "lens"):
+            a = getattr(fa, name)
+            if a.dtype != np.int32 or not a.flags.c_contiguous:
+                if a.shape[0] and (int(a.max()) > np.iinfo(np.int32).max or int(a.min()) < np.iinfo(np.int32).min):
+                    raise BadInputError(f"corpus: array {name} does not fit int32 (split the corpus into smaller shards)")
+                a = np.ascontiguousarray(a, dtype=np.int32)
+            if a.flags.writeable:
+                a = a.view()
+                a.flags.writeable = False
+            out.append(a)
+        got = fa.__dict__["_kernel_arrays"] = tuple(out)
+    return got
+
+
+class _Sources:
+    """The frozen sources sessions read, in kernel order: the corpus automata (and every shard of
+    every corpus index), then the past-response generations of one cache version. Immutable; a new
+    one is built when the cache changes."""
+
+    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[FrozenAutomaton]):
+        self.version = version
+        self.n_static = len(static)
+        self.automata = list(static) + list(cached)
+        self.lists = tuple(typed.List.empty_list(_RO32) for _ in range(7))
+        for fa in self.automata:
+            for lst, arr in zip(self.lists, _kernel_arrays(fa)):
+                lst.append(arr)
+
+
+class _LiveSlots:
+    """The live automata of sessions proposed in batches, as numba typed lists indexed by slot.
+    Guarded by the proposer's batch lock; a slot's arrays are re-registered when the automaton
+    reallocated them, and replaced by tiny placeholders when its session closes."""
+
+    def __init__(self):
+        self.lists = (typed.List.empty_list(types.int32[:, ::1]), typed.List.empty_list(types.int32[:, ::1]),
+                      typed.List.empty_list(types.int32[:, ::1]), typed.List.empty_list(types.int64[::1]))
+        self._blank = (np.zeros((1, sk.STATE_COLS), np.int32), np.zeros((1, 4), np.int32),
+                       np.zeros((1, 5), np.int32), np.zeros(sk.META, np.int64))
+        self._held: list[tuple] = []
+        self._free: list[int] = []
+
+    def register(self, slot: int, sam: SuffixAutomaton) -> int:
+        arrays = (sam._S, sam._E, sam._L, sam._M)
+        if slot < 0:
+            if self._free:
+                slot = self._free.pop()
+            else:
+                slot = len(self._held)
+                self._held.append(self._blank)
+                for lst, a in zip(self.lists, self._blank):
+                    lst.append(a)
+        held = self._held[slot]
+        for k in range(4):
+            if held[k] is not arrays[k]:
+                self.lists[k][slot] = arrays[k]
+        self._held[slot] = arrays
+        return slot
+
+    def release(self, slot: int) -> None:
+        for k in range(4):
+            self.lists[k][slot] = self._blank[k]
+        self._held[slot] = self._blank
+        self._free.append(slot)
+
+
 class Proposer:
     """Draft-tree proposer over the request, past responses and corpora.
 
@@ -246,8 +323,18 @@ class Proposer:
         self.params[dk.P_MAX_DEPTH] = max_depth
         self.params[dk.P_MAX_CHILDREN] = max_children
         self.corpora = _corpus_sources(corpus)
+        # every frozen automaton of the corpora, with the corpus entry it belongs to
+        self._static: list[FrozenAutomaton] = []
+        self._static_owner: list[int] = []
+        for i, c in enumerate(self.corpora):
+            fas = [c] if isinstance(c, FrozenAutomaton) else [shard.fa for shard in c.shards]
+            self._static.extend(fas)
+            self._static_owner.extend([i] * len(fas))
         self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
-        self._pool = None
+        self._sources: _Sources | None = None
+        self._sources_lock = threading.Lock()
+        self._batch_lock = threading.Lock()
+        self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
 
     def _workspace(self, budget: int, n_sources: int):
@@ -255,6 +342,21 @@ class Proposer:
         if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1 or ws[5].shape[0] < budget * n_sources:
             ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]), max(n_sources, 4))
         return ws
+
+    def _current_sources(self) -> _Sources:
+        src = self._sources
+        version = self.cache._version if self.cache is not None else 0  # an int read: no lock needed
+        if src is not None and src.version == version:
+            return src
+        with self._sources_lock:
+            if self.cache is not None:
+                version, cached = self.cache.sources()
+                cached = [a for _, a in cached]
+            else:
+                version, cached = 0, []
+            if self._sources is None or self._sources.version != version:
+                self._sources = _Sources(self._static, version, cached)
+            return self._sources
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
         """Open a session. `filter` restricts every corpus index to some documents: a dict of
@@ -264,19 +366,60 @@ class Proposer:
         return Session(self, as_tokens(prompt_ids, "prompt_ids"), request_id, filter)
 
     def propose_batch(self, sessions, budgets=None) -> list[DraftTree]:
+        """One tree per session, in one call of the batch kernel (on `threads` threads) for every
+        session without document-restricted corpora; those go one by one. A session may appear at
+        most once. Batches from several threads are serialised (the kernel itself is parallel)."""
         if budgets is None or isinstance(budgets, (int, np.integer)):
             budgets = [budgets] * len(sessions)
         if len(budgets) != len(sessions):
             raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}")
-        if self.threads == 1 or len(sessions) < 2:
-            return [s.propose(b) for s, b in zip(sessions, budgets)]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="suffixspec-propose")
-        return list(self._pool.map(lambda sb: sb[0].propose(sb[1]), zip(sessions, budgets)))
+        trees: list[DraftTree | None] = [None] * len(sessions)
+        src = self._current_sources()
+        fast, fast_budgets, slow = [], [], []
+        for i, (s, b) in enumerate(zip(sessions, budgets)):
+            if s.proposer is not self:
+                raise BadInputError("propose_batch: a session of another proposer")
+            b = self.max_nodes if b is None else int(b)
+            if b <= 0 or s._closed:
+                trees[i] = DraftTree.empty()
+            elif s._restricted:
+                slow.append((i, b))
+            else:
+                s._sync(src)
+                s._ensure_online()
+                fast.append(i)
+                fast_budgets.append(b)
+        if len({id(sessions[i]) for i in fast}) != len(fast):
+            raise BadInputError("propose_batch: a session appears more than once")
+        if fast:
+            budget_arr = np.asarray(fast_budgets, np.int64)
+            starts = np.zeros(len(fast), np.int64)
+            np.cumsum(budget_arr[:-1], out=starts[1:])
+            total = int(starts[-1] + budget_arr[-1])
+            out_tok, out_par = np.empty(total, np.int32), np.empty(total, np.int32)
+            out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
+            curs = np.stack([sessions[i]._cur for i in fast])
+            threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
+            with self._batch_lock:
+                slots = np.empty(len(fast), np.int64)
+                for j, i in enumerate(fast):
+                    s = sessions[i]
+                    s._slot = slots[j] = self._slots.register(s._slot, s._sam)
+                numba.set_num_threads(threads)
+                counts = pk.propose_batch(*self._slots.lists, slots, curs, *src.lists, budget_arr, self.params,
+                                          self.min_match, self.match_levels, threads, starts,
+                                          out_tok, out_par, out_depth, out_prob)
+            for j, i in enumerate(fast):
+                a, k = int(starts[j]), int(counts[j])
+                trees[i] = DraftTree._trusted(out_tok[a : a + k], out_par[a : a + k], out_depth[a : a + k],
+                                              out_prob[a : a + k])
+        for i, b in slow:
+            trees[i] = sessions[i].propose(b)
+        return trees
 
 
 class Session:
-    """One request: its own automaton, cursors into the shared sources, and its output."""
+    """One request: its own automaton, cursors into the shared frozen sources, and its output."""
 
     def __init__(self, proposer: Proposer, prompt: np.ndarray, request_id=None, filter=None):
         self.proposer = proposer
@@ -285,22 +428,26 @@ class Session:
         self._sam = SuffixAutomaton(prompt)
         self._output: list[int] = []
         self._closed = False
-        self._frozen: list[FrozenAutomaton] = []  # unrestricted corpus automata, one cursor each
+        self._slot = -1  # live-automaton slot of batched proposals
         self._restricted: list[_RestrictedSource] = []
-        for c in proposer.corpora:
-            if isinstance(c, FrozenAutomaton):
-                self._frozen.append(c)
-            elif filter is None and not len(c.deleted):
-                self._frozen.extend(shard.fa for shard in c.shards)
-            elif isinstance(filter, dict):
+        restricted_owner = set()
+        for i, c in enumerate(proposer.corpora):
+            if isinstance(c, FrozenAutomaton) or (filter is None and not len(c.deleted)):
+                continue
+            restricted_owner.add(i)
+            if isinstance(filter, dict):
                 self._restricted.append(_RestrictedSource(c, c.subset(tags=filter)))
             else:
                 self._restricted.append(_RestrictedSource(c, c.subset(filter) if filter is not None else None))
-        self._corpus_cursors = [fa.cursor() for fa in self._frozen]
-        for cur in self._corpus_cursors:
-            cur.advance(prompt)
-        self._cache_version = -1
-        self._cache_cursors: list[tuple[FrozenAutomaton, object]] = []
+        # one cursor row (state, length) per source of self._automata; state -1: not used
+        self._automata: list[FrozenAutomaton] = list(proposer._static)
+        self._cur = np.zeros((len(self._automata), 2), np.int64)
+        for j, (fa, owner) in enumerate(zip(self._automata, proposer._static_owner)):
+            if owner in restricted_owner:
+                self._cur[j] = (-1, 0)
+            else:
+                self._cur[j] = fa._advance(0, 0, prompt)
+        self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
 
     @property
     def output(self) -> list[int]:
@@ -321,34 +468,43 @@ class Session:
         if len(self._sam) > self.proposer.max_session_tokens:
             keep = self.proposer.max_session_tokens // 2
             self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
-        for cur in self._corpus_cursors:
-            cur.advance(toks)
-        for _, cur in self._cache_cursors:
-            cur.advance(toks)
+        cur = self._cur
+        for j, fa in enumerate(self._automata):
+            if cur[j, 0] >= 0:
+                cur[j] = fa._advance(int(cur[j, 0]), int(cur[j, 1]), toks)
 
-    def _sync_cache(self) -> None:
-        cache = self.proposer.cache
-        if cache is None or cache._version == self._cache_version:  # an int read: no lock needed
+    def _sync(self, src: _Sources | None = None) -> None:
+        """Mirror `src` (default: the proposer's current sources): keep the corpus rows, re-find
+        the match of the last `resync_tokens` tokens in each past-response generation."""
+        src = src if src is not None else self.proposer._current_sources()
+        if src is self._src:
             return
-        version, sources = cache.sources()
-        if version == self._cache_version:
-            return
-        tail = self._sam.tokens[-self.proposer.resync_tokens :]
-        self._cache_cursors = []
-        for _, automaton in sources:
-            cur = automaton.cursor()
-            cur.advance(tail)
-            self._cache_cursors.append((automaton, cur))
-        self._cache_version = version
+        n_static = src.n_static
+        rows = [self._cur[:n_static]]
+        if len(src.automata) > n_static:
+            tail = self._sam.tokens[-self.proposer.resync_tokens :]
+            rows.append(np.array([fa._advance(0, 0, tail) for fa in src.automata[n_static:]], np.int64))
+        self._cur = np.concatenate(rows) if len(rows) > 1 else rows[0].copy()
+        self._automata = src.automata
+        self._src = src
+
+    def _ensure_online(self) -> None:
+        if self._sam._mode != sk.MODE_ONLINE:
+            self._sam._start_online()
 
     def propose(self, budget=None) -> DraftTree:
         budget = self.proposer.max_nodes if budget is None else int(budget)
         if budget <= 0 or self._closed:
             return DraftTree.empty()
+        self._sync()
+        self._ensure_online()
+        return self._propose_one(budget)
+
+    def _propose_one(self, budget: int) -> DraftTree:
+        """One expansion per source and level, then the restricted corpus chains, merged: the same
+        tree as the batch kernel's (`_kernels/propose.py`), with less call overhead for one session."""
         p = self.proposer
-        self._sync_cache()
-        frozen = list(zip(self._frozen, self._corpus_cursors)) + self._cache_cursors
-        ws = p._workspace(budget, (1 + len(frozen)) * p.match_levels + len(self._restricted))
+        ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels + len(self._restricted))
         n = 0        # nodes written into the workspace outputs so far
         parts = 0    # expansions that wrote something
         sam = self._sam
@@ -356,8 +512,6 @@ class Session:
         state = int(sam._S[last, sk.LINK]) if last > 0 else 0
         length = int(sam._S[state, sk.LEN]) if state > 0 else 0
         if length >= p.min_match:
-            if sam._mode != sk.MODE_ONLINE:
-                sam._start_online()
             for level in range(p.match_levels):
                 k, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
                                                state, length, budget, p.params, ws, n)
@@ -368,8 +522,9 @@ class Session:
                 length = int(sam._S[state, sk.LEN]) if state > 0 else 0
                 if length < p.min_match:
                     break
-        for automaton, cur in frozen:
-            state, length = cur.state, cur.length
+        for automaton, (state, length) in zip(self._automata, self._cur.tolist()):
+            if state < 0:
+                continue
             for level in range(p.match_levels):
                 if length < p.min_match:
                     break
@@ -381,16 +536,15 @@ class Session:
                 state = automaton.state_link(state)
                 length = automaton.state_length(state) if state > 0 else 0
         out_tok, out_par, out_prob, out_depth = ws[5:]
-        if self._restricted:
-            context = sam.tokens[-_RestrictedSource.window :]
-            for src in self._restricted:
-                cand = src.candidates(context, budget, p.params, p.min_match)
-                if cand is not None and cand[0].shape[0]:
-                    k = min(cand[0].shape[0], out_tok.shape[0] - n)
-                    out_tok[n : n + k] = cand[0][:k]
-                    out_par[n : n + k] = np.where(cand[1][:k] >= 0, cand[1][:k] + n, -1)
-                    out_prob[n : n + k] = cand[2][:k]
-                    n, parts = n + k, parts + 2  # chains are not best-first ordered: always merge
+        context = sam.tokens[-_RestrictedSource.window :] if self._restricted else None
+        for src in self._restricted:
+            cand = src.candidates(context, budget, p.params, p.min_match)
+            if cand is not None and cand[0].shape[0]:
+                k = min(cand[0].shape[0], out_tok.shape[0] - n)
+                out_tok[n : n + k] = cand[0][:k]
+                out_par[n : n + k] = np.where(cand[1][:k] >= 0, cand[1][:k] + n, -1)
+                out_prob[n : n + k] = cand[2][:k]
+                n, parts = n + k, parts + 2  # chains are not best-first ordered: always merge
         if parts == 0:
             return DraftTree.empty()
         if parts == 1:  # one expansion is already a best-first tree
@@ -405,8 +559,12 @@ class Session:
         self._closed = True
         if self.proposer.cache is not None and self._output:
             self.proposer.cache.add(self._output)
+        if self._slot >= 0:
+            with self.proposer._batch_lock:
+                self.proposer._slots.release(self._slot)
+            self._slot = -1
         self._sam = None
-        self._cache_cursors = []
+        self._src = None
 
     def __enter__(self):
         return self

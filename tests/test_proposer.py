@@ -79,6 +79,27 @@ def test_trees_equal_brute_force_on_small_cases(alphabet):
         assert sorted(got.values(), reverse=True) == pytest.approx(best), text
 
 
+@pytest.mark.parametrize("alphabet", [1, 2, 3])
+def test_trees_equal_brute_force_while_the_session_grows(alphabet):
+    """Counts read during online growth (link-cut tags summed without splaying, or a splay past
+    a long path) equal the brute force after every committed token."""
+    rng = random.Random(100 + alphabet)
+    depth = {1: 8, 2: 6, 3: 4}[alphabet]
+    for trial in range(4):
+        text = [rng.randrange(alphabet) for _ in range(rng.randrange(40, 120))]
+        prop = Proposer(global_cache=False, max_children=64, max_depth=depth, match_prior=1.0, recency=0.5)
+        session = prop.start(text[:4])
+        for i in range(4, len(text)):
+            session.extend([text[i]])
+            budget = rng.randrange(1, 10)
+            got = _tree_paths(session.propose(budget))
+            ref = _naive_self_candidates(text[: i + 1], budget, 1.0, 0.5, max_depth=depth)
+            for path, score in got.items():
+                assert path in ref and score == pytest.approx(ref[path]), (text[: i + 1], path)
+            best = sorted(ref.values(), reverse=True)[:budget]
+            assert sorted(got.values(), reverse=True) == pytest.approx(best)
+
+
 def test_long_repeated_block_is_proposed_in_full():
     rng = np.random.default_rng(0)
     block = rng.integers(0, 50_000, 500).tolist()
@@ -147,16 +168,71 @@ def test_corpus_source_and_merge_of_sources():
     assert sum(1 for p in paths if len(p) == 1) == 1
 
 
-def test_batch_matches_single_and_threads():
-    rng = np.random.default_rng(3)
-    texts = [rng.integers(0, 5, 60).tolist() for _ in range(8)]
-    for threads in (1, 2):
-        prop = Proposer(global_cache=False, threads=threads)
-        sessions = [prop.start(t) for t in texts]
-        batch = prop.propose_batch(sessions, 16)
-        single = [s.propose(16) for s in sessions]
-        for a, b in zip(batch, single):
-            assert a.tokens.tolist() == b.tokens.tolist() and np.allclose(a.scores, b.scores)
+def _same_tree(a, b):
+    assert a.tokens.tolist() == b.tokens.tolist()
+    assert a.parents.tolist() == b.parents.tolist()
+    assert a.depths.tolist() == b.depths.tolist()
+    assert np.array_equal(a.scores, b.scores)
+
+
+def _random_index(tmp_path, rng, name):
+    from suffixspec import CorpusIndex, Document, build_index
+
+    tok = {"name": "tiny", "vocab_size": 100, "fingerprint": "0" * 64}
+    docs = [Document(rng.integers(0, 6, int(rng.integers(5, 80))), f"d{i}", {"repo": "ab"[i % 2]}) for i in range(30)]
+    build_index(docs, tmp_path / name, tokenizer=tok, shard_tokens=400)
+    return CorpusIndex.open(tmp_path / name)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("match_levels", [1, 2])
+def test_batch_kernel_equals_one_by_one(tmp_path, threads, match_levels):
+    """propose_batch (one parallel kernel call) gives exactly the trees of single proposals, with
+    every kind of source: the request, a corpus automaton, a sharded index (restricted sessions
+    mixed in), the global cache changing between rounds, sessions rebuilt at their token cap,
+    closed sessions and slots reused by new sessions."""
+    rng = np.random.default_rng(threads * 10 + match_levels)
+    index = _random_index(tmp_path, rng, "ix")
+    assert len(index.shards) > 1
+    corpus = SuffixAutomaton(rng.integers(0, 6, 300)).freeze()
+    twins = []
+    for _ in range(2):  # identical proposers: one proposes in batches, the other one by one
+        twins.append(Proposer(corpus=[corpus, index], threads=threads, match_levels=match_levels,
+                              max_session_tokens=150, cache_tokens=600, cache_generations=3))
+    batched, single = twins
+    texts = [rng.integers(0, 6, int(rng.integers(1, 90))).tolist() for _ in range(40)]
+    filters = [{"repo": "a"} if i % 7 == 3 else None for i in range(40)]
+    open_b, open_s = {}, {}
+    for step in range(12):
+        for i in rng.choice(40, 6, replace=False).tolist():  # new requests
+            if i not in open_b:
+                open_b[i] = batched.start(texts[i], filter=filters[i])
+                open_s[i] = single.start(texts[i], filter=filters[i])
+        keys = sorted(open_b)
+        budgets = [int(b) for b in rng.choice([0, 1, 5, 16, 40], len(keys))]
+        got = batched.propose_batch([open_b[k] for k in keys], budgets)
+        want = [open_s[k].propose(b) for k, b in zip(keys, budgets)]
+        for a, b in zip(got, want):
+            _same_tree(a, b)
+            _check_tree_invariants(a)
+        for k in keys:
+            toks = rng.integers(0, 6, int(rng.integers(1, 12)))
+            open_b[k].extend(toks)
+            open_s[k].extend(toks)
+        for k in rng.choice(keys, min(3, len(keys)), replace=False).tolist():  # finished requests
+            open_b.pop(k).close()
+            open_s.pop(k).close()
+    assert len(batched.cache) == len(single.cache) > 0
+    closed = batched.start([1, 2, 3])
+    closed.close()
+    assert len(batched.propose_batch([closed], 8)[0]) == 0
+    s = batched.start([1, 2, 1, 2])
+    with pytest.raises(BadInputError, match="more than once"):
+        batched.propose_batch([s, s], 8)
+    with pytest.raises(BadInputError, match="another proposer"):
+        batched.propose_batch([single.start([1])], 8)
+    with pytest.raises(BadInputError, match="one per session"):
+        batched.propose_batch([s], [1, 2])
 
 
 def test_bad_options_rejected():

@@ -30,6 +30,7 @@ from . import sam as sk
 P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
 N_PARAMS = 5
 CHILD_BUF = 4096
+WALK_SPLAY = 24  # splay-tree depth past which reading a count splays (keeps reads amortized)
 
 
 @njit(cache=True, inline="always")
@@ -69,6 +70,7 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
+@njit(cache=True, nogil=True)
 def make_workspace(budget, max_children, n_sources):
     """Scratch arrays (one set per thread) for up to `n_sources` expansions of `budget` nodes;
     the expansions write their nodes one after another into the output arrays."""
@@ -79,8 +81,9 @@ def make_workspace(budget, max_children, n_sources):
     kids = np.empty((CHILD_BUF, 4), np.int64)  # children of one state: token, state, count, last end
     node_of = np.empty(cap, np.int32)    # candidate -> output node
     n_out = budget * n_sources
-    out = (np.empty(n_out, np.int32), np.empty(n_out, np.int32), np.empty(n_out, np.float64), np.empty(n_out, np.int32))
-    return (cand, keys, vals, kids, node_of) + out  # out: tokens, parents, probs, depths
+    # out: tokens, parents, probs, depths
+    return (cand, keys, vals, kids, node_of, np.empty(n_out, np.int32), np.empty(n_out, np.int32),
+            np.empty(n_out, np.float64), np.empty(n_out, np.int32))
 
 
 @njit(cache=True, nogil=True)
@@ -114,12 +117,31 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
             e = S[v, sk.HEAD]
             while e != -1 and k < CHILD_BUF:
                 w = E[e, sk.TO]
+                cnt = S[w, sk.CNT]
+                lst = S[w, sk.LAST]
                 if online:
-                    stack = lct.splay(L, S, w, stack)
+                    # true values without restructuring: add the pending tags of w's strict
+                    # ancestors in its splay tree (lct.py); splay when that path is long
+                    x = w
+                    steps = 0
+                    while True:
+                        y = L[x, lct.PAR]
+                        if y == -1 or (L[y, lct.CH0] != x and L[y, lct.CH1] != x):
+                            break
+                        x = y
+                        cnt += L[x, lct.TADD]
+                        if L[x, lct.TLAST] > lst:
+                            lst = L[x, lct.TLAST]
+                        steps += 1
+                        if steps > WALK_SPLAY:
+                            stack = lct.splay(L, S, w, stack)
+                            cnt = S[w, sk.CNT]
+                            lst = S[w, sk.LAST]
+                            break
                 kids[k, 0] = E[e, sk.TOK]
                 kids[k, 1] = w
-                kids[k, 2] = S[w, sk.CNT]
-                kids[k, 3] = S[w, sk.LAST]
+                kids[k, 2] = cnt
+                kids[k, 3] = lst
                 k += 1
                 e = E[e, sk.NEXT]
         elif 0 <= v < n_frozen:

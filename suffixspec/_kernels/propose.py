@@ -1,0 +1,113 @@
+"""Whole proposals: one session's draft tree from all its sources, and a batch of sessions in
+parallel.
+
+A session's sources, in this order (the order fixes ties in the merged tree):
+
+- its live automaton (prompt + output): `match_levels` expansions from the longest earlier
+  match of the whole text and then along suffix links;
+- frozen automata (corpora, past-response generations): one cursor row `(state, length)` each,
+  `state < 0` for a source the session does not use; `match_levels` expansions each.
+
+One expansion that wrote nodes is already a best-first tree and is copied out as is; several are
+merged (`draft.merge`). The tree is written into `out_*` from index `at` with parents local to
+the tree (0-based), at most `budget` nodes.
+
+The batch kernel gives each thread a strided share of the sessions, its own workspace and its own
+link-cut stack. Expanding a live automaton restructures that automaton's link-cut tree, so a
+session must appear at most once in a batch and must not be used by another thread meanwhile;
+frozen sources are only read.
+"""
+
+import numpy as np
+from numba import njit, prange
+
+from . import draft as dk
+from . import sam as sk
+
+
+@njit(cache=True, nogil=True)
+def propose_one(S, E, L, M, stack, cur, f_offsets, f_etok, f_eto, f_counts, f_lasts, f_links, f_lens,
+                budget, params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, at):
+    """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack)."""
+    wtok, wpar, wprob, wdepth = ws[5], ws[6], ws[7], ws[8]
+    no64 = np.empty(0, np.int64)
+    no32 = np.empty(0, np.int32)
+    n = 0
+    parts = 0
+    last = M[sk.LAST_STATE]
+    state = S[last, sk.LINK] if last > 0 else 0
+    length = S[state, sk.LEN] if state > 0 else 0
+    if length >= min_match:
+        for level in range(levels):
+            k, stack = dk._expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32,
+                                  state, length, budget, params, ws, n)
+            n += k
+            parts += k > 0
+            if level + 1 == levels:
+                break
+            state = S[state, sk.LINK]
+            length = S[state, sk.LEN] if state > 0 else 0
+            if length < min_match:
+                break
+    for j in range(cur.shape[0]):
+        state = cur[j, 0]
+        length = cur[j, 1]
+        if state < 0:
+            continue
+        links = f_links[j]
+        lens = f_lens[j]
+        for level in range(levels):
+            if length < min_match:
+                break
+            k, stack = dk._expand(False, S, E, L, M, stack, f_offsets[j], f_etok[j], f_eto[j], f_counts[j],
+                                  f_lasts[j], state, length, budget, params, ws, n)
+            n += k
+            parts += k > 0
+            if level + 1 == levels or not 0 <= state < links.shape[0]:
+                break
+            state = links[state]
+            if not 0 <= state < lens.shape[0]:
+                break  # damaged arrays: no shorter match
+            length = lens[state] if state > 0 else 0
+    if parts == 0:
+        return 0, stack
+    if parts == 1:  # parents are already 0-based: every earlier expansion wrote nothing
+        for i in range(n):
+            out_tok[at + i] = wtok[i]
+            out_par[at + i] = wpar[i]
+            out_depth[at + i] = wdepth[i]
+            out_prob[at + i] = wprob[i]
+        return n, stack
+    t, pa, d, s = dk.merge(wtok[:n], wpar[:n], wprob[:n], budget, params[dk.P_MIN_PROB])
+    for i in range(t.shape[0]):
+        out_tok[at + i] = t[i]
+        out_par[at + i] = pa[i]
+        out_depth[at + i] = d[i]
+        out_prob[at + i] = s[i]
+    return t.shape[0], stack
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def propose_batch(LS, LE, LL, LM, slots, curs, f_offsets, f_etok, f_eto, f_counts, f_lasts, f_links, f_lens,
+                  budgets, params, min_match, levels, n_chunks, starts, out_tok, out_par, out_depth, out_prob):
+    """Session i (live arrays at slot `slots[i]`, cursor rows `curs[i]`) gets its tree at
+    `out_*[starts[i]:]`; returns the node count of each."""
+    n = slots.shape[0]
+    counts = np.zeros(n, np.int64)
+    if n == 0:
+        return counts
+    bmax = 64
+    for i in range(n):
+        bmax = max(bmax, budgets[i])
+    n_src = (1 + curs.shape[1]) * levels
+    max_children = int(params[dk.P_MAX_CHILDREN])
+    for c in prange(n_chunks):
+        ws = dk.make_workspace(bmax, max_children, max(n_src, 4))
+        stack = np.empty(64, np.int32)
+        for i in range(c, n, n_chunks):
+            sl = slots[i]
+            k, stack = propose_one(LS[sl], LE[sl], LL[sl], LM[sl], stack, curs[i], f_offsets, f_etok, f_eto,
+                                   f_counts, f_lasts, f_links, f_lens, budgets[i], params, min_match, levels,
+                                   ws, out_tok, out_par, out_depth, out_prob, starts[i])
+            counts[i] = k
+    return counts
