@@ -7,22 +7,20 @@ Terms (used throughout):
   `speculative` (`SpeculativeGenerator` with the requested budget) or `prompt_lookup`
   (transformers' `generate(prompt_lookup_num_tokens=...)`, batch size 1, so concurrency 1 only).
 - *run*: one configuration over the whole workload once (one repeat).
-- *batch*: the requests one `generate` call decodes together (at most `concurrency` of them).
+- *engine*: what a backend's `serve(max_batch=C, ...)` returns: continuous batching (requests join
+  the running batch between rounds as slots free up, finished requests leave; `suffixspec.serve`).
 
-Arrival processes (`arrivals.kind`):
+Arrival processes (`arrivals.kind`), both served by the same continuous-batching engine:
 
 - closed loop at concurrency C: C clients, each sends its next request when its previous one
-  completes. The engine serves *waves*: the next C requests start together as one batch when the
-  previous batch has finished (`generate` has no continuous batching), so a client whose request
-  finished early waits for the wave: that wait is queueing delay and is counted in its next
-  request's TTFT and end-to-end latency.
-- Poisson at rate R: arrival times from a seeded exponential inter-arrival RNG; a discrete-event
-  simulation serves, whenever the engine is idle, up to C waiting requests (FIFO) as one batch,
-  with the *measured* service time of each batch. TTFT and e2e include the queueing delay.
+  completes; the engine admits it at the next round (the rest of the round is queueing delay).
+- Poisson at rate R: arrival times from a seeded exponential inter-arrival RNG; up to C requests
+  run together, later ones queue (FIFO). TTFT and e2e include the queueing delay.
 
-All latencies come from the generator's own per-request statistics (`GenerationStats`), never from
-a clock in this module, so a fake generator with known costs makes every figure exactly
-predictable (`tests/test_bench.py`).
+Times are the engine's clock (`now()`, event times of each round) plus the idle gaps skipped while
+waiting for the next arrival (nothing sleeps), so a fake engine with known costs makes every figure
+exactly predictable (`tests/test_bench.py`). Sampling draws are keyed by (seed, request index in
+the workload, position) in every mode, so plain and speculative runs use the same draws.
 
 The speculative proposer is fresh for every run (its response cache learns within a run, as it
 would in serving, but never from an earlier repeat of the same prompts).
@@ -49,7 +47,7 @@ from .errors import BadInputError
 
 __all__ = [
     "Request", "Workload", "load_workload", "WORKLOADS", "BenchSettings",
-    "closed_loop", "poisson_arrivals", "simulate_schedule", "run_benchmark",
+    "poisson_arrivals", "serve_schedule", "run_benchmark", "warm_up",
     "summarize", "format_table", "write_report", "write_plots",
     "CharsetConstraint", "wilson_interval",
 ]
@@ -249,64 +247,81 @@ def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
     return np.cumsum(rng.exponential(1.0 / rate, size=n))
 
 
-def closed_loop(n: int, concurrency: int) -> list[list[int]]:
-    """The waves of a closed loop at `concurrency`: request indices served together, in order."""
-    if concurrency <= 0:
-        raise BadInputError(f"--concurrency: expected > 0, got {concurrency}")
-    return [list(range(i, min(n, i + concurrency))) for i in range(0, n, concurrency)]
-
-
 @dataclass
 class Served:
-    """One request as served: times in seconds on the simulated clock."""
+    """One request as served: times in seconds on the run's clock (0 = start of the run)."""
 
     index: int
     arrival: float
-    start: float  # when its batch started
+    start: float  # admitted into the running batch
     ttft: float  # from arrival (queueing included)
     e2e: float  # from arrival (queueing included)
-    service_ttft: float  # from batch start
-    service_e2e: float  # from batch start
+    engine_index: int = -1  # the index `engine.add` returned
 
 
-def simulate_schedule(n: int, concurrency: int, run_batch: Callable[[list[int]], tuple[float, list[tuple[float, float]]]],
-                      arrivals: Sequence[float] | None = None) -> tuple[list[Served], float]:
-    """Serve `n` requests; `run_batch(indices) -> (batch seconds, [(ttft, e2e) from batch start])`.
+def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
+                   limits: Sequence[int | None] | None = None,
+                   on_done: Callable[[int], None] | None = None) -> tuple[list[Served], float]:
+    """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.serve`)
+    through one run and time every request on the run's clock: the engine's clock plus the idle gaps
+    skipped while waiting for the next Poisson arrival (nothing sleeps).
 
-    `arrivals=None`: closed loop at `concurrency` (waves; a request arrives when the previous request
-    of its client, i.e. of the same slot in the previous wave, completed). Otherwise: FIFO service of
-    whatever has arrived, up to `concurrency` per batch, whenever the engine is free.
-    Returns the served requests (in index order) and the makespan (first arrival to last completion).
+    `arrivals=None`: closed loop: `concurrency` clients; request q + concurrency arrives when a client's
+    request completes (the first `concurrency` arrive at 0). Otherwise request q arrives at
+    `arrivals[q]`. The engine itself bounds the running batch (its `max_batch`) and queues the rest.
+    An exception from the engine ends the run; requests not finished by then are left out.
+    Returns the finished requests (in index order) and the makespan (first arrival to last completion).
     """
-    served: list[Served | None] = [None] * n
-    now = 0.0
+    n = len(prompts)
+    if concurrency <= 0:
+        raise BadInputError(f"--concurrency: expected > 0, got {concurrency}")
+    order = list(range(n)) if arrivals is None else sorted(range(n), key=lambda q: (float(arrivals[q]), q))
+    arrival = [0.0] * n
+    start: dict[int, float] = {}
+    first: dict[int, float] = {}
+    done: dict[int, float] = {}
+    of_index: dict[int, int] = {}
+    offset = -engine.now()  # run clock = engine clock + offset
+    nxt = 0
+
+    def submit(at: float) -> None:
+        nonlocal nxt
+        q = order[nxt]
+        nxt += 1
+        arrival[q] = at
+        limit = limits[q] if limits is not None else None
+        of_index[engine.add(prompts[q], max_new_tokens=limit, key=q)] = q
+
     if arrivals is None:
-        finish_prev: list[float] = [0.0] * concurrency
-        for wave in closed_loop(n, concurrency):
-            duration, times = run_batch(wave)
-            for slot, (q, (t1, te)) in enumerate(zip(wave, times)):
-                arrival = finish_prev[slot]
-                served[q] = Served(q, arrival, now, now - arrival + t1, now - arrival + te, t1, te)
-                finish_prev[slot] = now + te
-            now += duration
-        first = 0.0
-    else:
-        arrivals = [float(a) for a in arrivals]
-        order = sorted(range(n), key=lambda q: (arrivals[q], q))
-        pos = 0
-        while pos < n:
-            now = max(now, arrivals[order[pos]])
-            batch = []
-            while pos < n and arrivals[order[pos]] <= now and len(batch) < concurrency:
-                batch.append(order[pos])
-                pos += 1
-            duration, times = run_batch(batch)
-            for q, (t1, te) in zip(batch, times):
-                served[q] = Served(q, arrivals[q], now, now - arrivals[q] + t1, now - arrivals[q] + te, t1, te)
-            now += duration
-        first = min(arrivals) if arrivals else 0.0
+        while nxt < min(concurrency, n):
+            submit(0.0)
+    while True:
+        now = engine.now() + offset
+        while arrivals is not None and nxt < n and float(arrivals[order[nxt]]) <= now:
+            submit(float(arrivals[order[nxt]]))
+        if engine.idle:
+            if arrivals is not None and nxt < n:
+                offset += float(arrivals[order[nxt]]) - now  # idle until the next arrival
+                continue
+            break
+        step = engine.step()
+        for i in step.admitted:
+            start[of_index[i]] = step.start_s + offset
+        for ev in step.events:
+            q = of_index[ev.index]
+            first.setdefault(q, ev.time_s + offset)
+            if ev.finish_reason:
+                done[q] = ev.time_s + offset
+                if on_done is not None:
+                    on_done(q)
+                if arrivals is None and nxt < n:
+                    submit(done[q])
+    engine_index = {q: i for i, q in of_index.items()}
+    served = [Served(q, arrival[q], start[q], first[q] - arrival[q], done[q] - arrival[q], engine_index[q])
+              for q in range(n) if q in done]
+    t0 = min((s.arrival for s in served), default=0.0)
     last = max((s.arrival + s.e2e for s in served), default=0.0)
-    return [s for s in served if s is not None], max(0.0, last - first)
+    return served, max(0.0, last - t0)
 
 
 # ------------------------------------------------------------------------------------------ settings and runs
@@ -350,62 +365,57 @@ class Run:
 
 def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], settings: BenchSettings,
              concurrency: int, repeat: int, arrivals, tick: Callable[[], None]) -> Run:
-    """One run of `mode` at `concurrency`: the schedule, the batches through `backend.generate`."""
-    outputs: list[list[int]] = [[] for _ in prompts]
-    per: dict[int, dict] = {}
-    totals = {"proposer_s": 0.0, "verifier_s": 0.0, "peak": 0, "budgets": [], "fallback": None}
+    """One run of `mode` at `concurrency`: `backend.serve(...)` driven by `serve_schedule`."""
     errors: list[str] = []
-    seed = settings.seed + repeat
-
-    def run_batch(indices):
-        limits = {workload.requests[q].max_new_tokens or settings.max_new_tokens for q in indices}
-        max_new = min(min(limits), settings.max_new_tokens)
+    engine = backend.serve(max_batch=concurrency, max_new_tokens=settings.max_new_tokens,
+                           do_sample=settings.do_sample,
+                           temperature=settings.temperature if settings.do_sample else 1.0,
+                           top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + repeat,
+                           budget=0 if mode == "plain" else settings.budget)
+    limits = [r.max_new_tokens for r in workload.requests]
+    served: list[Served] = []
+    makespan = 0.0
+    try:
+        served, makespan = serve_schedule(engine, prompts, concurrency, arrivals, limits, on_done=lambda q: tick())
+    except Exception as exc:  # a failing engine is a failure of the configuration, not a crash
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
         try:
-            result = backend.generate([prompts[q] for q in indices], max_new_tokens=max_new,
-                                      do_sample=settings.do_sample,
-                                      temperature=settings.temperature if settings.do_sample else 1.0,
-                                      top_k=settings.top_k, top_p=settings.top_p, seed=seed,
-                                      budget=0 if mode == "plain" else settings.budget,
-                                      request_offset=indices[0])
-        except Exception as exc:  # a failed batch is a failure of the configuration, not a crash
-            errors.append(f"{type(exc).__name__}: {exc}")
-            tick()
-            return 0.0, [(0.0, 0.0) for _ in indices]
-        stats = result.stats
-        totals["proposer_s"] += stats.proposer_s
-        totals["verifier_s"] += stats.verifier_s
-        totals["peak"] = max(totals["peak"], stats.peak_memory_bytes)
-        totals["budgets"].extend(stats.budgets)
-        totals["fallback"] = totals["fallback"] or stats.fallback
-        times = []
-        for q, seq, rs in zip(indices, result.sequences, stats.requests):
-            outputs[q] = list(seq)
-            per[q] = {"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": rs.new_tokens,
-                      "rounds": rs.rounds, "drafted": rs.drafted, "accepted": rs.accepted,
-                      "accepted_by_position": list(rs.accepted_by_position), "tpot_s": rs.tpot_s,
-                      "finish_reason": rs.finish_reason, "batch_size": len(indices)}
-            times.append((rs.ttft_s, rs.e2e_s))
-        tick()
-        return stats.e2e_s, times
-
-    served, makespan = simulate_schedule(len(prompts), concurrency, run_batch, arrivals)
+            engine.close()
+        except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+            pass
+    result = engine.result()
+    stats = result.stats
+    by_q = {s.index: s for s in served}
+    outputs: list[list[int]] = [[] for _ in prompts]
     reqs = []
-    for s in served:
-        rec = per.get(s.index, {"id": workload.requests[s.index].id, "new_tokens": 0, "rounds": 0, "drafted": 0,
-                                "accepted": 0, "accepted_by_position": [], "tpot_s": 0.0, "finish_reason": "error"})
-        rec.update(arrival_s=s.arrival, start_s=s.start, ttft_s=s.ttft, e2e_s=s.e2e,
-                   queue_s=s.start - s.arrival)
-        reqs.append(rec)
-    budgets = totals["budgets"]
-    return Run(mode, concurrency, repeat, reqs, makespan, totals["proposer_s"], totals["verifier_s"], totals["peak"],
-               float(np.mean(budgets)) if budgets else 0.0, totals["fallback"], outputs, errors)
+    for q in range(len(prompts)):
+        s = by_q.get(q)
+        if s is None:
+            reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": 0,
+                         "rounds": 0, "drafted": 0, "accepted": 0, "accepted_by_position": [], "tpot_s": 0.0,
+                         "finish_reason": "error", "arrival_s": 0.0, "start_s": 0.0, "ttft_s": 0.0, "e2e_s": 0.0,
+                         "queue_s": 0.0})
+            continue
+        rs, seq = stats.requests[s.engine_index], result.sequences[s.engine_index]
+        outputs[q] = list(seq)
+        n_new = len(seq)
+        reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": n_new,
+                     "rounds": rs.rounds, "drafted": rs.drafted, "accepted": rs.accepted,
+                     "accepted_by_position": list(rs.accepted_by_position),
+                     "tpot_s": (s.e2e - s.ttft) / (n_new - 1) if n_new > 1 else 0.0,
+                     "finish_reason": rs.finish_reason, "arrival_s": s.arrival, "start_s": s.start,
+                     "ttft_s": s.ttft, "e2e_s": s.e2e, "queue_s": s.start - s.arrival})
+    budgets = stats.budgets
+    return Run(mode, concurrency, repeat, reqs, makespan, stats.proposer_s, stats.verifier_s, stats.peak_memory_bytes,
+               float(np.mean(budgets)) if budgets else 0.0, stats.fallback, outputs, errors)
 
 
 def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[str, Any], settings: BenchSettings,
                   progress: bool = True) -> list[Run]:
-    """Every configuration × repeat. `backends[mode].generate(prompts, max_new_tokens, do_sample,
-    temperature, top_k, top_p, seed, budget, request_offset) -> GenerationResult`; a backend may also
-    have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
+    """Every configuration × repeat. `backends[mode].serve(max_batch, max_new_tokens, do_sample,
+    temperature, top_k, top_p, seed, budget)` returns an engine (see `serve_schedule`); a backend may
+    also have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
     alternate inside it, so slow drifts of a shared machine hit every mode alike."""
     n = len(prompts)
     configs = []
@@ -421,13 +431,11 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
         # speculative backends keep it), first-call work of the model happens
         for mode in sorted({m for m, _ in configs}):
             try:
-                backends[mode].generate([prompts[0][:64]], max_new_tokens=8, do_sample=False, temperature=1.0,
-                                        top_k=None, top_p=None, seed=settings.seed,
-                                        budget=0 if mode == "plain" else settings.budget)
+                warm_up(backends[mode], prompts[0][:64], budget=0 if mode == "plain" else settings.budget,
+                        seed=settings.seed)
             except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
                 pass
-    batches = sum(len(_batches_estimate(n, c, settings)) for _, c in configs) * settings.repeat
-    bar = _progress(batches, progress)
+    bar = _progress(n * len(configs) * settings.repeat, progress)
     runs: list[Run] = []
     try:
         for r in range(settings.repeat):
@@ -444,8 +452,18 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     return runs
 
 
-def _batches_estimate(n, c, settings):
-    return closed_loop(n, c)  # Poisson batches vary; the bar then over- or under-shoots slightly
+def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: int = 8) -> None:
+    """One short greedy request through `backend.serve` (a fresh instance when the backend has `fresh`);
+    a cost model the fresh instance measured is kept by `backend`."""
+    original, backend = backend, (backend.fresh() if hasattr(backend, "fresh") else backend)
+    engine = backend.serve(max_batch=1, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
+                           top_k=None, top_p=None, seed=seed, budget=budget)
+    engine.add(prompt, key=0)
+    while not engine.idle:
+        engine.step()
+    engine.close()
+    if getattr(original, "cost_model", False) is None and getattr(backend, "cost_model", None) is not None:
+        original.cost_model = backend.cost_model
 
 
 class _NoBar:
@@ -466,7 +484,7 @@ def _progress(total, enabled):
         from tqdm import tqdm
     except ImportError:
         return _NoBar()
-    return tqdm(total=total, unit="batch", file=sys.stderr, dynamic_ncols=True, leave=False)
+    return tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, leave=False)
 
 
 # ------------------------------------------------------------------------------------------ statistics
@@ -828,6 +846,18 @@ class SpeculativeBackend:
                                             cost_model=self.cost_model)
         return backend
 
+    def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
+              logits_processor=None):
+        """A continuous-batching engine (`suffixspec.serve.Server`); draws keyed by the `key` given to `add`."""
+        if self._gen is None:
+            self._gen = self.fresh()._gen
+        engine = self._gen.serve(max_batch=max_batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
+                                 temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, budget=budget,
+                                 logits_processor=logits_processor)
+        if self.cost_model is None:
+            self.cost_model = self._gen.cost_model
+        return engine
+
     def generate(self, prompts, *, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
                  request_offset=0, logits_processor=None):
         if self._gen is None:
@@ -849,6 +879,13 @@ class PromptLookupBackend:
     def __init__(self, model, num_tokens: int = 10, eos_token_id=None):
         self.model, self.num_tokens = model, num_tokens
         self.eos = eos_token_id
+
+    def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget=None,
+              logits_processor=None):
+        """An engine that serves one request per step (batch size 1) whatever `max_batch` is."""
+        return OneAtATime(lambda prompt, limit, key: self.generate(
+            [prompt], max_new_tokens=limit, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+            seed=seed, request_offset=key), max_new_tokens)
 
     def generate(self, prompts, *, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget=None,
                  request_offset=0):
@@ -898,3 +935,61 @@ class PromptLookupBackend:
         stats = GenerationStats(requests=[rs], rounds=rs.rounds, verifier_s=t1 - t0, e2e_s=t1 - t0,
                                 peak_memory_bytes=_peak_memory(device))
         return GenerationResult([seq], stats)
+
+
+class OneAtATime:
+    """The engine interface of `suffixspec.serve.Server` over a batch-1 `generate(prompt, limit, key)
+    -> GenerationResult`: each step serves the oldest waiting request from start to finish."""
+
+    def __init__(self, generate_one: Callable[[list[int], int, int], Any], max_new_tokens: int,
+                 clock: Callable[[], float] = time.perf_counter):
+        from .generate import GenerationStats
+
+        self._generate_one, self.max_new = generate_one, int(max_new_tokens)
+        self._clock, self._t0 = clock, clock()
+        self._waiting: list[tuple[int, list[int], int, int]] = []
+        self.stats = GenerationStats(requests=[])
+        self.outputs: list[list[int]] = []
+
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    @property
+    def idle(self) -> bool:
+        return not self._waiting
+
+    def add(self, prompt, *, max_new_tokens=None, key=None, **_ignored) -> int:
+        from .generate import RequestStats
+
+        q = len(self.outputs)
+        limit = self.max_new if max_new_tokens is None else min(self.max_new, int(max_new_tokens))
+        self.outputs.append([])
+        self.stats.requests.append(RequestStats(prompt_tokens=len(prompt)))
+        self._waiting.append((q, list(prompt), limit, q if key is None else int(key)))
+        return q
+
+    def step(self):
+        from .serve import Event, Step
+
+        q, prompt, limit, key = self._waiting.pop(0)
+        start = self.now()
+        result = self._generate_one(prompt, limit, key)
+        rs, seq = result.stats.requests[0], list(result.sequences[0])
+        self.stats.requests[q] = rs
+        self.outputs[q] = seq
+        for name in ("proposer_s", "verifier_s", "rounds", "plain_rounds"):
+            setattr(self.stats, name, getattr(self.stats, name) + getattr(result.stats, name))
+        self.stats.peak_memory_bytes = max(self.stats.peak_memory_bytes, result.stats.peak_memory_bytes)
+        end = self.now()
+        events = [Event(q, seq[:1], start + rs.ttft_s)] if len(seq) > 1 else []
+        events.append(Event(q, seq[1:] if len(seq) > 1 else seq, max(end, start + rs.e2e_s), rs.finish_reason or "length"))
+        return Step(start, end, [q], events)
+
+    def close(self) -> None:
+        self._waiting = []
+
+    def result(self):
+        from .generate import GenerationResult
+
+        self.stats.e2e_s = self.now()
+        return GenerationResult([list(o) for o in self.outputs], self.stats)

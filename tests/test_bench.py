@@ -29,90 +29,146 @@ def test_poisson_arrivals_statistics_and_seed():
         bench.poisson_arrivals(3, rate=0)
 
 
-def test_closed_loop_waves():
-    assert bench.closed_loop(7, 3) == [[0, 1, 2], [3, 4, 5], [6]]
-    assert bench.closed_loop(2, 4) == [[0, 1]]
-    assert bench.closed_loop(3, 1) == [[0], [1], [2]]
+class FakeEngine:
+    """A continuous-batching engine with known costs on a virtual clock: each step first admits waiting
+    requests (FIFO) up to `max_batch`, then runs one round of every running request, costing
+    `base + per_row * rows` seconds; a round commits 1 token per request under plain decoding
+    (budget 0) and `k` (k - 1 accepted drafts of k - 1 drafted) under speculation; every output is
+    `[7] * n` (`[8] * n` when `diverge` and speculating)."""
+
+    def __init__(self, max_batch, max_new_tokens, budget, base, per_row, k, diverge, seed, on_round=None):
+        self.max_batch, self.max_new, self.budget = max_batch, max_new_tokens, budget
+        self.base, self.per_row, self.k, self.diverge, self.seed = base, per_row, k, diverge, seed
+        self.on_round = on_round
+        self.clock = 0.0
+        self.waiting, self.running = [], []
+        self.stats = GenerationStats(requests=[])
+        self.outputs = []
+        self.added = []
+
+    def now(self):
+        return self.clock
+
+    @property
+    def idle(self):
+        return not self.waiting and not self.running
+
+    def add(self, prompt, *, max_new_tokens=None, key=None):
+        q = len(self.outputs)
+        self.outputs.append([])
+        self.added.append(self.clock)
+        self.stats.requests.append(RequestStats(prompt_tokens=len(prompt)))
+        self.waiting.append((q, min(self.max_new, max_new_tokens or self.max_new)))
+        return q
+
+    def step(self):
+        from suffixspec.serve import Event, Step
+
+        step = Step(self.clock, 0.0)
+        while self.waiting and len(self.running) < self.max_batch:
+            self.running.append(self.waiting.pop(0))
+            step.admitted.append(self.running[-1][0])
+        if self.on_round is not None:
+            self.on_round(self)
+        self.clock += self.base + self.per_row * len(self.running)
+        per_round = 1 if self.budget == 0 else self.k
+        self.stats.rounds += 1
+        self.stats.proposer_s += 0.001 * (self.budget != 0)
+        token = 8 if (self.diverge and self.budget != 0) else 7
+        still = []
+        for q, limit in self.running:
+            rs = self.stats.requests[q]
+            n = min(per_round, limit - len(self.outputs[q]))
+            self.outputs[q] = self.outputs[q] + [token] * n
+            if not rs.rounds:
+                rs.ttft_s = self.clock - self.added[q]
+            rs.rounds += 1
+            rs.new_tokens += n
+            rs.drafted += 0 if self.budget == 0 else per_round - 1
+            rs.accepted += n - 1
+            for d in range(n - 1):
+                if d == len(rs.accepted_by_position):
+                    rs.accepted_by_position.append(0)
+                rs.accepted_by_position[d] += 1
+            rs.e2e_s = self.clock - self.added[q]
+            done = len(self.outputs[q]) >= limit
+            rs.finish_reason = "length" if done else ""
+            step.events.append(Event(q, [token] * n, self.clock, rs.finish_reason))
+            if not done:
+                still.append((q, limit))
+        self.running = still
+        step.end_s = self.clock
+        return step
+
+    def close(self):
+        self.waiting, self.running = [], []
+
+    def result(self):
+        self.stats.e2e_s = self.clock
+        self.stats.peak_memory_bytes = 2**20
+        return GenerationResult([list(o) for o in self.outputs], self.stats)
+
+
+class FakeBackend:
+    def __init__(self, base=0.010, per_row=0.002, k=3, diverge=False):
+        self.base, self.per_row, self.k, self.diverge = base, per_row, k, diverge
+        self.calls = []
+        self.on_round = None
+
+    def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
+              logits_processor=None):
+        self.calls.append((max_batch, max_new_tokens, budget, seed))
+        return FakeEngine(max_batch, max_new_tokens, budget, self.base, self.per_row, self.k, self.diverge, seed,
+                          self.on_round)
+
+
+def schedule(n, concurrency, arrivals=None, limits=None, budget=0, **kw):
+    engine = FakeBackend(**kw).serve(max_batch=concurrency, max_new_tokens=64, do_sample=False, temperature=1.0,
+                                      top_k=None, top_p=None, seed=0, budget=budget)
+    served, makespan = bench.serve_schedule(engine, [[1, 2, 3]] * n, concurrency, arrivals, limits)
+    return {s.index: s for s in served}, makespan, engine
+
+
+def test_closed_loop_refills_a_slot_as_soon_as_a_request_completes():
+    # plain, 2 clients, rounds of 2 rows cost 14 ms, of 1 row 12 ms; limits 2, 6, 3, 6 tokens
+    s, makespan, _ = schedule(4, 2, limits=[2, 6, 3, 6])
+    ms = lambda x: round(x * 1000, 9)  # noqa: E731
+    assert [(ms(s[0].arrival), ms(s[0].ttft), ms(s[0].e2e))] == [(0, 14, 28)]
+    assert (ms(s[1].arrival), ms(s[1].ttft), ms(s[1].e2e)) == (0, 14, 84)
+    # client 0's next request arrives when request 0 completes (28 ms) and joins the running batch at once
+    assert (ms(s[2].arrival), ms(s[2].start), ms(s[2].ttft), ms(s[2].e2e)) == (28, 28, 14, 42)
+    # request 3 arrives at 70 ms; request 1 finishes at 84, then request 3 runs alone (12 ms rounds)
+    assert (ms(s[3].arrival), ms(s[3].start), ms(s[3].ttft), ms(s[3].e2e)) == (70, 70, 14, 74)
+    assert ms(makespan) == 144
+
+
+def test_poisson_schedule_queues_beyond_max_batch_and_skips_idle_time():
+    # max_batch 2; arrivals 0, 1, 2 ms and 1 s; 3 tokens each, plain
+    arrivals = [0.0, 0.001, 0.002, 1.0]
+    s, makespan, engine = schedule(4, 2, arrivals=arrivals, limits=[3, 3, 3, 3])
+    ms = lambda x: round(x * 1000, 9)  # noqa: E731
+    # t=0: request 0 alone (12 ms); at 12 ms requests 1 and 2 have arrived, only 1 fits
+    assert (ms(s[0].start), ms(s[0].ttft), ms(s[0].e2e)) == (0, 12, 40)  # rounds of 12, 14, 14 ms
+    assert (ms(s[1].start), ms(s[1].ttft), ms(s[1].e2e)) == (12, 25, 53)  # rounds end at 26, 40, 54
+    assert (ms(s[2].start), ms(s[2].ttft), ms(s[2].e2e)) == (40, 52, 76)  # joins at 40: 54, 66, 78
+    # the engine is idle from 80 ms until the arrival at 1 s: the clock jumps, nothing waits
+    assert (ms(s[3].arrival), ms(s[3].start), ms(s[3].ttft), ms(s[3].e2e)) == (1000, 1000, 12, 36)
+    assert ms(makespan) == 1036  # 0 -> 78 ms, then 1000 -> 1036 ms
     with pytest.raises(BadInputError):
-        bench.closed_loop(3, 0)
-
-
-def fixed_batches(duration, times):
-    """run_batch with a fixed batch duration and per-slot (ttft, e2e)."""
-    calls = []
-
-    def run_batch(indices):
-        calls.append(list(indices))
-        return duration, [times[i % len(times)] for i in range(len(indices))]
-
-    return run_batch, calls
-
-
-def test_closed_loop_schedule_counts_waiting_for_the_wave():
-    run_batch, calls = fixed_batches(10.0, [(1.0, 4.0), (1.0, 10.0)])
-    served, makespan = bench.simulate_schedule(4, 2, run_batch)
-    assert calls == [[0, 1], [2, 3]]
-    assert makespan == 20.0
-    s = {x.index: x for x in served}
-    assert (s[0].arrival, s[0].ttft, s[0].e2e) == (0.0, 1.0, 4.0)
-    assert (s[1].arrival, s[1].ttft, s[1].e2e) == (0.0, 1.0, 10.0)
-    # client 0 finished at 4 s but its next request only starts with the wave at 10 s
-    assert (s[2].arrival, s[2].start, s[2].ttft, s[2].e2e) == (4.0, 10.0, 7.0, 10.0)
-    assert (s[3].arrival, s[3].start, s[3].ttft, s[3].e2e) == (10.0, 10.0, 1.0, 10.0)
-
-
-def test_poisson_schedule_fifo_batches_and_queueing():
-    run_batch, calls = fixed_batches(5.0, [(1.0, 5.0)])
-    served, makespan = bench.simulate_schedule(4, 2, run_batch, arrivals=[0.0, 1.0, 2.0, 20.0])
-    # t=0: only request 0 has arrived; at 5 requests 1 and 2 wait and go together; 3 arrives at 20
-    assert calls == [[0], [1, 2], [3]]
-    s = {x.index: x for x in served}
-    assert (s[0].start, s[0].ttft, s[0].e2e) == (0.0, 1.0, 5.0)
-    assert (s[1].start, s[1].ttft, s[1].e2e) == (5.0, 5.0, 9.0)
-    assert (s[2].start, s[2].ttft, s[2].e2e) == (5.0, 4.0, 8.0)
-    assert (s[3].start, s[3].ttft, s[3].e2e) == (20.0, 1.0, 5.0)
-    assert makespan == 25.0
+        schedule(1, 0)
 
 
 # ------------------------------------------------------------------------------------------ fake generator
 
 
-class FakeGenerator:
-    """A generator with known costs: every round of a batch of B costs `base + per_row * B` seconds;
-    plain decoding commits 1 token per round, speculative `k` (k - 1 accepted drafts from `k - 1`
-    drafted); every output is `[7] * max_new_tokens` (or `[8]...` when `diverge`)."""
-
-    def __init__(self, base=0.010, per_row=0.002, k=3, diverge=False):
-        self.base, self.per_row, self.k, self.diverge = base, per_row, k, diverge
-        self.calls = []
-
-    def generate(self, prompts, *, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
-                 request_offset=0, logits_processor=None):
-        self.calls.append((len(prompts), max_new_tokens, budget, seed))
-        per_round = 1 if budget == 0 else self.k
-        cost = self.base + self.per_row * len(prompts)
-        rounds = math.ceil(max_new_tokens / per_round)
-        reqs = []
-        for p in prompts:
-            rs = RequestStats(prompt_tokens=len(p), new_tokens=max_new_tokens, rounds=rounds,
-                              drafted=0 if budget == 0 else rounds * (per_round - 1),
-                              accepted=0 if budget == 0 else rounds * (per_round - 1),
-                              accepted_by_position=[] if budget == 0 else [rounds] * (per_round - 1),
-                              ttft_s=cost, e2e_s=rounds * cost, finish_reason="length")
-            reqs.append(rs)
-        stats = GenerationStats(requests=reqs, rounds=rounds, proposer_s=0.001 * rounds * (budget != 0),
-                                verifier_s=rounds * cost, e2e_s=rounds * cost, peak_memory_bytes=2**20)
-        token = 8 if (self.diverge and budget != 0) else 7
-        return GenerationResult([[token] * max_new_tokens for _ in prompts], stats)
+def fake_workload(n, limits=None):
+    return Workload("fake", [Request(f"r{i}", prompt_ids=[1, 2, 3], max_new_tokens=(limits or [None] * n)[i])
+                             for i in range(n)], "test")
 
 
-def fake_workload(n):
-    return Workload("fake", [Request(f"r{i}", prompt_ids=[1, 2, 3]) for i in range(n)], "test")
-
-
-def run_fake(settings, n=4, fake=None, **kw):
-    fake = fake or FakeGenerator(**kw)
-    runs = bench.run_benchmark(fake_workload(n), [[1, 2, 3]] * n, {"plain": fake, "speculative": fake},
+def run_fake(settings, n=4, fake=None, limits=None, **kw):
+    fake = fake or FakeBackend(**kw)
+    runs = bench.run_benchmark(fake_workload(n, limits), [[1, 2, 3]] * n, {"plain": fake, "speculative": fake},
                                settings, progress=False)
     return bench.summarize(runs, settings), runs, fake
 
@@ -167,15 +223,12 @@ def test_mismatches_count_as_failures_under_greedy_only():
 
 
 def test_slow_speculation_is_reported_as_slower():
-    class Slow(FakeGenerator):
-        def generate(self, prompts, **kw):
-            result = super().generate(prompts, **kw)
+    class Slow(FakeBackend):
+        def serve(self, **kw):
+            engine = super().serve(**kw)
             if kw["budget"] != 0:  # every round 5x dearer, 3 tokens a round: 0.6x plain
-                for rs in result.stats.requests:
-                    rs.ttft_s *= 5
-                    rs.e2e_s *= 5
-                result.stats.e2e_s *= 5
-            return result
+                engine.base, engine.per_row = 5 * engine.base, 5 * engine.per_row
+            return engine
 
     settings = BenchSettings(concurrency=[1], max_new_tokens=12, budget=4)
     records, _, _ = run_fake(settings, n=2, fake=Slow())
@@ -186,26 +239,34 @@ def test_slow_speculation_is_reported_as_slower():
 def test_poisson_run_accounts_queueing():
     settings = BenchSettings(concurrency=[4], qps=1000.0, max_new_tokens=12, budget=4, seed=3)
     records, runs, _ = run_fake(settings, n=4)
-    arrivals = bench.poisson_arrivals(4, 1000.0, seed=3)
+    a = bench.poisson_arrivals(4, 1000.0, seed=3)
+    assert a[3] - a[0] < 0.012  # all arrive during request 0's first round
     plain = next(r for r in runs if r.mode == "plain")
-    # all four arrive within a few ms; the first is served alone, the rest wait for it
-    assert plain.requests[0]["queue_s"] == 0.0
-    assert all(q["queue_s"] > 0 for q in plain.requests[1:])
-    for q, a in zip(plain.requests, arrivals):
-        assert q["arrival_s"] == pytest.approx(a)
-        assert q["ttft_s"] == pytest.approx(q["queue_s"] + (q["start_s"] - q["start_s"]) + 0.01 + 0.002 * q["batch_size"])
+    q = plain.requests
+    # request 0 runs alone for one 12 ms round, the others join it at a0 + 12 ms: 18 ms rounds; request 0
+    # finishes after 11 of those, the others after one more round of 3 rows (16 ms)
+    assert q[0]["queue_s"] == 0.0 and q[0]["ttft_s"] == pytest.approx(0.012)
+    assert q[0]["e2e_s"] == pytest.approx(0.012 + 11 * 0.018)
+    for i in (1, 2, 3):
+        assert q[i]["arrival_s"] == pytest.approx(a[i])
+        assert q[i]["queue_s"] == pytest.approx(a[0] + 0.012 - a[i])
+        assert q[i]["ttft_s"] == pytest.approx(q[i]["queue_s"] + 0.018)
+        assert q[i]["e2e_s"] == pytest.approx(q[i]["queue_s"] + 11 * 0.018 + 0.016)
+    assert plain.makespan_s == pytest.approx(0.012 + 11 * 0.018 + 0.016)
 
 
-def test_failed_batch_is_a_failure_not_a_crash():
-    class Broken(FakeGenerator):
-        def generate(self, prompts, **kw):
-            if kw["budget"] != 0:
-                raise RuntimeError("boom")
-            return super().generate(prompts, **kw)
+def test_failed_run_is_a_failure_not_a_crash():
+    fake = FakeBackend()
 
-    records, _, _ = run_fake(BenchSettings(concurrency=[1], max_new_tokens=4, budget=4), n=2, fake=Broken())
+    def boom(engine):
+        if engine.budget != 0 and engine.stats.rounds == 2:
+            raise RuntimeError("boom")
+
+    fake.on_round = boom
+    records, _, _ = run_fake(BenchSettings(concurrency=[1], max_new_tokens=4, budget=4), n=2, fake=fake)
     spec = next(r for r in records if r["mode"] == "speculative")
-    assert spec["failures"] >= 2 and "boom" in spec["errors"][0]
+    assert spec["failures"] >= 1 and "boom" in spec["errors"][0]
+    assert next(r for r in records if r["mode"] == "plain")["failures"] == 0
 
 
 # ------------------------------------------------------------------------------------------ quality, constraint

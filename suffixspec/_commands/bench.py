@@ -100,11 +100,8 @@ def run(args) -> int:
     print(f"suffixspec bench: {workload.name} ({len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens), "
           f"model loaded in {load_s:.1f} s; warming up", file=sys.stderr)
     for mode, backend in backends.items():
-        b = backend.fresh() if hasattr(backend, "fresh") else backend
-        b.generate([prompts[0]], max_new_tokens=8, do_sample=False, temperature=1.0, top_k=None, top_p=None,
-                   seed=0, budget=0 if mode == "plain" else settings.budget)
-        if hasattr(b, "cost_model") and b.cost_model is not None:
-            spec.cost_model = b.cost_model
+        bench.warm_up(backend, prompts[0], budget=0 if mode == "plain" else settings.budget)
+    settings.warmup = False  # done above, with the whole first prompt
 
     t_bench = time.perf_counter()
     runs = bench.run_benchmark(workload, prompts, backends, settings, progress=True)
@@ -129,7 +126,8 @@ def run(args) -> int:
             "corpora": args.corpus, "filter": filters,
             "concurrency": settings.concurrency,
             "arrivals": ({"kind": "poisson", "qps": settings.qps, "seed": settings.seed, "max_batch": settings.concurrency}
-                         if settings.qps else {"kind": "closed_loop", "batching": "waves of C requests"}),
+                         if settings.qps else {"kind": "closed_loop", "clients": settings.concurrency}),
+            "batching": "continuous: requests join the running batch between rounds (at most C), finished ones leave",
             "max_new_tokens": settings.max_new_tokens, "budget": settings.budget,
             "sampling": {"do_sample": settings.do_sample, "temperature": settings.temperature, "top_k": settings.top_k,
                          "top_p": settings.top_p, "seed": settings.seed},
