@@ -12,19 +12,22 @@ Terms
   (see `_kernels/corpus.py`). Queries ask every shard: counts add up, the longest match is the
   maximum, continuations merge (counts summed, most recent end = maximum).
 - *subset*: a `Subset` (compiled from a pyroaring `BitMap` of document indexes or from tags)
-  restricting a query to some documents. Restricted counts are exact when the context occurs
-  at most `k` times in a shard (default `DEFAULT_K`), else estimated from its `k` most recent
-  occurrences (an evenly strided sample beyond 8 * k occurrences) and flagged `estimated`.
-  Restricted match lengths are always exact.
+  restricting a query to some documents. A restricted query reads O(k) end positions per
+  shard (default k = `DEFAULT_K`): counts and continuations are exact when the matched string
+  occurs at most `k` times in a shard, else estimated from its `k` most recent occurrences (an
+  evenly strided sample beyond 8 * k occurrences) and flagged `estimated`; the walk to the
+  longest restricted match is exact unless a string occurring more than `k` times had to be
+  judged by such a sample (then the length is a lower bound, also flagged `estimated`).
 - *deleted* documents (a bitmap stored with the index) are excluded from every result: an index
   with deletions answers every query as a restricted one (so counts above `k` become
-  estimates) until `merge_indexes` compacts them away.
+  estimates) until `merge_indexes` compacts them away. `delete_documents` (and `suffixspec
+  delete`) marks them.
 
 On disk an index is a directory::
 
     INDEX/manifest.ssx      tokenizer, counts, shard list (the commit point of every change)
     INDEX/shard-00000.ssx   one per shard: automaton arrays, occurrence layout, document table
-    INDEX/deleted.ssx       optional: serialized BitMap of deleted document indexes
+    INDEX/deleted-XXXXXXXX.ssx  optional: serialized BitMap of deleted document indexes
 
 Every file has the same container layout: a 64-byte header (magic, format version, kind,
 file length, meta offset/length/crc32, payload crc32, header crc32), a table of 64-byte array
@@ -69,7 +72,6 @@ FORMAT_VERSION = 1
 KIND_MANIFEST, KIND_SHARD, KIND_DELETED = 1, 2, 3
 _KIND_NAMES = {KIND_MANIFEST: "manifest", KIND_SHARD: "shard", KIND_DELETED: "deleted-documents"}
 MANIFEST = "manifest.ssx"
-DELETED = "deleted.ssx"
 DEFAULT_K = 4096
 DEFAULT_SHARD_TOKENS = 16_000_000
 ALIGN = 64
@@ -649,15 +651,17 @@ class CorpusMatch:
 
 
 class Subset:
-    """A compiled document filter of one index: a BitMap of document indexes and a bool mask
-    (deleted documents already removed). Build once per request, reuse for every query."""
+    """A compiled document filter of one index: a BitMap of document indexes, a bool mask
+    (deleted documents already removed) and, per shard, the position runs of its selected
+    documents (see `_kernels/corpus.py`). Build once per request, reuse for every query."""
 
-    __slots__ = ("bitmap", "mask", "shard_live")
+    __slots__ = ("bitmap", "mask", "shard_live", "runs")
 
-    def __init__(self, bitmap, mask: np.ndarray, shard_live: list[bool]):
+    def __init__(self, bitmap, mask: np.ndarray, shard_live: list[bool], runs: list[tuple[np.ndarray, np.ndarray]]):
         self.bitmap = bitmap
         self.mask = mask  # bool[n_documents]
         self.shard_live = shard_live  # per shard: does it hold a selected document?
+        self.runs = runs  # per shard: (run_lo, run_hi) int64, shard-local positions
 
     def __len__(self):
         return int(self.mask.sum())
@@ -882,8 +886,12 @@ class CorpusIndex:
         mask[arr] = True
         if len(self.deleted):
             mask[np.asarray(self.deleted.to_array(), np.int64)] = False
-        live = [bool(mask[s.doc_base : s.doc_base + s.n_documents].any()) for s in self.shards]
-        return Subset(bm, mask, live)
+        live, runs = [], []
+        for s in self.shards:
+            sel = mask[s.doc_base : s.doc_base + s.n_documents]
+            live.append(bool(sel.any()))
+            runs.append(ck.selected_runs(s.fa.doc_starts, s.n_tokens, sel))
+        return Subset(bm, mask, live, runs)
 
     def _mask(self, subset):
         if subset is None:
@@ -899,34 +907,45 @@ class CorpusIndex:
         return self.subset(subset)
 
     # -- queries ------------------------------------------------------------------------------
-    def _shard_match(self, s: _Shard, toks, sub):
+    def _shard_match(self, s: _Shard, toks, sub, k: int):
+        """(state, length, exact) of the longest suffix of `toks` in the shard's (selected)
+        documents; not `exact` when a restricted walk hit its work cap (see subset_match)."""
         fa = s.fa
         if sub is not None and not sub.shard_live[s.number]:
-            return 0, 0  # no selected document in this shard
+            return 0, 0, True  # no selected document in this shard
         st, ln = fk.advance(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, 0, 0, toks)
         if st == fk.CORRUPT:
             s._corrupt("while matching")
+        exact = True
         if sub is not None and st != 0:
-            st, ln = ck.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, s.occ, s.occ_start, fa.counts,
-                                     fa.doc_starts, sub.mask, s.doc_base, st, ln)
+            run_lo, run_hi = sub.runs[s.number]
+            st, ln, exact = ck.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, s.occ, s.occ_start, fa.counts,
+                                            run_lo, run_hi, st, ln, k)
             if st == fk.CORRUPT:
                 s._corrupt("while matching in a subset")
-        return int(st), int(ln)
+        return int(st), int(ln), bool(exact)
 
-    def match_length(self, context, subset=None) -> int:
-        """Length of the longest suffix of `context` that occurs in the (selected) documents."""
+    def match_length(self, context, subset=None, *, k: int = DEFAULT_K) -> int:
+        """Length of the longest suffix of `context` that occurs in the (selected) documents
+        (restricted: a lower bound when the walk hits its work cap, see `query`)."""
         toks = as_tokens(context, "context")
         sub = self._mask(subset)
-        return max(self._shard_match(s, toks, sub)[1] for s in self.shards)
+        _check_k(k)
+        return max(self._shard_match(s, toks, sub, k)[1] for s in self.shards)
 
     def query(self, context, subset=None, *, k: int = DEFAULT_K) -> CorpusMatch:
         """The longest suffix of `context` occurring in the (selected) documents, its count and
-        continuations."""
+        continuations. Restricted, the work is O(k) positions per shard: counts and
+        continuations come from at most k sampled positions of the matched string (all of them
+        when it occurs at most k times in a shard), and the walk to the longest suffix reads
+        O(k) positions (see `_kernels.corpus.subset_match`); `estimated` says either fell short."""
         toks = as_tokens(context, "context")
         sub = self._mask(subset)
-        found = [self._shard_match(s, toks, sub) for s in self.shards]
-        length = max(ln for _, ln in found)
-        hits = [(s, st) for s, (st, ln) in zip(self.shards, found) if ln == length]
+        _check_k(k)
+        found = [self._shard_match(s, toks, sub, k) for s in self.shards]
+        length = max(ln for _, ln, _ in found)
+        walk_exact = all(ex for _, _, ex in found)
+        hits = [(s, st) for s, (st, ln, _) in zip(self.shards, found) if ln == length]
         if length == 0:
             if sub is None:  # the empty string: every token follows it; computed once
                 if self._root is None:
@@ -935,12 +954,16 @@ class CorpusIndex:
                         a.flags.writeable = False
                 return self._root
             hits = [(s, 0) for s in self.shards if sub.shard_live[s.number]]
-        return self._combine(length, hits, sub, k)
+        m = self._combine(length, hits, sub, k)
+        if not walk_exact:
+            m.estimated = True
+        return m
 
     def lookup(self, pattern, subset=None, *, k: int = DEFAULT_K) -> CorpusMatch:
         """Count and continuations of exactly `pattern` (count 0 if it does not occur)."""
         toks = as_tokens(pattern, "pattern")
         sub = self._mask(subset)
+        _check_k(k)
         hits = []
         for s in self.shards:
             st = int(fk.locate(s.fa.offsets, s.fa.etok, s.fa.eto, toks))
@@ -959,8 +982,7 @@ class CorpusIndex:
         return self.lookup(pattern, subset, k=k).as_dict()
 
     def _combine(self, length, hits, sub, k) -> CorpusMatch:
-        if k < 1:
-            raise BadInputError(f"k: expected a positive sample size, got {k}")
+        _check_k(k)
         total, estimated = 0, False
         tok_parts, cnt_parts, end_parts = [], [], []
         for s, st in hits:
@@ -976,27 +998,23 @@ class CorpusIndex:
                 cnt_parts.append(fa.counts[dsts].astype(np.int64))
                 end_parts.append(fa.lasts[dsts].astype(np.int64) + s.token_base)
                 continue
-            args = (s.occ, s.occ_start, fa.counts, fa.doc_starts)
+            run_lo, run_hi = sub.runs[s.number]
+            h, sampled, ntoks, nends, ok = ck.subset_sample(s.occ, s.occ_start, fa.counts, fa.doc_starts, fa.tokens,
+                                                            run_lo, run_hi, st, k)
+            if not ok:
+                s._corrupt("while sampling in a subset")
+            c = int(fa.counts[st])
             if st == 0:  # the empty string: exact from document lengths
                 total += self._subset_tokens(s, sub)
             else:
-                h, sampled, _ = ck.subset_count(*args, sub.mask, s.doc_base, st, k)
-                if h == fk.CORRUPT:
-                    s._corrupt("while counting in a subset")
-                c = int(fa.counts[st])
                 total += h if sampled == c else int(round(h * c / max(sampled, 1)))
-            ntoks, nends, sampled, ok = ck.subset_next_tokens(*args, fa.tokens, sub.mask, s.doc_base, st, k)
-            if not ok:
-                s._corrupt("while reading continuations in a subset")
+            if sampled != c:
+                estimated = True
             if ntoks.shape[0] == 0:
-                if sampled != int(fa.counts[st]):
-                    estimated = True
                 continue
             order = np.argsort(ntoks, kind="stable")
             uniq, cnt, last = ck.merge_sorted(ntoks[order], np.ones(ntoks.shape[0], np.int64), nends[order])
-            c = int(fa.counts[st])
             if sampled != c:
-                estimated = True
                 cnt = np.maximum(1, np.rint(cnt * (c / sampled))).astype(np.int64)
             tok_parts.append(uniq)
             cnt_parts.append(cnt)
@@ -1046,6 +1064,11 @@ class CorpusIndex:
 
     def __repr__(self):
         return f"CorpusIndex({str(self.path)!r}, tokens={self.n_tokens}, documents={self.n_documents}, shards={self.n_shards})"
+
+
+def _check_k(k) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise BadInputError(f"k: expected a positive sample size, got {k!r}")
 
 
 # -- reading input files ---------------------------------------------------------------------

@@ -166,6 +166,58 @@ def test_estimate_beyond_k(tmp_path):
     assert small.count == 150 and not small.estimated
 
 
+def recent_estimate(docs, keep, pattern, k):
+    """Brute-force restricted count estimated from the k most recent end positions."""
+    ends = sorted(naive.end_positions(docs, pattern))
+    if len(ends) <= k:
+        return len(r_ends(docs, keep, pattern)), False
+    recent = ends[-k:]
+    hits = sum(doc_of(docs, e) in keep for e in recent)
+    return int(round(hits * len(ends) / k)), True
+
+
+@pytest.mark.parametrize("deleted", [False, True])
+def test_work_cap_against_brute_force(tmp_path, deleted):
+    """Restricted queries with a small k: exact (and equal to brute force) whenever the matched
+    string occurs at most k times, estimated from the k most recent occurrences up to 8k, flagged
+    beyond; a capped walk never claims a suffix absent from the subset."""
+    rng = np.random.default_rng(21)
+    docs = [rng.integers(0, 3, int(rng.integers(20, 60))).tolist() for _ in range(24)]
+    build(tmp_path, docs, shard_tokens=10**6)
+    keep = {i for i in range(len(docs)) if rng.random() < 0.3}
+    if deleted:
+        delete_documents(tmp_path / "ix", sorted(set(range(len(docs))) - keep))
+    ix = CorpusIndex.open(tmp_path / "ix")
+    sub = None if deleted else ix.subset(BitMap(keep))
+    n_est = n_exact_big = 0
+    for k in (1, 3, 8, 40):
+        for p in patterns(docs, rng, n=40):
+            c = naive.count(docs, p)
+            m = ix.lookup(p, sub, k=k)
+            if c <= 8 * k:
+                want, est = recent_estimate(docs, keep, p, k)
+                assert (m.count, m.estimated) == (want, est), (k, p)
+                n_exact_big += c > k
+            else:
+                assert m.estimated and 0 <= m.count <= c
+            if not m.estimated:
+                assert m.as_dict() == r_continuations(docs, keep, p)
+            q = ix.query(p, sub, k=k)
+            true_len = r_match_length(docs, keep, p)
+            assert q.length <= true_len
+            if q.length:
+                assert r_ends(docs, keep, p[len(p) - q.length:])  # the match does occur in the subset
+            if not q.estimated:
+                assert q.length == true_len
+                assert q.count == len(r_ends(docs, keep, p[len(p) - q.length:]))
+                assert q.as_dict() == r_continuations(docs, keep, p[len(p) - q.length:])
+            else:
+                n_est += 1
+            big = ix.query(p, sub, k=10**6)
+            assert not big.estimated and big.length == true_len
+    assert n_est > 20 and n_exact_big > 5  # both regimes were exercised
+
+
 def test_real_text_multi_shard(tmp_path, real_streams):
     docs = [list(s[i:i + 700]) for s in real_streams for i in range(0, 2100, 700) if len(s[i:i + 700]) > 10]
     ix = build(tmp_path, docs, shard_tokens=5000)

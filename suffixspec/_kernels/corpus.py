@@ -8,8 +8,11 @@ Besides the frozen automaton arrays (see frozen.py) a shard stores its *occurren
   range `occ[occ_start[v] : occ_start[v] + counts[v]]`;
 - `occ_start` int32[n_states].
 
-A document subset is a bool mask over global document ids (`mask[doc_base + local_doc]`);
-positions map to local documents by binary search in `doc_starts`.
+A document subset reaches the query kernels as *runs*: sorted, disjoint position ranges
+`[run_lo[i], run_hi[i])` of the shard covering exactly its selected documents (neighbouring
+selected documents merged), so testing a position is a binary search over few runs (often one:
+a repository's files are contiguous). `doc_starts` is searched only to find where the document
+of a selected position ends.
 
 The arrays may be memory-mapped from a damaged file: every index read from an array is
 range-checked first and the query kernels return CORRUPT (-2) instead of reading out of bounds.
@@ -124,6 +127,42 @@ def _doc_of(doc_starts, pos):
     return lo - 1
 
 
+@njit(cache=True, inline="always")
+def _selected(run_lo, run_hi, pos):
+    # is pos inside one of the runs?
+    lo = 0
+    hi = run_lo.shape[0]
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        if run_lo[mid] <= pos:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo > 0 and pos < run_hi[lo - 1]
+
+
+@njit(cache=True)
+def selected_runs(doc_starts, n_tokens, selected):
+    """(run_lo, run_hi) int64: the position ranges of the shard's `selected` documents (bool per
+    local document), neighbours merged."""
+    n = doc_starts.shape[0]
+    run_lo = np.empty(n, np.int64)
+    run_hi = np.empty(n, np.int64)
+    m = 0
+    for d in range(n):
+        if not selected[d]:
+            continue
+        start = np.int64(doc_starts[d])
+        stop = np.int64(doc_starts[d + 1]) if d + 1 < n else np.int64(n_tokens)
+        if m > 0 and run_hi[m - 1] == start:
+            run_hi[m - 1] = stop
+        else:
+            run_lo[m] = start
+            run_hi[m] = stop
+            m += 1
+    return run_lo[:m].copy(), run_hi[:m].copy()
+
+
 @njit(cache=True)
 def _range(occ, occ_start, counts, state):
     """(lo, hi) of a state's positions in occ, or (-2, 0) when the arrays are damaged."""
@@ -154,119 +193,115 @@ def _sample(occ, lo, hi, k):
 
 
 @njit(cache=True)
-def subset_any(occ, occ_start, counts, doc_starts, mask, doc_base, state):
-    """1 when some end position of `state` lies in a masked document, 0 if none, CORRUPT."""
-    lo, hi = _range(occ, occ_start, counts, state)
-    if lo == CORRUPT:
-        return CORRUPT
-    if doc_starts.shape[0] == 0:
-        return CORRUPT
-    return _any_in(occ, lo, hi, doc_starts, mask, doc_base)
-
-
-@njit(cache=True)
-def subset_count(occ, occ_start, counts, doc_starts, mask, doc_base, state, k):
-    """(hits, sampled, last_end): end positions of `state` in masked documents among `sampled`
-    examined ones (all of them when counts[state] <= k), most recent such position or -1.
-    hits == CORRUPT on damaged arrays."""
-    lo, hi = _range(occ, occ_start, counts, state)
-    if lo == CORRUPT or doc_starts.shape[0] == 0:
-        return CORRUPT, 0, -1
-    sample = _sample(occ, lo, hi, k)
-    n = mask.shape[0]
-    hits = 0
-    last = -1
-    for i in range(sample.shape[0]):
-        p = sample[i]
-        d = _doc_of(doc_starts, p)
-        if d < 0 or doc_base + d >= n:
-            return CORRUPT, 0, -1
-        if mask[doc_base + d]:
-            hits += 1
-            if p > last:
-                last = p
-    return hits, sample.shape[0], last
-
-
-@njit(cache=True)
-def subset_next_tokens(occ, occ_start, counts, doc_starts, tokens, mask, doc_base, state, k):
-    """(next_tokens, next_ends, sampled, ok): for each sampled end position p of `state` in a
-    masked document and not at its document's end, the token at p + 1 and p + 1. The root (the
-    empty string) is followed by every token: there q = p itself."""
+def subset_sample(occ, occ_start, counts, doc_starts, tokens, run_lo, run_hi, state, k):
+    """(hits, sampled, next_tokens, next_ends, ok) over the `_sample` of `state`'s end positions
+    (all of them when counts[state] <= k): `hits` of the `sampled` positions lie in the runs;
+    for each such position p not at its document's end, the token at p + 1 and p + 1. The root
+    (the empty string) is followed by every token: there p itself. ok is False on damaged
+    arrays."""
     shift = 0 if state == 0 else 1
     lo, hi = _range(occ, occ_start, counts, state)
     if lo == CORRUPT or doc_starts.shape[0] == 0:
-        return np.empty(0, np.int32), np.empty(0, np.int64), 0, False
+        return 0, 0, np.empty(0, np.int32), np.empty(0, np.int64), False
     sample = _sample(occ, lo, hi, k)
-    n = mask.shape[0]
     n_docs = doc_starts.shape[0]
     n_tok = tokens.shape[0]
     toks = np.empty(sample.shape[0], np.int32)
     ends = np.empty(sample.shape[0], np.int64)
+    hits = 0
     m = 0
     for i in range(sample.shape[0]):
         p = np.int64(sample[i])
-        d = _doc_of(doc_starts, p)
-        if d < 0 or doc_base + d >= n or p >= n_tok:
-            return np.empty(0, np.int32), np.empty(0, np.int64), 0, False
-        if not mask[doc_base + d]:
+        if p < 0 or p >= n_tok:
+            return 0, 0, np.empty(0, np.int32), np.empty(0, np.int64), False
+        if not _selected(run_lo, run_hi, p):
             continue
-        stop = doc_starts[d + 1] if d + 1 < n_docs else n_tok
-        if p + shift >= stop or p + shift >= n_tok:
-            continue
-        toks[m] = tokens[p + shift]
-        ends[m] = p + shift
+        hits += 1
+        q = p + shift
+        if shift:
+            d = _doc_of(doc_starts, p)
+            if d < 0:
+                return 0, 0, np.empty(0, np.int32), np.empty(0, np.int64), False
+            stop = doc_starts[d + 1] if d + 1 < n_docs else n_tok
+            if q >= stop or q >= n_tok:
+                continue
+        toks[m] = tokens[q]
+        ends[m] = q
         m += 1
-    return toks[:m].copy(), ends[:m].copy(), sample.shape[0], True
+    return hits, sample.shape[0], toks[:m].copy(), ends[:m].copy(), True
 
 
 @njit(cache=True)
-def _any_in(occ, lo, hi, doc_starts, mask, doc_base):
-    n = mask.shape[0]
+def _any_in(occ, lo, hi, run_lo, run_hi):
+    """1 when a position of occ[lo:hi] lies in the runs (the most recent end of the range is
+    tried first), 0 if none."""
     for i in range(hi - 1, lo - 1, -1):
-        d = _doc_of(doc_starts, occ[i])
-        if d < 0 or doc_base + d >= n:
-            return CORRUPT
-        if mask[doc_base + d]:
+        if _selected(run_lo, run_hi, occ[i]):
             return 1
     return 0
 
 
 @njit(cache=True)
-def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, doc_starts, mask, doc_base, state, length):
-    """Walk up the suffix links from (state, length) to the longest suffix with an end position
-    in a masked document: all strings of a state share their end positions. A parent's range
-    of `occ` contains its child's (preorder), so only the part outside the child's is scanned."""
+def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo, run_hi, state, length, k):
+    """(state, length, exact): walk up the suffix links from (state, length) to the longest
+    suffix with an end position in the runs (all strings of a state share their end
+    positions), reading O(k) positions of `occ` whatever the context.
+
+    While the positions of a state not yet read fit in what is left of k, they are all read:
+    the walk is exact (a parent's range of `occ` contains its child's, so only the part
+    outside is new). From the first state that does not fit, each state is tested on the
+    `_sample` its restricted count comes from (so a match found there has a sampled hit), and
+    these tests may read SAMPLE_SCAN_FACTOR * k positions in all; past that the walk ends at
+    the root. `exact` is False once a sampled test missed or the walk was cut: a longer suffix
+    may then occur in the subset. (-2, 0, False) on damaged arrays."""
     n = links.shape[0]
-    if doc_starts.shape[0] == 0:
-        return CORRUPT, 0
+    left = np.int64(k)  # positions still to read exactly
+    budget = np.int64(SAMPLE_SCAN_FACTOR) * k  # positions the sampled tests may still read
+    sampling = False
+    exact = True
     steps = 0
     seen_lo = np.int64(0)
     seen_hi = np.int64(0)
     while state != 0:
         lo, hi = _range(occ, occ_start, counts, state)
         if lo == CORRUPT:
-            return CORRUPT, 0
-        if seen_hi > seen_lo and lo <= seen_lo and seen_hi <= hi:
-            r = _any_in(occ, lo, seen_lo, doc_starts, mask, doc_base)
-            if r == 0:
-                r = _any_in(occ, seen_hi, hi, doc_starts, mask, doc_base)
+            return CORRUPT, 0, False
+        nested = seen_hi > seen_lo and lo <= seen_lo and seen_hi <= hi
+        new = (seen_lo - lo) + (hi - seen_hi) if nested else hi - lo
+        if not sampling and new <= left:
+            left -= new
+            if nested:
+                r = _any_in(occ, lo, seen_lo, run_lo, run_hi)
+                if r == 0:
+                    r = _any_in(occ, seen_hi, hi, run_lo, run_hi)
+            else:
+                r = _any_in(occ, lo, hi, run_lo, run_hi)
+            seen_lo, seen_hi = lo, hi
         else:
-            r = _any_in(occ, lo, hi, doc_starts, mask, doc_base)
-        if r == CORRUPT:
-            return CORRUPT, 0
+            sampling = True
+            c = hi - lo
+            cost = c if c <= SAMPLE_SCAN_FACTOR * k else np.int64(k)
+            if cost > budget:
+                return 0, 0, False
+            budget -= cost
+            if c <= k:
+                r = _any_in(occ, lo, hi, run_lo, run_hi)
+            else:
+                sample = _sample(occ, lo, hi, k)
+                r = _any_in(sample, 0, sample.shape[0], run_lo, run_hi)
+                if r == 0:
+                    exact = False
         if r == 1:
-            return state, length
-        seen_lo, seen_hi = lo, hi
+            return state, length, exact
         p = links[state]
         steps += 1
         if p < 0 or p >= n or steps > n:
-            return CORRUPT, 0
+            return CORRUPT, 0, False
         state = p
         length = lens[p]
         if length < 0:
-            return CORRUPT, 0
-    return 0, 0
+            return CORRUPT, 0, False
+    return 0, 0, exact
 
 
 @njit(cache=True)
