@@ -210,6 +210,8 @@ class _RestrictedSource:
 
 
 _RO32 = types.Array(types.int32, 1, "C", readonly=True)
+_FROZEN_ITEM = types.UniTuple(_RO32, 7)
+_LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))
 
 
 def _kernel_arrays(fa: FrozenAutomaton) -> tuple:
@@ -241,46 +243,34 @@ class _Sources:
         self.version = version
         self.n_static = len(static)
         self.automata = list(static) + list(cached)
-        self.lists = tuple(typed.List.empty_list(_RO32) for _ in range(7))
+        self.arrays = typed.List.empty_list(_FROZEN_ITEM)  # one kernel argument for all sources
         for fa in self.automata:
-            for lst, arr in zip(self.lists, _kernel_arrays(fa)):
-                lst.append(arr)
+            self.arrays.append(_kernel_arrays(fa))
 
 
 class _LiveSlots:
-    """The live automata of sessions proposed in batches, as numba typed lists indexed by slot.
-    Guarded by the proposer's batch lock; a slot's arrays are re-registered when the automaton
-    reallocated them, and replaced by tiny placeholders when its session closes."""
+    """The live automata (S, E, L, M) of sessions proposed in batches, in a numba typed list
+    indexed by slot. Guarded by the proposer's batch lock; a slot is re-registered when its
+    automaton reallocated an array, and holds tiny placeholders once its session closed."""
 
     def __init__(self):
-        self.lists = (typed.List.empty_list(types.int32[:, ::1]), typed.List.empty_list(types.int32[:, ::1]),
-                      typed.List.empty_list(types.int32[:, ::1]), typed.List.empty_list(types.int64[::1]))
+        self.arrays = typed.List.empty_list(_LIVE_ITEM)
         self._blank = (np.zeros((1, sk.STATE_COLS), np.int32), np.zeros((1, 4), np.int32),
                        np.zeros((1, 5), np.int32), np.zeros(sk.META, np.int64))
-        self._held: list[tuple] = []
         self._free: list[int] = []
 
     def register(self, slot: int, sam: SuffixAutomaton) -> int:
-        arrays = (sam._S, sam._E, sam._L, sam._M)
         if slot < 0:
             if self._free:
                 slot = self._free.pop()
             else:
-                slot = len(self._held)
-                self._held.append(self._blank)
-                for lst, a in zip(self.lists, self._blank):
-                    lst.append(a)
-        held = self._held[slot]
-        for k in range(4):
-            if held[k] is not arrays[k]:
-                self.lists[k][slot] = arrays[k]
-        self._held[slot] = arrays
+                slot = len(self.arrays)
+                self.arrays.append(self._blank)
+        self.arrays[slot] = (sam._S, sam._E, sam._L, sam._M)
         return slot
 
     def release(self, slot: int) -> None:
-        for k in range(4):
-            self.lists[k][slot] = self._blank[k]
-        self._held[slot] = self._blank
+        self.arrays[slot] = self._blank
         self._free.append(slot)
 
 
@@ -375,44 +365,50 @@ class Proposer:
             raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}")
         trees: list[DraftTree | None] = [None] * len(sessions)
         src = self._current_sources()
-        fast, fast_budgets, slow = [], [], []
-        for i, (s, b) in enumerate(zip(sessions, budgets)):
-            if s.proposer is not self:
-                raise BadInputError("propose_batch: a session of another proposer")
-            b = self.max_nodes if b is None else int(b)
-            if b <= 0 or s._closed:
-                trees[i] = DraftTree.empty()
-            elif s._restricted:
-                slow.append((i, b))
-            else:
-                s._sync(src)
-                s._ensure_online()
+        fast, fast_budgets, slots, slow = [], [], [], []
+        with self._batch_lock:  # guards the live slots until the kernel has read them
+            for i, (s, b) in enumerate(zip(sessions, budgets)):
+                if s.proposer is not self:
+                    raise BadInputError("propose_batch: a session of another proposer")
+                b = self.max_nodes if b is None else int(b)
+                if b <= 0 or s._closed:
+                    trees[i] = DraftTree.empty()
+                    continue
+                if s._restricted:
+                    slow.append((i, b))
+                    continue
+                if s._src is not src:
+                    s._sync(src)
+                sam = s._sam
+                if sam._mode != sk.MODE_ONLINE:
+                    sam._start_online()
+                reg = s._registered
+                if reg is None or reg[0] is not sam._S or reg[1] is not sam._E or reg[2] is not sam._L or reg[3] is not sam._M:
+                    s._slot = self._slots.register(s._slot, sam)
+                    s._registered = (sam._S, sam._E, sam._L, sam._M)
                 fast.append(i)
                 fast_budgets.append(b)
-        if len({id(sessions[i]) for i in fast}) != len(fast):
-            raise BadInputError("propose_batch: a session appears more than once")
-        if fast:
-            budget_arr = np.asarray(fast_budgets, np.int64)
-            starts = np.zeros(len(fast), np.int64)
-            np.cumsum(budget_arr[:-1], out=starts[1:])
-            total = int(starts[-1] + budget_arr[-1])
-            out_tok, out_par = np.empty(total, np.int32), np.empty(total, np.int32)
-            out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
-            curs = np.stack([sessions[i]._cur for i in fast])
-            threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-            with self._batch_lock:
-                slots = np.empty(len(fast), np.int64)
-                for j, i in enumerate(fast):
-                    s = sessions[i]
-                    s._slot = slots[j] = self._slots.register(s._slot, s._sam)
+                slots.append(s._slot)
+            if len(set(slots)) != len(slots):
+                raise BadInputError("propose_batch: a session appears more than once")
+            if fast:
+                budget_arr = np.array(fast_budgets, np.int64)
+                starts = np.zeros(len(fast), np.int64)
+                np.cumsum(budget_arr[:-1], out=starts[1:])
+                total = int(starts[-1] + budget_arr[-1])
+                out_tok, out_par = np.empty(total, np.int32), np.empty(total, np.int32)
+                out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
+                curs = np.stack([sessions[i]._cur for i in fast])
+                threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
                 numba.set_num_threads(threads)
-                counts = pk.propose_batch(*self._slots.lists, slots, curs, *src.lists, budget_arr, self.params,
-                                          self.min_match, self.match_levels, threads, starts,
+                counts = pk.propose_batch(self._slots.arrays, np.array(slots, np.int64), curs, src.arrays, budget_arr,
+                                          self.params, self.min_match, self.match_levels, threads, starts,
                                           out_tok, out_par, out_depth, out_prob)
-            for j, i in enumerate(fast):
-                a, k = int(starts[j]), int(counts[j])
-                trees[i] = DraftTree._trusted(out_tok[a : a + k], out_par[a : a + k], out_depth[a : a + k],
-                                              out_prob[a : a + k])
+        if fast:
+            trusted = DraftTree._trusted
+            for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
+                e = a + k
+                trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e])
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees
@@ -428,7 +424,8 @@ class Session:
         self._sam = SuffixAutomaton(prompt)
         self._output: list[int] = []
         self._closed = False
-        self._slot = -1  # live-automaton slot of batched proposals
+        self._slot = -1  # live-automaton slot of batched proposals ...
+        self._registered = None  # ... and the arrays registered there
         self._restricted: list[_RestrictedSource] = []
         restricted_owner = set()
         for i, c in enumerate(proposer.corpora):
@@ -498,11 +495,22 @@ class Session:
             return DraftTree.empty()
         self._sync()
         self._ensure_online()
-        return self._propose_one(budget)
+        if self._restricted:
+            return self._propose_restricted(budget)
+        p, sam = self.proposer, self._sam
+        ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
+        out_tok, out_par = np.empty(budget, np.int32), np.empty(budget, np.int32)
+        out_depth, out_prob = np.empty(budget, np.int32), np.empty(budget, np.float64)
+        k, sam._stack = pk.propose_one(sam._S, sam._E, sam._L, sam._M, sam._stack, self._cur, self._src.arrays,
+                                       budget, p.params, p.min_match, p.match_levels, ws,
+                                       out_tok, out_par, out_depth, out_prob, 0)
+        if k == 0:
+            return DraftTree.empty()
+        return DraftTree._trusted(out_tok[:k], out_par[:k], out_depth[:k], out_prob[:k])
 
-    def _propose_one(self, budget: int) -> DraftTree:
-        """One expansion per source and level, then the restricted corpus chains, merged: the same
-        tree as the batch kernel's (`_kernels/propose.py`), with less call overhead for one session."""
+    def _propose_restricted(self, budget: int) -> DraftTree:
+        """The kernel's sources one expansion at a time (same order, same trees as
+        `_kernels/propose.py`), then the restricted corpus chains, merged."""
         p = self.proposer
         ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels + len(self._restricted))
         n = 0        # nodes written into the workspace outputs so far
@@ -563,6 +571,7 @@ class Session:
             with self.proposer._batch_lock:
                 self.proposer._slots.release(self._slot)
             self._slot = -1
+            self._registered = None
         self._sam = None
         self._src = None
 

@@ -26,9 +26,11 @@ from . import sam as sk
 
 
 @njit(cache=True, nogil=True)
-def propose_one(S, E, L, M, stack, cur, f_offsets, f_etok, f_eto, f_counts, f_lasts, f_links, f_lens,
-                budget, params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, at):
-    """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack)."""
+def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, levels, ws,
+                out_tok, out_par, out_depth, out_prob, at):
+    """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
+
+    `frozen[j]`: (offsets, etok, eto, counts, lasts, links, lens) of the source of cursor row j."""
     wtok, wpar, wprob, wdepth = ws[5], ws[6], ws[7], ws[8]
     no64 = np.empty(0, np.int64)
     no32 = np.empty(0, np.int32)
@@ -54,13 +56,12 @@ def propose_one(S, E, L, M, stack, cur, f_offsets, f_etok, f_eto, f_counts, f_la
         length = cur[j, 1]
         if state < 0:
             continue
-        links = f_links[j]
-        lens = f_lens[j]
+        offsets, etok, eto, counts, lasts, links, lens = frozen[j]
         for level in range(levels):
             if length < min_match:
                 break
-            k, stack = dk._expand(False, S, E, L, M, stack, f_offsets[j], f_etok[j], f_eto[j], f_counts[j],
-                                  f_lasts[j], state, length, budget, params, ws, n)
+            k, stack = dk._expand(False, S, E, L, M, stack, offsets, etok, eto, counts, lasts,
+                                  state, length, budget, params, ws, n)
             n += k
             parts += k > 0
             if level + 1 == levels or not 0 <= state < links.shape[0]:
@@ -88,10 +89,10 @@ def propose_one(S, E, L, M, stack, cur, f_offsets, f_etok, f_eto, f_counts, f_la
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propose_batch(LS, LE, LL, LM, slots, curs, f_offsets, f_etok, f_eto, f_counts, f_lasts, f_links, f_lens,
-                  budgets, params, min_match, levels, n_chunks, starts, out_tok, out_par, out_depth, out_prob):
-    """Session i (live arrays at slot `slots[i]`, cursor rows `curs[i]`) gets its tree at
-    `out_*[starts[i]:]`; returns the node count of each."""
+def propose_batch(live, slots, curs, frozen, budgets, params, min_match, levels, n_chunks, starts,
+                  out_tok, out_par, out_depth, out_prob):
+    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`) gets its
+    tree at `out_*[starts[i]:]`; returns the node count of each."""
     n = slots.shape[0]
     counts = np.zeros(n, np.int64)
     if n == 0:
@@ -105,9 +106,8 @@ def propose_batch(LS, LE, LL, LM, slots, curs, f_offsets, f_etok, f_eto, f_count
         ws = dk.make_workspace(bmax, max_children, max(n_src, 4))
         stack = np.empty(64, np.int32)
         for i in range(c, n, n_chunks):
-            sl = slots[i]
-            k, stack = propose_one(LS[sl], LE[sl], LL[sl], LM[sl], stack, curs[i], f_offsets, f_etok, f_eto,
-                                   f_counts, f_lasts, f_links, f_lens, budgets[i], params, min_match, levels,
+            S, E, L, M = live[slots[i]]
+            k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, budgets[i], params, min_match, levels,
                                    ws, out_tok, out_par, out_depth, out_prob, starts[i])
             counts[i] = k
     return counts
