@@ -235,6 +235,42 @@ def test_batch_kernel_equals_one_by_one(tmp_path, threads, match_levels):
         batched.propose_batch([s], [1, 2])
 
 
+def test_sessions_proposed_from_several_threads_at_once():
+    """Server threads proposing (one by one and in batches) and closing their own sessions
+    concurrently get the trees a sequential run gets."""
+    import threading
+
+    rng = np.random.default_rng(9)
+    corpus = SuffixAutomaton(rng.integers(0, 5, 400)).freeze()
+    texts = [rng.integers(0, 5, 50).tolist() for _ in range(24)]
+    steps = [rng.integers(0, 5, 4).tolist() for _ in range(10)]
+
+    def work(prop, mine, out):
+        sessions = [prop.start(texts[i]) for i in mine]
+        for step in steps:
+            out.extend(t.tokens.tolist() for t in prop.propose_batch(sessions, 12))
+            out.extend(s.propose(7).tokens.tolist() for s in sessions)
+            for s in sessions:
+                s.extend(step)
+        for s in sessions:
+            s.close()
+
+    groups = [list(range(k, 24, 4)) for k in range(4)]
+    want = []
+    for g in groups:
+        out = []
+        work(Proposer(corpus=corpus, global_cache=False, threads=2), g, out)
+        want.append(out)
+    prop = Proposer(corpus=corpus, global_cache=False, threads=2)
+    got = [[] for _ in groups]
+    threads = [threading.Thread(target=work, args=(prop, g, o)) for g, o in zip(groups, got)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got == want
+
+
 def test_bad_options_rejected():
     with pytest.raises(BadInputError, match="max_nodes"):
         Proposer(max_nodes=0)
