@@ -243,10 +243,11 @@ class _Sources:
     every corpus index), then the past-response generations of one cache version. Immutable; a new
     one is built when the cache changes."""
 
-    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[FrozenAutomaton]):
+    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[tuple[int, FrozenAutomaton]]):
         self.version = version
         self.n_static = len(static)
-        self.automata = list(static) + list(cached)
+        self.automata = list(static) + [a for _, a in cached]
+        self.generations = [None] * len(static) + [g for g, _ in cached]
         self.arrays = typed.List.empty_list(_FROZEN_ITEM)  # one kernel argument for all sources
         for fa in self.automata:
             self.arrays.append(_kernel_arrays(fa))
@@ -345,7 +346,6 @@ class Proposer:
         with self._sources_lock:
             if self.cache is not None:
                 version, cached = self.cache.sources()
-                cached = [a for _, a in cached]
             else:
                 version, cached = 0, []
             if self._sources is None or self._sources.version != version:
@@ -475,17 +475,36 @@ class Session:
                 cur[j] = fa._advance(int(cur[j, 0]), int(cur[j, 1]), toks)
 
     def _sync(self, src: _Sources | None = None) -> None:
-        """Mirror `src` (default: the proposer's current sources): keep the corpus rows, re-find
-        the match of the last `resync_tokens` tokens in each past-response generation."""
+        """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
+        that did not change keep their cursors; a new snapshot of the same (growing) generation
+        keeps the state ids, so its cursor carries over (normalised past clones that took its
+        shorter strings: a still valid, possibly not longest, match that grows token by token);
+        a new generation re-finds the match of the last `resync_tokens` tokens."""
         src = src if src is not None else self.proposer._current_sources()
-        if src is self._src:
+        old = self._src
+        if src is old:
             return
         n_static = src.n_static
-        rows = [self._cur[:n_static]]
-        if len(src.automata) > n_static:
-            tail = self._sam.tokens[-self.proposer.resync_tokens :]
-            rows.append(np.array([fa._advance(0, 0, tail) for fa in src.automata[n_static:]], np.int64))
-        self._cur = np.concatenate(rows) if len(rows) > 1 else rows[0].copy()
+        cur = np.empty((len(src.automata), 2), np.int64)
+        cur[:n_static] = self._cur[:n_static]
+        by_object, by_generation = {}, {}
+        if old is not None:
+            for j in range(old.n_static, len(old.automata)):
+                by_object[id(old.automata[j])] = self._cur[j]
+                by_generation[old.generations[j]] = self._cur[j]
+        tail = None
+        for j in range(n_static, len(src.automata)):
+            fa = src.automata[j]
+            row = by_object.get(id(fa))
+            if row is None and src.generations[j] in by_generation:
+                state, length = by_generation[src.generations[j]]
+                row = (pk.normalize_frozen(fa.links, fa.lens, state, length), length)
+            if row is None:
+                if tail is None:
+                    tail = self._sam.tokens[-self.proposer.resync_tokens :]
+                row = fa._advance(0, 0, tail)
+            cur[j] = row
+        self._cur = cur
         self._automata = src.automata
         self._src = src
 

@@ -271,6 +271,32 @@ def test_sessions_proposed_from_several_threads_at_once():
     assert got == want
 
 
+def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
+    """Sessions open while others close keep cursors into the past-response generations that
+    are real matches of their context: carried over a re-frozen generation (normalised past
+    clones), kept for an unchanged one, re-found for a new one."""
+    rng = np.random.default_rng(11)
+    prop = Proposer(cache_tokens=900, cache_generations=3)
+    sessions = [prop.start(rng.integers(0, 4, 30)) for _ in range(10)]
+    carried = 0
+    for step in range(60):
+        for s in sessions:
+            s.extend(rng.integers(0, 4, int(rng.integers(1, 8))))
+        prop.propose_batch(sessions, 8)
+        src = prop._current_sources()
+        for s in sessions:
+            assert s._src is src
+            context = s._sam.tokens
+            for fa, (state, length) in zip(s._automata[src.n_static :], s._cur[src.n_static :].tolist()):
+                assert 0 <= length <= min(len(context), prop.resync_tokens + 60 * 8)
+                assert fa.locate(context[len(context) - length :]) == state
+                carried += length > 0
+        k = int(rng.integers(len(sessions)))
+        sessions.pop(k).close()
+        sessions.append(prop.start(rng.integers(0, 4, 30)))
+    assert carried > 0 and len(prop.cache._frozen) >= 1
+
+
 def test_bad_options_rejected():
     with pytest.raises(BadInputError, match="max_nodes"):
         Proposer(max_nodes=0)

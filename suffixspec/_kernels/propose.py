@@ -111,3 +111,12 @@ def propose_batch(live, slots, curs, frozen, budgets, params, min_match, levels,
                                    ws, out_tok, out_par, out_depth, out_prob, starts[i])
             counts[i] = k
     return counts
+
+
+@njit(cache=True, nogil=True)
+def normalize_frozen(links, lens, state, length):
+    """A cursor (state, length) taken in an earlier snapshot of the same growing automaton may
+    predate a clone that took its shorter strings; walk to the state that holds them now."""
+    while 0 < state < links.shape[0] and 0 <= links[state] < lens.shape[0] and lens[links[state]] >= length:
+        state = links[state]
+    return state
