@@ -9,7 +9,9 @@ Workloads (real data, available offline):
 Peers, replayed on the same traces and budgets: the vLLM n-gram rule (n in [2, 5], earliest
 occurrence), HF transformers' prompt lookup (max n-gram 3), arctic-inference's
 SuffixDecodingCache in path and tree modes (when its venv exists, see bench/_peers.py).
-Also: proposer latency per request, and a batch of 64 sessions proposed in one call.
+Also: proposer latency per request; a batch of 64 sessions proposed in one call (threads 1
+and 2); and a server replay: 64 sessions open at once with the global cache, finished requests
+closing and new ones starting, one batch call per round (srv_* columns: ms per batch call).
 
     python bench/bench_proposer.py [--quick] [--traces N]
 
@@ -89,6 +91,47 @@ def batch_latency(traces, budget, n_sessions=64, repeats=20, threads=1):
     return float(np.median(times))
 
 
+def serve_latency(traces, budget, concurrency=64, threads=1):
+    """A server's view: `concurrency` sessions open at once over the traces (a finished request
+    closes, its output joins the global cache, the next trace starts), each round one
+    propose_batch call for all of them, then each commits its accepted path plus one token.
+    Returns the per-round batch time (ms, p50/p99/mean) and the mean accepted tokens."""
+    prop = Proposer(threads=threads)
+    queue = list(range(len(traces)))
+    live = {}  # slot -> (trace, session, position)
+
+    def refill():
+        for slot in range(concurrency):
+            if slot not in live and queue:
+                t = traces[queue.pop(0)]
+                live[slot] = [t, prop.start(t.prompt), 0]
+
+    refill()
+    times, rounds, total = [], 0, 0
+    while live:
+        slots = sorted(live)
+        t0 = time.perf_counter_ns()
+        trees = prop.propose_batch([live[k][1] for k in slots], budget)
+        times.append((time.perf_counter_ns() - t0) / 1e6)
+        for k, tree in zip(slots, trees):
+            t, session, pos = live[k]
+            out = t.output
+            node = tree.longest_accepted(out[pos : pos + budget + 1]) if len(tree) else -1
+            a = int(tree.depths[node]) if node >= 0 else 0
+            commit = out[pos : pos + a + 1]
+            session.extend(commit)
+            live[k][2] = pos + commit.shape[0]
+            rounds += 1
+            total += commit.shape[0]
+            if live[k][2] >= out.shape[0]:
+                session.close()
+                del live[k]
+        refill()
+    ms = np.asarray(times)
+    return {"batch_ms_p50": float(np.median(ms)), "batch_ms_p99": float(np.percentile(ms, 99)),
+            "batch_ms_mean": float(ms.mean()), "batches": len(times), "mean_accepted_tokens": total / rounds}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="few traces, two budgets")
@@ -131,23 +174,26 @@ def main(argv=None):
                      "ratio_vs_best_peer": ours["mean_accepted_tokens"] / best}
             batch = {f"threads{th}": batch_latency(traces, b, threads=th) for th in (1, 2)}
             entry["batch64_ms"] = batch
+            entry["serve64"] = serve_latency(traces, b)
             entry["batch64_us_per_request"] = {k: v * 1000 / 64 for k, v in batch.items()}
             if "arctic_tree" in peers and "speculate_us_p50" in peers["arctic_tree"]:
                 arc = peers["arctic_tree"]["speculate_us_p50"]
                 entry["speedup_vs_arctic_speculate_p50"] = arc / max(ours["propose_us_p50"], 1e-9)
                 entry["speedup_vs_arctic_speculate_batched"] = arc / max(entry["batch64_us_per_request"]["threads1"], 1e-9)
             wl["budgets"][b] = entry
-            rows.append((name, b, ours, peers, best_name, entry["ratio_vs_best_peer"], batch))
+            rows.append((name, b, ours, peers, best_name, entry["ratio_vs_best_peer"], batch, entry["serve64"]))
 
     print(f"{'workload':<10} {'budget':>6} {'ours':>6} {'oracle':>6} {'vllm':>6} {'hf_pl':>6} {'arc_p':>6} {'arc_t':>6} "
-          f"{'ratio':>6} {'p50us':>7} {'p99us':>8} {'arc_p50us':>9} {'b64ms_t1':>8} {'b64ms_t2':>8} {'us/req':>6}")
-    for name, b, ours, peers, best_name, ratio, batch in rows:
+          f"{'ratio':>6} {'p50us':>7} {'p99us':>8} {'arc_p50us':>9} {'b64ms_t1':>8} {'b64ms_t2':>8} {'us/req':>6} "
+          f"{'srv_p50':>7} {'srv_p99':>7} {'srv_mean':>8}")
+    for name, b, ours, peers, best_name, ratio, batch, srv in rows:
         g = lambda k: f"{peers[k]['mean_accepted_tokens']:6.2f}" if k in peers else f"{'-':>6}"  # noqa: E731
         arc_us = peers.get("arctic_tree", {}).get("speculate_us_p50")
         print(f"{name:<10} {b:>6} {ours['mean_accepted_tokens']:6.2f} {ours['oracle_mean_accepted_tokens']:6.2f} "
               f"{g('vllm_ngram')} {g('hf_prompt_lookup')} {g('arctic_path')} {g('arctic_tree')} {ratio:6.2f} "
               f"{ours['propose_us_p50']:7.1f} {ours['propose_us_p99']:8.1f} {arc_us if arc_us is not None else '-':>9} "
-              f"{batch['threads1']:8.3f} {batch['threads2']:8.3f} {batch['threads1'] * 1000 / 64:6.2f}")
+              f"{batch['threads1']:8.3f} {batch['threads2']:8.3f} {batch['threads1'] * 1000 / 64:6.2f} "
+              f"{srv['batch_ms_p50']:7.3f} {srv['batch_ms_p99']:7.3f} {srv['batch_ms_mean']:8.3f}")
     print(json.dumps(record))
 
 

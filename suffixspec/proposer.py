@@ -80,8 +80,10 @@ class ResponseCache:
             return
         with self._lock:
             self._live.add_document(toks)
-            # freeze now, on the closing request's time, not on the next proposal's
+            # freeze now (and lay out for the kernels), on the closing request's time, not on
+            # the next proposal's
             snapshot = self._live.freeze()
+            _kernel_arrays(snapshot)
             if len(self._live) >= self.generation_tokens:
                 self._frozen.append((self._live_id, snapshot))
                 self._live = SuffixAutomaton()
