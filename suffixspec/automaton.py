@@ -271,12 +271,10 @@ class SuffixAutomaton(_Queries):
         self._settle_counts()
         if self._mode == sk.MODE_ONLINE:
             lk.settle(self._L, self._S, self.n_states)
-        n = self.n_states
         offsets, etok, eto = sk.to_csr(self._S, self._E, self._M)
-        S = self._S[:n]
+        links, lens, counts, lasts = sk.state_columns(self._S, self._M)
         return FrozenAutomaton(
-            links=S[:, sk.LINK].copy(), lens=S[:, sk.LEN].copy(), counts=S[:, sk.CNT].copy(),
-            lasts=S[:, sk.LAST].copy(), offsets=offsets, etok=etok, eto=eto,
+            links=links, lens=lens, counts=counts, lasts=lasts, offsets=offsets, etok=etok, eto=eto,
             tokens=self._T[: len(self)].copy(), doc_starts=self._doc_starts().copy(),
         )
 

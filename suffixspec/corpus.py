@@ -272,8 +272,10 @@ def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray, phases: dict | None 
     if not np.array_equal(fa.doc_starts, doc_starts):
         raise AssertionError("automaton document table disagrees with the document lengths")
     pstate = ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+    if pstate.shape[0] and pstate[0] == fk.CORRUPT:
+        raise AssertionError("automaton does not spell its own documents")
     occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
-    if not ok or (pstate.shape[0] and pstate[0] == fk.CORRUPT):
+    if not ok:
         raise AssertionError("occurrence layout disagrees with the automaton's counts")
     clock.lap("occurrences")
     arrays = fa.arrays()

@@ -53,61 +53,57 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
 @njit(cache=True)
 def occurrence_layout(links, counts, pstate):
     """(occ, occ_start, ok): end positions in suffix-link-tree preorder; ok is False when the
-    subtree sums disagree with `counts` (an automaton that does not describe its tokens)."""
+    subtree sums disagree with `counts` (an automaton that does not describe its tokens).
+
+    No tree is built: a state's subtree holds counts[v] positions, so each state is placed
+    right after its parent's own positions and its earlier-placed siblings, parents first
+    (a state whose parent is not placed yet places that chain top-down). Siblings come in
+    state-number order, own positions in increasing order."""
     n_states = links.shape[0]
     n = pstate.shape[0]
-    own = np.zeros(n_states, np.int64)
+    own = np.zeros(n_states, np.int32)
     for p in range(n):
         own[pstate[p]] += 1
-    # children of the suffix-link tree, CSR
-    child_off = np.zeros(n_states + 1, np.int64)
+    occ_start = np.full(n_states, -1, np.int32)
+    nxt = np.empty(n_states, np.int64)  # where the next child of a placed state goes
+    chain = np.empty(n_states, np.int32)
+    ok = n_states > 0 and links[0] == -1 and counts[0] == n
+    if not ok:
+        return np.empty(0, np.int32), occ_start, False
+    occ_start[0] = 0
+    nxt[0] = own[0]
     for v in range(1, n_states):
-        child_off[links[v] + 1] += 1
-    for v in range(n_states):
-        child_off[v + 1] += child_off[v]
-    fill = child_off[:-1].copy()
-    children = np.empty(max(n_states - 1, 0), np.int32)
-    for v in range(1, n_states):
-        u = links[v]
-        children[fill[u]] = v
-        fill[u] += 1
-    # preorder: own positions of v first, then its children's subtrees
-    occ_start = np.empty(n_states, np.int32)
-    order = np.empty(n_states, np.int32)
-    stack = np.empty(n_states, np.int32)
-    top = 0
-    stack[0] = 0
-    top = 1
-    cursor = 0
-    k = 0
-    while top > 0:
-        top -= 1
-        v = stack[top]
-        order[k] = v
-        k += 1
-        occ_start[v] = cursor
-        cursor += own[v]
-        for i in range(child_off[v + 1] - 1, child_off[v] - 1, -1):
-            stack[top] = children[i]
+        if occ_start[v] >= 0:
+            continue
+        top = 0
+        u = v
+        while occ_start[u] < 0:  # links of a fresh automaton reach the placed root
+            chain[top] = u
             top += 1
-    ok = k == n_states
-    # check counts: subtree sums in reverse preorder
-    sub = own.copy()
-    for i in range(k - 1, 0, -1):
-        v = order[i]
-        sub[links[v]] += sub[v]
+            u = links[u]
+            if u < 0 or top >= n_states:
+                return np.empty(0, np.int32), occ_start, False
+        while top > 0:
+            top -= 1
+            w = chain[top]
+            par = links[w]
+            start = nxt[par]
+            occ_start[w] = start
+            nxt[par] = start + counts[w]
+            nxt[w] = start + own[w]
+    # every subtree filled exactly: counts[v] == own[v] + the children's counts
     for v in range(n_states):
-        if sub[v] != counts[v]:
-            ok = False
+        if nxt[v] != np.int64(occ_start[v]) + counts[v]:
+            return np.empty(0, np.int32), occ_start, False
     occ = np.empty(n, np.int32)
-    put = np.empty(n_states, np.int64)
+    put = np.empty(n_states, np.int32)
     for v in range(n_states):
         put[v] = occ_start[v]
     for p in range(n):
         s = pstate[p]
         occ[put[s]] = p
         put[s] += 1
-    return occ, occ_start, ok
+    return occ, occ_start, True
 
 
 # -- restricted queries ----------------------------------------------------------------------

@@ -603,29 +603,30 @@ def out_edges(S, E, state):
 
 @njit(cache=True)
 def to_csr(S, E, M):
-    """Frozen layout: per-state edge offsets and edges sorted by token within each state."""
+    """Frozen layout: per-state edge offsets and edges sorted by token within each state.
+
+    Offsets come from the DEG column; the edge rows are then scattered by source in one
+    sequential pass (edges are only ever added, so rows 0..N_EDGES-1 are all live) and each
+    state's few edges sorted in place, rather than following every state's edge list.
+    """
     n = M[N_STATES]
-    offsets = np.zeros(n + 1, np.int64)
+    m = M[N_EDGES]
+    offsets = np.empty(n + 1, np.int64)
+    offsets[0] = 0
     for v in range(n):
-        deg = 0
-        e = S[v, HEAD]
-        while e != -1:
-            deg += 1
-            e = E[e, NEXT]
-        offsets[v + 1] = offsets[v] + deg
-    m = offsets[n]
+        offsets[v + 1] = offsets[v] + S[v, DEG]
     etok = np.empty(m, np.int32)
     eto = np.empty(m, np.int32)
+    fill = offsets[:n].copy()
+    for e in range(m):
+        v = E[e, SRC]
+        k = fill[v]
+        etok[k] = E[e, TOK]
+        eto[k] = E[e, TO]
+        fill[v] = k + 1
     for v in range(n):
         lo = offsets[v]
-        k = lo
-        e = S[v, HEAD]
-        while e != -1:
-            etok[k] = E[e, TOK]
-            eto[k] = E[e, TO]
-            k += 1
-            e = E[e, NEXT]
-        hi = k
+        hi = offsets[v + 1]
         if hi - lo > 1:
             # insertion sort for the usual small degree, argsort for hubs like the root
             if hi - lo <= 16:
@@ -644,3 +645,19 @@ def to_csr(S, E, M):
                 etok[lo:hi] = etok[lo:hi][order]
                 eto[lo:hi] = eto[lo:hi][order]
     return offsets, etok, eto
+
+
+@njit(cache=True)
+def state_columns(S, M):
+    """Copies of the LINK, LEN, CNT and LAST columns of the live states, in one pass over S."""
+    n = M[N_STATES]
+    links = np.empty(n, np.int32)
+    lens = np.empty(n, np.int32)
+    counts = np.empty(n, np.int32)
+    lasts = np.empty(n, np.int32)
+    for v in range(n):
+        links[v] = S[v, LINK]
+        lens[v] = S[v, LEN]
+        counts[v] = S[v, CNT]
+        lasts[v] = S[v, LAST]
+    return links, lens, counts, lasts
