@@ -584,7 +584,7 @@ def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
     for (mode, c), group in groups.items():
         rec = _record(group)
         if mode != "plain":
-            ratios, mismatched = [], []
+            ratios, mismatched, same_draws = [], [], []
             for run in group:
                 base = plain.get((run.repeat, c)) or (plain_c1.get(run.repeat) if mode == "prompt_lookup" else None)
                 if base is None:
@@ -593,6 +593,9 @@ def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
                 t_run = sum(q["new_tokens"] for q in run.requests) / run.makespan_s if run.makespan_s else 0.0
                 if t_base > 0:
                     ratios.append(t_run / t_base)
+                if settings.do_sample and mode == "speculative":
+                    # same draws per (seed, request, position): lossless sampling reproduces plain outputs
+                    same_draws.extend(a == b for a, b in zip(run.outputs, base.outputs))
                 if not settings.do_sample:
                     for q, (a, b) in enumerate(zip(run.outputs, base.outputs)):
                         if a != b:
@@ -600,6 +603,8 @@ def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
                                                "first_difference": next((i for i, (x, y) in enumerate(zip(a, b)) if x != y),
                                                                         min(len(a), len(b)))})
             rec["mismatches"] = len(mismatched)
+            if same_draws:
+                rec["sampled_identical_to_plain"] = f"{sum(same_draws)}/{len(same_draws)}"
             rec["mismatched_requests"] = mismatched[:20]
             rec["failures"] += len(mismatched)
             if ratios:

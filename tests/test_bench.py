@@ -219,7 +219,10 @@ def test_mismatches_count_as_failures_under_greedy_only():
     assert spec["mismatched_requests"][0]["first_difference"] == 0
     sampled = BenchSettings(concurrency=[2], max_new_tokens=4, budget=4, temperature=0.7)
     records, _, _ = run_fake(sampled, n=3, diverge=True)
-    assert next(r for r in records if r["mode"] == "speculative")["mismatches"] == 0
+    spec = next(r for r in records if r["mode"] == "speculative")
+    assert spec["mismatches"] == 0 and spec["sampled_identical_to_plain"] == "0/3"
+    records, _, _ = run_fake(sampled, n=3)
+    assert next(r for r in records if r["mode"] == "speculative")["sampled_identical_to_plain"] == "3/3"
 
 
 def test_slow_speculation_is_reported_as_slower():

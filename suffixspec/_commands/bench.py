@@ -155,6 +155,10 @@ def run(args) -> int:
           f"budget {settings.budget}, {'T=' + str(settings.temperature) if settings.do_sample else 'greedy'}, "
           f"{'qps ' + str(settings.qps) if settings.qps else 'closed loop'}, repeat {settings.repeat}")
     print(bench.format_table(records))
+    for rec in records:
+        if "sampled_identical_to_plain" in rec:
+            print(f"sampling, c={rec['concurrency']}: speculative outputs identical to plain decoding with the same "
+                  f"draws: {rec['sampled_identical_to_plain']}")
     if quality:
         parts = [f"{m} {quality[m]['correct']}/{quality[m]['total']} [{quality[m]['ci95'][0]:.2f}, {quality[m]['ci95'][1]:.2f}]"
                  for m in ("plain", "speculative", "prompt_lookup") if m in quality]
