@@ -102,9 +102,13 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     max_children = int(params[P_MAX_CHILDREN])
     max_depth = params[P_MAX_DEPTH]
     rec = params[P_RECENCY]
+    prior = params[P_MATCH_PRIOR]
+    min_prob = params[P_MIN_PROB]
     n_cand = 0
     n_heap = 0
     n_out = 0
+    direct = -1  # a candidate to output next without going through the heap
+    direct_p = 0.0
     c = -1
     p = 1.0
     v = state
@@ -167,7 +171,7 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                 if kids[i, 3] > kids[recent, 3]:
                     recent = i
             if total > 0:
-                scale = p * (length / (length + params[P_MATCH_PRIOR])) / (total * (1.0 + rec))
+                scale = p * length / ((length + prior) * total * (1.0 + rec))
                 for taken in range(min(max_children, k)):
                     best = taken
                     best_w = kids[taken, 2] + (rec * total if taken == recent else 0.0)
@@ -184,19 +188,32 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                         elif recent == best:
                             recent = taken
                     prob = best_w * scale
-                    if prob < params[P_MIN_PROB] or n_cand >= cand.shape[0]:
+                    if prob < min_prob or n_cand >= cand.shape[0]:
                         break
                     cand[n_cand, 0] = kids[taken, 0]
                     cand[n_cand, 1] = c
                     cand[n_cand, 2] = kids[taken, 1]
                     cand[n_cand, 3] = length + 1
                     cand[n_cand, 4] = depth + 1
-                    n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
+                    if taken == 0 and (n_heap == 0 or prob > hkey[0]):
+                        # the best child, more probable than every waiting candidate, is the
+                        # next pop: it skips the heap (its siblings score no higher)
+                        direct = n_cand
+                        direct_p = prob
+                    else:
+                        n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
                     n_cand += 1
         # -- pop the most probable candidate into the output
-        if n_heap == 0 or n_out >= budget:
+        if n_out >= budget:
             break
-        p, c, n_heap = _heap_pop(hkey, hval, n_heap)
+        if direct >= 0:
+            c = direct
+            p = direct_p
+            direct = -1
+        elif n_heap == 0:
+            break
+        else:
+            p, c, n_heap = _heap_pop(hkey, hval, n_heap)
         out_tok[at + n_out] = cand[c, 0]
         out_par[at + n_out] = -1 if cand[c, 1] < 0 else at + node_of[cand[c, 1]]
         out_prob[at + n_out] = p
