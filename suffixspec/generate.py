@@ -507,25 +507,36 @@ class SpeculativeGenerator:
             out.append(prune_tree(tree, b, lim - 1) if len(tree) else tree)
         return out
 
-    def _auto_prune(self, trees: list[DraftTree], limits, width: int = 1) -> list[DraftTree]:
-        """Choose one draft size k for the round maximising expected committed tokens per second.
+    def _auto_prune(self, trees: list[DraftTree], limits, width: int = 1, weights=None) -> list[DraftTree]:
+        """Choose one draft size k for the round; each row keeps its best k nodes.
 
         The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
-        for all rows costs the same as per-row sizes whose largest is k; each row keeps its best k."""
+        for all rows costs the same as per-row sizes whose largest is k. A decode round (`width` 1)
+        maximises expected committed tokens per second, each row's tokens counted with its `weights`
+        entry (default 1). A prefill round (`width` > 1, dominated by the prompts) takes k nodes only
+        when their expected tokens beat what their extra pass time buys in plain decode rounds."""
         b = len(trees)
         best_scores = [np.sort(t.scores)[::-1] * self._calibration if len(t) else np.zeros(0) for t in trees]
         kmax = max((len(s) for s in best_scores), default=0)
         if kmax == 0:
             return trees
-        gains = np.full(kmax + 1, float(b))
-        for s in best_scores:
+        w = np.ones(b) if weights is None else np.asarray(weights, np.float64)
+        gains = np.zeros(kmax + 1)
+        for wi, s in zip(w, best_scores):
             c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
-            gains += c[np.minimum(np.arange(kmax + 1), len(s))]
+            gains += wi * c[np.minimum(np.arange(kmax + 1), len(s))]
         cost = self.cost_model(b * (np.arange(kmax + 1) + width))
-        rate = gains / cost
-        k = int(np.argmax(rate))
-        if rate[k] < self.min_gain * rate[0]:
-            k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+        if width > 1:
+            plain_rate = float(w.sum()) / float(self.cost_model(b))
+            value = gains - plain_rate * (cost - cost[0])
+            k = int(np.argmax(value))
+            if value[k] <= 0:
+                k = 0
+        else:
+            rate = (w.sum() + gains) / cost
+            k = int(np.argmax(rate))
+            if rate[k] < self.min_gain * rate[0]:
+                k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
 
     def _plain_generate(self, prompts, stats, max_new, sampler, eos, stops, stream, do_sample, temperature, top_k, top_p):

@@ -84,6 +84,7 @@ class Server:
         self.budget = budget
         self.auto = budget == "auto"
         self.max_batch = None if max_batch is None else int(max_batch)
+        self.min_weight = 0.25  # floor of `_tail_weights`
         self.eos = gen._eos_set(eos_token_id)
         self.stops = gen._stop_matchers(stop)
         self.stream = stream
@@ -183,7 +184,7 @@ class Server:
         t = time.perf_counter()
         width = max(len(lv.pending) for lv in lives)
         if self.auto and self._speculate:
-            trees = gen._auto_prune(trees, limits, width=width)
+            trees = gen._auto_prune(trees, limits, width=width, weights=self._tail_weights(lives))
         t_pass = time.perf_counter()
         logits, root = state.forward([lv.pending for lv in lives], trees)
         if self.auto and self._speculate and width == 1:  # prefills are dominated by the prompt: not observed
@@ -248,6 +249,19 @@ class Server:
         if len(keep) < len(lives):
             state.select_rows(keep)
         return [lives[i] for i in keep]
+
+    def _tail_weights(self, lives: list[_Live]):
+        """Weights of the rows' tokens for the auto budget: with nobody waiting, the batch lasts as long
+        as its slowest request, so a row counts by its expected remaining rounds relative to the
+        longest (remaining tokens / tokens per round so far, one token a round before any); with
+        requests waiting, a freed slot is refilled at once and every token counts alike."""
+        if self._waiting or len(lives) == 1:
+            return None
+        rounds = np.array([self.stats.requests[lv.index].rounds for lv in lives], np.float64)
+        done = np.array([len(lv.output) for lv in lives], np.float64)
+        remaining = np.array([lv.max_new for lv in lives], np.float64) - done
+        expected_rounds = remaining * (rounds + 1.0) / (done + 1.0)
+        return np.maximum(expected_rounds / expected_rounds.max(), self.min_weight)
 
     @property
     def proposer_or_none(self):

@@ -249,11 +249,7 @@ def test_auto_budget_follows_the_cost_curve():
     assert res.stats.drafted > 0 and res.stats.tokens_per_round > 2
     dear = SpeculativeGenerator(model, proposer=oracle_proposer(refs, VOCAB), cost_model=CostModel([1, 4096], [1.0, 4096.0]))
     res2 = dear.generate(prompts, max_new_tokens=NEW)
-    # after the prefill round (whose pass is dominated by the prompts, so drafts there cost little),
-    # every round is plain decoding
-    B = len(prompts)
-    assert res2.stats.budgets[B:] == [0] * (len(res2.stats.budgets) - B)
-    assert res2.stats.plain_rounds == res2.stats.rounds - 1
+    assert res2.stats.drafted == 0 and res2.stats.plain_rounds == res2.stats.rounds
     assert res.sequences == res2.sequences == [refs[tuple(p)] for p in prompts]
 
 
@@ -461,3 +457,19 @@ def test_serve_rejects_bad_options():
         server.add([])
     assert server.add([1, 2], max_new_tokens=0) == 0 and server.idle
     assert server.result().sequences == [[]]
+
+
+def test_auto_budget_weights_and_prefill_margin():
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
+                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1, 1.6, 2.2, 4, 8]))
+    good = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.9))
+    trees, limits = [good, DraftTree.empty()], [64, 64]
+    # decode round, rows counted alike: 4 nodes a row (8 tokens, cost 2.2) -> (2 + 2.7) / 2.2 beats 2 / 1
+    assert [len(t) for t in gen._auto_prune(trees, limits)] == [3, 0]
+    # the drafting row is nearly done and the other is the batch's tail: its tokens count a quarter
+    assert [len(t) for t in gen._auto_prune(trees, limits, weights=[0.25, 1.0])] == [0, 0]
+    # a prefill round of 100 pending tokens: weak drafts raise the round's average rate (1.8 / 27 > 1 / 25)
+    # but buy fewer tokens (0.8) than their extra pass time (2 units) buys in plain decode rounds
+    weak = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.1))
+    assert len(gen._auto_prune([weak], [64], width=100)[0]) == 0
+    assert len(gen._auto_prune([good], [64], width=100)[0]) == 8
