@@ -5,9 +5,10 @@ short request is refilled at once instead of idling until the batch's slowest re
 
 Contract of one `step()`:
 
-1. Admission: waiting requests (FIFO) fill the free slots (`max_batch`). The newcomers get one pass
+1. Admission: waiting requests (FIFO) fill the free slots (`max_batch`). The newcomers get passes
    of their own over their prompts plus a draft tree each (their prefill, which is also their first
-   round); their cache rows then join the running batch (`KVState.add_rows`).
+   round; grouped by prompt length so left padding stays small); their cache rows then join the
+   running batch (`KVState.add_rows`).
 2. One round for every running request (newcomers included): propose, prune to the budget, one
    forward pass, acceptance, commit. Finished requests leave the batch (`KVState.select_rows`).
 
@@ -61,6 +62,21 @@ class _Live:
     session: Any = None
     filter: Any = None
     request_id: Any = None
+
+
+def _prefill_groups(lives: list[_Live], waste: float = 0.25) -> list[list[_Live]]:
+    """Newcomers grouped by prompt length so that left padding adds at most `waste` of a group's tokens."""
+    groups: list[list[_Live]] = []
+    total = 0
+    for lv in sorted(lives, key=lambda lv: len(lv.pending)):
+        n = len(lv.pending)
+        if groups and (len(groups[-1]) + 1) * n <= (1.0 + waste) * (total + n):
+            groups[-1].append(lv)
+            total += n
+        else:
+            groups.append([lv])
+            total = n
+    return groups
 
 
 class Server:
@@ -157,15 +173,16 @@ class Server:
         free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
         if free > 0:
             newcomers = [self._waiting.popleft() for _ in range(free)]
-            state = self._new_state(len(newcomers))
             for lv in newcomers:
                 self.stats.requests[lv.index].queue_s = self.now() - self._added_s[lv.index]
                 step.admitted.append(lv.index)
                 if self._speculate:
                     lv.session = self.gen.proposer.start(lv.context, request_id=lv.request_id, filter=lv.filter)
-            newcomers = self._round(state, newcomers, step.events, prefill=True)
-            self._state.add_rows(state)
-            self._rows.extend(newcomers)
+            for group in _prefill_groups(newcomers):
+                state = self._new_state(len(group))
+                group = self._round(state, group, step.events, prefill=True)
+                self._state.add_rows(state)
+                self._rows.extend(group)
         if self._rows:
             self._rows = self._round(self._state, self._rows, step.events, prefill=False)
         if not self._rows:

@@ -473,3 +473,11 @@ def test_auto_budget_weights_and_prefill_margin():
     weak = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.1))
     assert len(gen._auto_prune([weak], [64], width=100)[0]) == 0
     assert len(gen._auto_prune([good], [64], width=100)[0]) == 8
+
+
+def test_prefill_groups_bound_the_padding():
+    from suffixspec.serve import _Live, _prefill_groups
+
+    lives = [_Live(i, i, 8, [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
+    assert [[lv.index for lv in g] for g in _prefill_groups(lives)] == [[0, 1, 3], [4, 2]]
+    assert [len(g) for g in _prefill_groups(lives, waste=10.0)] == [5]
