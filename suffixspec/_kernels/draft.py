@@ -86,7 +86,7 @@ def make_workspace(budget, max_children, n_sources):
             np.empty(n_out, np.float64), np.empty(n_out, np.int32))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws, at):
     """Best-first expansion from (state, match_len); `live` picks the layout read. Writes its
     nodes into the workspace outputs from index `at` (parents offset accordingly) and returns

@@ -25,7 +25,7 @@ from . import draft as dk
 from . import sam as sk
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, levels, ws,
                 out_tok, out_par, out_depth, out_prob, at):
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
