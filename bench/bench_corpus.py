@@ -1,6 +1,7 @@
 """Corpus index benchmark: build throughput, bytes per token, open time, query latency.
 
     python bench/bench_corpus.py [--tokens 12000000] [--jobs 2] [--shard-tokens 6000000] [--queries 2000]
+                                 [--single-core-tokens 2000000] [--build-only] [--no-peers] [--keep DIR]
 
 Data: the `*.py` files of the standard libraries under /root/.pyenv/versions/3.1*/lib/python3.*/
 (site-packages excluded; newest version first, sorted paths, until --tokens), one document per
@@ -12,7 +13,9 @@ contexts whose last token is replaced (a broken match); restricted to one Python
 documents, as for a completion request filtered to its repository, and "foreign" contexts
 from random documents, which make the restricted match walk up many suffix links). With arctic-inference
 importable (bench/_peers.py), its insert throughput and estimate_memory() on a prefix of the
-same tokens. Prints a table, then one JSON line last.
+same tokens. The one-core build also reports seconds per build phase (`single_core_<phase>_s`:
+automaton, freeze, occurrences, checksums, write; `other` is the rest of its wall time).
+Prints a table, then one JSON line last.
 """
 
 from __future__ import annotations
@@ -236,7 +239,8 @@ def main():
     print(f"{'metric':<40} {'value':>16}   target")
     targets = {"build_tokens_per_s_per_core": ">= 2,000,000", "single_core_tokens_per_s": ">= 2,000,000",
                "bytes_per_token": "<= 60", "open_ms_median": "<= 50 (10M tokens)",
-               "restricted_package_p50_us": "<= 100", "restricted_version_p50_us": "<= 100"}
+               "restricted_package_p50_us": "<= 100", "restricted_version_p50_us": "<= 100",
+               "restricted_package_foreign_p50_us": "<= 100"}
     for key, v in result.items():
         if isinstance(v, (list, dict)):
             continue
