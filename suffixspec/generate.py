@@ -4,7 +4,8 @@ Each round, for every unfinished request of the batch: the proposer drafts a tre
 tokens, the trees are pruned to the round's budget, one forward pass verifies all of them
 (`verify.KVState.forward`), acceptance (`verify.accept`) commits the accepted drafts plus one bonus
 token, and the committed tokens flow back to the proposer. A finished request leaves the batch (its
-cache rows are dropped).
+cache rows are dropped). `generate` runs on the continuous-batching `suffixspec.serve.Server`
+(`SpeculativeGenerator.serve`), where requests may also join the batch between rounds.
 
 The budget is either fixed (`budget=N` draft nodes per request, 0 = plain decoding) or "auto": a
 `CostModel` measured on the running hardware gives the cost of a pass as a function of the tokens it

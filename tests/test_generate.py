@@ -284,6 +284,14 @@ def test_unsupported_model_falls_back_with_one_warning(monkeypatch):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         gen.generate(prompts, max_new_tokens=2)
+    server = gen.serve(max_new_tokens=8, max_batch=2)  # one request per step through transformers
+    for p in prompts:
+        server.add(p)
+    steps = []
+    while not server.idle:
+        steps.append(server.step())
+    assert [s.admitted for s in steps] == [[q] for q in range(len(prompts))]
+    assert server.result().sequences == res.sequences and server.result().stats.fallback.startswith("pretend")
 
 
 def test_bad_inputs():
