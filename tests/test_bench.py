@@ -435,3 +435,9 @@ def test_end_to_end_on_tiny_model(tmp_path):
             assert rec["speedup"] > 0
     assert next(r for r in records if r["mode"] == "speculative")["acceptance_rate"] > 0
     bench.write_plots(tmp_path, records)
+    # Poisson arrivals through the same engines: outputs still identical, queueing never negative
+    poisson = BenchSettings(concurrency=[2], qps=200.0, max_new_tokens=8, budget="auto", modes=("plain", "speculative"))
+    runs = bench.run_benchmark(wl, prompts, backends, poisson, progress=False)
+    for rec in bench.summarize(runs, poisson):
+        assert rec["mismatches"] == 0 and rec["failures"] == 0 and rec["new_tokens"] == 24
+    assert all(q["queue_s"] >= 0 and q["ttft_s"] >= q["queue_s"] for run in runs for q in run.requests)
