@@ -149,6 +149,11 @@ def test_cli_as_a_process(tmp_path):
     assert r.returncode == 0, r.stderr
     info = last_json(r.stdout)
     assert info["n_documents"] == 3 and info["query"]["count"] == 2
+    r = run("delete", str(ix), "--filter", "repo=flask", "--json")
+    assert r.returncode == 0, r.stderr
+    assert last_json(r.stdout)["document_ids"] == ["d.jsonl:3"]
+    r = run("delete", str(ix), "--id", "nope")
+    assert r.returncode == 2 and "no document with id 'nope'" in r.stderr and "Traceback" not in r.stderr
     r = run("index", str(tmp_path / "d.jsonl"), "-o", str(ix), "--field", "body")
     assert r.returncode == 2 and "d.jsonl:1: field 'body'" in r.stderr and "Traceback" not in r.stderr
 

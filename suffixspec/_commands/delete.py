@@ -14,7 +14,7 @@ def add_parser(subparsers):
                                           "document, is an error and changes nothing.")
     p.add_argument("index", metavar="INDEX")
     p.add_argument("--id", action="append", default=None, metavar="ID", dest="ids",
-                   help="document id to delete (repeatable)")
+                   help="id of the document(s) to delete (repeatable; every document with that id)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="delete documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, change nothing")
