@@ -568,7 +568,7 @@ class Session:
                     break
                 state = automaton.state_link(state)
                 length = automaton.state_length(state) if state > 0 else 0
-        out_tok, out_par, out_prob, out_depth = ws[5:]
+        out_tok, out_par, out_prob, out_depth = ws[5:9]
         context = sam.tokens[-_RestrictedSource.window :] if self._restricted else None
         for src in self._restricted:
             cand = src.candidates(context, budget, p.params, p.min_match)

@@ -30,7 +30,8 @@ from . import sam as sk
 P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
 N_PARAMS = 5
 CHILD_BUF = 4096
-WALK_SPLAY = 24  # splay-tree depth past which reading a count splays (keeps reads amortized)
+WALK_SPLAY = 24  # splay-tree depth past which a count read is followed by a splay (amortization)
+DEEP_BUF = 256  # such splays per expansion (past that, reads stay exact but are not splayed)
 
 
 @njit(cache=True, inline="always")
@@ -81,9 +82,9 @@ def make_workspace(budget, max_children, n_sources):
     kids = np.empty((CHILD_BUF, 4), np.int64)  # children of one state: token, state, count, last end
     node_of = np.empty(cap, np.int32)    # candidate -> output node
     n_out = budget * n_sources
-    # out: tokens, parents, probs, depths
+    # out: tokens, parents, probs, depths; then the states to splay after an expansion
     return (cand, keys, vals, kids, node_of, np.empty(n_out, np.int32), np.empty(n_out, np.int32),
-            np.empty(n_out, np.float64), np.empty(n_out, np.int32))
+            np.empty(n_out, np.float64), np.empty(n_out, np.int32), np.empty(DEEP_BUF, np.int32))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -95,7 +96,8 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth = ws
+    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth, deep = ws
+    n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     budget = min(budget, out_tok.shape[0] - at)
     online = live and M[sk.MODE] == sk.MODE_ONLINE
     n_frozen = offsets.shape[0] - 1
@@ -125,7 +127,9 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                 lst = S[w, sk.LAST]
                 if online:
                     # true values without restructuring: add the pending tags of w's strict
-                    # ancestors in its splay tree (lct.py); splay when that path is long
+                    # ancestors in its splay tree (lct.py); a long path is splayed after the
+                    # loop (splaying here would rebind `stack` in the loop, which made the
+                    # whole loop ~3x slower), paying for this walk as the amortization needs
                     x = w
                     steps = 0
                     while True:
@@ -137,11 +141,9 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                         if L[x, lct.TLAST] > lst:
                             lst = L[x, lct.TLAST]
                         steps += 1
-                        if steps > WALK_SPLAY:
-                            stack = lct.splay(L, S, w, stack)
-                            cnt = S[w, sk.CNT]
-                            lst = S[w, sk.LAST]
-                            break
+                    if steps > WALK_SPLAY and n_deep < deep.shape[0]:
+                        deep[n_deep] = w
+                        n_deep += 1
                 kids[k, 0] = E[e, sk.TOK]
                 kids[k, 1] = w
                 kids[k, 2] = cnt
@@ -225,6 +227,8 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
         v = cand[c, 2]
         length = cand[c, 3]
         depth = cand[c, 4]
+    for i in range(n_deep):
+        stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
 
 
