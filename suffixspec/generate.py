@@ -174,30 +174,47 @@ class GenerationResult:
 
 
 class CostModel:
-    """Seconds per forward pass as a function of the new tokens it feeds (all rows together),
-    interpolated linearly between measured sizes and extrapolated proportionally beyond them."""
+    """Seconds per forward pass as a function of the new tokens it feeds (all rows together, padding
+    included), interpolated linearly between measured sizes and extrapolated proportionally beyond.
+
+    The measured curve is corrected online per batch size (`observe`), so passes of one batch size
+    (longer contexts, more rows) never distort the relative costs another batch size decides on."""
 
     SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
         self.sizes = np.asarray(sizes, np.float64)[order]
-        self._raw = np.asarray(seconds, np.float64)[order]
-        self.seconds = np.maximum.accumulate(self._raw)  # never cheaper when bigger
+        self._measured = np.asarray(seconds, np.float64)[order]
+        self._factors: dict[int, np.ndarray] = {}  # batch size -> observed / measured, per size
+        self._curves: dict[int, np.ndarray] = {}
+        self.seconds = self._curve(1)
 
-    def observe(self, tokens: int, seconds: float, weight: float = 0.1) -> None:
-        """Blend a pass time seen while generating into the nearest measured size, so the curve
-        follows the machine as it is now (load, threads) rather than when it was measured."""
+    def _curve(self, batch: int) -> np.ndarray:
+        curve = self._curves.get(batch)
+        if curve is None:
+            factors = self._factors.get(batch)
+            raw = self._measured if factors is None else self._measured * factors
+            curve = self._curves[batch] = np.maximum.accumulate(raw)  # never cheaper when bigger
+        return curve
+
+    def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
+        """Blend a pass time of `batch` rows seen while generating into the nearest measured size, so
+        the curve follows the machine as it is now (load, threads) rather than when it was measured."""
+        batch = int(batch)
         i = int(np.argmin(np.abs(np.log(self.sizes) - np.log(max(tokens, 1)))))
-        expected = float(self(tokens))
+        expected = float(self(tokens, batch))
         if expected > 0 and seconds > 0:
-            self._raw[i] *= (1.0 - weight) + weight * (seconds / expected)
-            self.seconds = np.maximum.accumulate(self._raw)
+            factors = self._factors.setdefault(batch, np.ones(len(self.sizes)))
+            factors[i] *= (1.0 - weight) + weight * (seconds / expected)
+            self._curves.pop(batch, None)
+            self.seconds = self._curve(1)
 
-    def __call__(self, tokens) -> np.ndarray:
+    def __call__(self, tokens, batch: int = 1) -> np.ndarray:
+        curve = self._curve(int(batch))
         tokens = np.asarray(tokens, np.float64)
-        inside = np.interp(tokens, self.sizes, self.seconds)
-        beyond = self.seconds[-1] * tokens / self.sizes[-1]
+        inside = np.interp(tokens, self.sizes, curve)
+        beyond = curve[-1] * tokens / self.sizes[-1]
         return np.where(tokens > self.sizes[-1], beyond, inside)
 
     def relative(self) -> dict[int, float]:
@@ -526,9 +543,9 @@ class SpeculativeGenerator:
         for wi, s in zip(w, best_scores):
             c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
             gains += wi * c[np.minimum(np.arange(kmax + 1), len(s))]
-        cost = self.cost_model(b * (np.arange(kmax + 1) + width))
+        cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
         if width > 1:
-            plain_rate = float(w.sum()) / float(self.cost_model(b))
+            plain_rate = float(w.sum()) / float(self.cost_model(b, batch=b))
             value = gains - plain_rate * (cost - cost[0])
             k = int(np.argmax(value))
             if value[k] <= 0:

@@ -205,7 +205,8 @@ class Server:
         t_pass = time.perf_counter()
         logits, root = state.forward([lv.pending for lv in lives], trees)
         if self.auto and self._speculate and width == 1:  # prefills are dominated by the prompt: not observed
-            gen.cost_model.observe(sum(1 + len(tr) for tr in trees), time.perf_counter() - t_pass)
+            gen.cost_model.observe(len(lives) * (1 + max(len(tr) for tr in trees)), time.perf_counter() - t_pass,
+                                   batch=len(lives))  # the pass is padded to the widest row
         results = accept(logits, root, trees, self.sampler, [lv.context for lv in lives], [lv.key for lv in lives],
                          [len(lv.output) for lv in lives], limits, self.eos)
         state.commit([res.accepted_nodes for res in results])

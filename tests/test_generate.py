@@ -489,3 +489,12 @@ def test_prefill_groups_bound_the_padding():
     lives = [_Live(i, i, 8, [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
     assert [[lv.index for lv in g] for g in _prefill_groups(lives)] == [[0, 1, 3], [4, 2]]
     assert [len(g) for g in _prefill_groups(lives, waste=10.0)] == [5]
+
+
+def test_cost_model_corrections_are_per_batch_size():
+    cm = CostModel([1, 8, 64], [1.0, 2.0, 4.0])
+    for _ in range(200):
+        cm.observe(8, 10.0, batch=4)  # four rows with long contexts: dearer than the measured curve
+    assert cm(8, batch=4) == pytest.approx(10.0, rel=0.01) and cm(64, batch=4) >= cm(8, batch=4)
+    assert cm(8) == pytest.approx(2.0) and cm(8, batch=2) == pytest.approx(2.0)  # other batch sizes untouched
+    assert cm.relative() == {1: 1.0, 8: 2.0, 64: 4.0}
