@@ -65,8 +65,8 @@ def occurrence_layout(links, counts, pstate):
     for p in range(n):
         own[pstate[p]] += 1
     occ_start = np.full(n_states, -1, np.int32)
-    nxt = np.empty(n_states, np.int64)  # where the next child of a placed state goes
-    chain = np.empty(n_states, np.int32)
+    nxt = np.empty(n_states, np.int32)  # where the next child of a placed state goes (< n < 2**31)
+    chain = np.empty(n_states, np.int32)  # only its first (deepest unplaced chain) rows are touched
     ok = n_states > 0 and links[0] == -1 and counts[0] == n
     if not ok:
         return np.empty(0, np.int32), occ_start, False
@@ -93,10 +93,10 @@ def occurrence_layout(links, counts, pstate):
             nxt[w] = start + own[w]
     # every subtree filled exactly: counts[v] == own[v] + the children's counts
     for v in range(n_states):
-        if nxt[v] != np.int64(occ_start[v]) + counts[v]:
+        if np.int64(nxt[v]) != np.int64(occ_start[v]) + counts[v]:
             return np.empty(0, np.int32), occ_start, False
     occ = np.empty(n, np.int32)
-    put = np.empty(n_states, np.int32)
+    put = nxt  # reused: where the next own position of each state goes
     for v in range(n_states):
         put[v] = occ_start[v]
     for p in range(n):
