@@ -268,15 +268,27 @@ class SuffixAutomaton(_Queries):
 
     def freeze(self) -> FrozenAutomaton:
         """A compact read-only copy (CSR edges sorted by token), safe to share across threads."""
-        self._settle_counts()
-        if self._mode == sk.MODE_ONLINE:
-            lk.settle(self._L, self._S, self.n_states)
+        self._settle_values()
         offsets, etok, eto = sk.to_csr(self._S, self._E, self._M)
         links, lens, counts, lasts = sk.state_columns(self._S, self._M)
         return FrozenAutomaton(
             links=links, lens=lens, counts=counts, lasts=lasts, offsets=offsets, etok=etok, eto=eto,
             tokens=self._T[: len(self)].copy(), doc_starts=self._doc_starts().copy(),
         )
+
+    def _settle_values(self) -> None:
+        self._settle_counts()
+        if self._mode == sk.MODE_ONLINE:
+            lk.settle(self._L, self._S, self.n_states)
+
+    def _freeze_into(self, out: dict) -> None:
+        """Write the arrays of `freeze()` into the preallocated arrays `out[name]` (names of
+        `FrozenAutomaton._FIELDS`, shapes as `freeze()` gives; `offsets` may be int32)."""
+        self._settle_values()
+        sk.to_csr_into(self._S, self._E, self._M, out["offsets"], out["etok"], out["eto"])
+        sk.state_columns_into(self._S, self._M, out["links"], out["lens"], out["counts"], out["lasts"])
+        out["tokens"][:] = self._T[: len(self)]
+        out["doc_starts"][:] = self._doc_starts()
 
     def __getstate__(self):
         n, m, t = self.n_states, self.n_edges, len(self)

@@ -39,6 +39,7 @@ names, fsynced, then renamed.
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import json
 import mmap
@@ -104,26 +105,46 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.ndarray], phases: dict | None = None) -> dict:
-    """Write one container file at `path` (the caller picks a temporary name); returns
-    {"bytes", "payload_crc"}. Adds seconds spent on checksums and writing to `phases`."""
-    clock = _PhaseClock(phases)
-    arrays = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
-    meta_b = json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
-    meta_off = _HEADER.size + _ENTRY.size * len(arrays)
+def _plan(meta_b: bytes, specs) -> tuple[list[tuple], int]:
+    """Layout of a container file holding arrays `specs` [(name, dtype, count)]:
+    [(name, dtype code, offset, count, nbytes)] and the file length."""
+    meta_off = _HEADER.size + _ENTRY.size * len(specs)
     off = _align(meta_off + len(meta_b))
-    entries, layout = [], []
-    for name, a in arrays.items():
-        dt = a.dtype.newbyteorder("<") if a.dtype.byteorder == ">" else a.dtype
-        code = dt.str
-        if code not in _DTYPES:
-            raise BadInputError(f"array {name}: unsupported dtype {a.dtype}")
-        buf = memoryview(a.astype(dt, copy=False)).cast("B")
-        entries.append(_ENTRY.pack(name.encode(), code.encode(), off, a.shape[0], zlib.crc32(buf), b""))
-        layout.append((off, buf))
-        off = _align(off + buf.nbytes)
-    clock.lap("checksums")
-    file_length = layout[-1][0] + layout[-1][1].nbytes if layout else meta_off + len(meta_b)
+    plan, end = [], meta_off + len(meta_b)
+    for name, dtype, count in specs:
+        dt = np.dtype(dtype)
+        dt = dt.newbyteorder("<") if dt.byteorder == ">" else dt
+        if dt.str not in _DTYPES:
+            raise BadInputError(f"array {name}: unsupported dtype {dt}")
+        nbytes = int(count) * dt.itemsize
+        plan.append((name, dt.str, off, int(count), nbytes))
+        end = off + nbytes
+        off = _align(end)
+    return plan, end
+
+
+def _head(kind: int, file_length: int, n_arrays: int, meta_b: bytes, payload_crc: int) -> bytes:
+    meta_off = _HEADER.size + _ENTRY.size * n_arrays
+    head = _HEADER.pack(MAGIC, FORMAT_VERSION, kind, file_length, n_arrays, zlib.crc32(meta_b),
+                        meta_off, len(meta_b), payload_crc, b"", 0)
+    return head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+
+
+def _meta_bytes(meta: dict) -> bytes:
+    return json.dumps(meta, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.ndarray]) -> dict:
+    """Write one container file of in-memory `arrays` at `path` (the caller picks a temporary
+    name); returns {"bytes", "payload_crc"}."""
+    arrays = {k: np.ascontiguousarray(a) for k, a in arrays.items()}
+    meta_b = _meta_bytes(meta)
+    plan, file_length = _plan(meta_b, [(k, a.dtype, a.shape[0]) for k, a in arrays.items()])
+    entries, bufs = [], []
+    for (name, code, off, count, _), a in zip(plan, arrays.values()):
+        buf = memoryview(a.astype(code, copy=False)).cast("B")
+        entries.append(_ENTRY.pack(name.encode(), code.encode(), off, count, zlib.crc32(buf), b""))
+        bufs.append((off, buf))
     crc = 0
     with open(path, "wb") as f:
         f.write(b"\0" * _HEADER.size)
@@ -132,22 +153,78 @@ def _write_container(path: Path, kind: int, meta: dict, arrays: dict[str, np.nda
             f.write(chunk)
             crc = zlib.crc32(chunk, crc)
             pos += len(chunk)
-        for o, buf in layout:
+        for o, buf in bufs:
             pad = b"\0" * (o - pos)
             f.write(pad)
             crc = zlib.crc32(pad, crc)
             f.write(buf)
             crc = zlib.crc32(buf, crc)
             pos = o + buf.nbytes
-        head = _HEADER.pack(MAGIC, FORMAT_VERSION, kind, file_length, len(arrays), zlib.crc32(meta_b),
-                            meta_off, len(meta_b), crc, b"", 0)
-        head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
         f.seek(0)
-        f.write(head)
+        f.write(_head(kind, file_length, len(arrays), meta_b, crc))
         f.flush()
         os.fsync(f.fileno())
-    clock.lap("write")
     return {"bytes": file_length, "payload_crc": crc}
+
+
+class _MappedContainer:
+    """A container file written in place: `arrays` are writable views of the new file's
+    mapping, filled by the caller (kernels write straight into the page cache, no copy of the
+    shard in memory); `finish()` adds checksums, table, meta and header, then syncs. The same
+    bytes as `_write_container` would write. Every view must be dropped before `finish()`."""
+
+    def __init__(self, path: Path, kind: int, meta: dict, specs):
+        self.path, self.kind = path, kind
+        self.meta_b = _meta_bytes(meta)
+        self.plan, self.length = _plan(self.meta_b, specs)
+        self.mm = None
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            try:  # reserve the blocks now: a full disk is an OSError here, not a SIGBUS later
+                os.posix_fallocate(self.fd, 0, self.length)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                    raise
+                os.ftruncate(self.fd, self.length)
+            self.mm = mmap.mmap(self.fd, self.length)
+        except BaseException:
+            self.close()
+            raise
+        self.arrays = {name: np.frombuffer(self.mm, np.dtype(code), count, off) for name, code, off, count, _ in self.plan}
+
+    def finish(self, phases: dict | None = None) -> dict:
+        """Checksums, array table, meta and header; msync and fsync. Returns {"bytes", "payload_crc"}."""
+        clock = _PhaseClock(phases)
+        self.arrays.clear()
+        mv = memoryview(self.mm)
+        try:
+            table = b"".join(_ENTRY.pack(name.encode(), code.encode(), off, count, zlib.crc32(mv[off : off + nbytes]), b"")
+                             for name, code, off, count, nbytes in self.plan)
+            meta_off = _HEADER.size + len(table)
+            mv[_HEADER.size : meta_off] = table
+            mv[meta_off : meta_off + len(self.meta_b)] = self.meta_b
+            crc = zlib.crc32(mv[_HEADER.size : self.length])  # padding is zero: the file was created empty
+            mv[: _HEADER.size] = _head(self.kind, self.length, len(self.plan), self.meta_b, crc)
+        finally:
+            mv.release()
+        clock.lap("checksums")
+        self.mm.flush()
+        os.fsync(self.fd)
+        self.close()
+        clock.lap("write")
+        return {"bytes": self.length, "payload_crc": crc}
+
+    def close(self) -> None:
+        self.arrays = {}
+        if self.mm is not None:
+            try:
+                self.mm.close()
+            except BufferError:  # a view is still alive: the map closes when it goes
+                pass
+            self.mm = None
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class _Container:
@@ -255,38 +332,6 @@ def _tokenizer_info(tokenizer) -> dict:
     return {"name": str(info["name"]), "vocab_size": int(info["vocab_size"]), "fingerprint": str(info["fingerprint"])}
 
 
-def _shard_arrays(tokens: np.ndarray, doc_lens: np.ndarray, phases: dict | None = None) -> tuple[dict[str, np.ndarray], dict]:
-    """Frozen automaton and occurrence layout of one shard; adds seconds per phase to `phases`."""
-    clock = _PhaseClock(phases)
-    sa = SuffixAutomaton()
-    pos = 0
-    for n in doc_lens.tolist():
-        sa.add_document(tokens[pos : pos + n])
-        pos += n
-    clock.lap("automaton")
-    fa = sa.freeze()
-    del sa
-    clock.lap("freeze")
-    doc_starts = np.zeros(len(doc_lens), np.int64)
-    np.cumsum(doc_lens[:-1], out=doc_starts[1:])
-    if not np.array_equal(fa.doc_starts, doc_starts):
-        raise AssertionError("automaton document table disagrees with the document lengths")
-    pstate = ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
-    if pstate.shape[0] and pstate[0] == fk.CORRUPT:
-        raise AssertionError("automaton does not spell its own documents")
-    occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
-    if not ok:
-        raise AssertionError("occurrence layout disagrees with the automaton's counts")
-    clock.lap("occurrences")
-    arrays = fa.arrays()
-    if arrays["etok"].shape[0] < 2**31:
-        arrays["offsets"] = arrays["offsets"].astype(np.int32)  # halves the per-state edge offsets
-    arrays["occ"], arrays["occ_start"] = occ, occ_start
-    meta = {"n_tokens": int(tokens.shape[0]), "n_documents": int(len(doc_lens)),
-            "n_states": fa.n_states, "n_edges": fa.n_edges}
-    return arrays, meta
-
-
 class _PhaseClock:
     """Adds the seconds since the previous lap to `phases[name]` (does nothing without a dict)."""
 
@@ -302,15 +347,51 @@ class _PhaseClock:
 
 
 def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
-    """Build one shard and write it at `path` (run in a worker process when jobs > 1)."""
+    """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
+    automaton, then its frozen arrays and occurrence layout straight into the mapped file.
+    Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
     phases = {}
-    arrays, meta = _shard_arrays(tokens, doc_lens, phases)
     clock = _PhaseClock(phases)
-    arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
-    clock.lap("write")
-    out = _write_container(Path(path), KIND_SHARD, meta, arrays, phases)
-    out.update(n_tokens=meta["n_tokens"], n_documents=meta["n_documents"], phases=phases)
-    return out
+    sa = SuffixAutomaton()
+    pos = 0
+    for n in doc_lens.tolist():
+        sa.add_document(tokens[pos : pos + n])
+        pos += n
+    clock.lap("automaton")
+    n_tokens, n_states, n_edges, n_docs = len(sa), sa.n_states, sa.n_edges, len(doc_lens)
+    if sa.n_documents != n_docs:
+        raise AssertionError("automaton document count disagrees with the document lengths")
+    doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
+    meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
+    i4 = np.int32
+    specs = [("links", i4, n_states), ("lens", i4, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
+             ("offsets", i4 if n_edges < 2**31 else np.int64, n_states + 1),  # int32 halves the edge offsets
+             ("etok", i4, n_edges), ("eto", i4, n_edges), ("tokens", i4, n_tokens), ("doc_starts", np.int64, n_docs),
+             ("occ", i4, n_tokens), ("occ_start", i4, n_states), ("doc_info", np.uint8, len(doc_info))]
+    assert tuple(name for name, _, _ in specs) == _SHARD_ARRAYS
+    out = _MappedContainer(Path(path), KIND_SHARD, meta, specs)
+    try:
+        a = out.arrays
+        sa._freeze_into(a)
+        del sa
+        clock.lap("freeze")
+        doc_starts = np.zeros(n_docs, np.int64)
+        np.cumsum(doc_lens[:-1], out=doc_starts[1:])
+        if not np.array_equal(a["doc_starts"], doc_starts):
+            raise AssertionError("automaton document table disagrees with the document lengths")
+        pstate = ck.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
+        if pstate.shape[0] and pstate[0] == fk.CORRUPT:
+            raise AssertionError("automaton does not spell its own documents")
+        if not ck.occurrence_layout_into(a["links"], a["counts"], pstate, a["occ"], a["occ_start"]):
+            raise AssertionError("occurrence layout disagrees with the automaton's counts")
+        a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
+        del a, pstate
+        clock.lap("occurrences")
+        result = out.finish(phases)
+    finally:
+        out.close()
+    result.update(n_tokens=n_tokens, n_documents=n_docs, phases=phases)
+    return result
 
 
 class _ShardWriter:

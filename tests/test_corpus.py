@@ -388,6 +388,36 @@ def test_parallel_build_equals_serial(tmp_path):
         assert s.file.payload_crc == t.file.payload_crc
 
 
+def test_mapped_shard_file_equals_in_memory_write(tmp_path):
+    """A shard written in place through its file mapping has the bytes of the frozen automaton
+    plus occurrence layout written from memory."""
+    import json
+
+    from suffixspec import corpus as C
+    from suffixspec._kernels import corpus as ck
+
+    docs = [d for d in random_docs(17, n_docs=20, max_len=80) if d]
+    lens = np.array([len(d) for d in docs], np.int64)
+    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
+    ids, tags = [f"d{i}" for i in range(len(docs))], [{"n": str(i)} for i in range(len(docs))]
+    mapped = C._build_shard_file(str(tmp_path / "mapped.ssx"), tokens, lens, ids, tags)
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    fa = sa.freeze()
+    pstate = ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+    occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
+    assert ok
+    arrays = {**fa.arrays(), "occ": occ, "occ_start": occ_start}
+    arrays["offsets"] = arrays["offsets"].astype(np.int32)
+    arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
+    meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
+    plain = C._write_container(tmp_path / "plain.ssx", C.KIND_SHARD, meta, arrays)
+    assert mapped["payload_crc"] == plain["payload_crc"] and mapped["bytes"] == plain["bytes"]
+    assert (tmp_path / "mapped.ssx").read_bytes() == (tmp_path / "plain.ssx").read_bytes()
+    assert set(mapped["phases"]) == {"automaton", "freeze", "occurrences", "checksums", "write"}
+
+
 # -- damage -----------------------------------------------------------------------------------
 
 

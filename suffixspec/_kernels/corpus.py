@@ -52,8 +52,18 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
 
 @njit(cache=True)
 def occurrence_layout(links, counts, pstate):
-    """(occ, occ_start, ok): end positions in suffix-link-tree preorder; ok is False when the
-    subtree sums disagree with `counts` (an automaton that does not describe its tokens).
+    """(occ, occ_start, ok): see `occurrence_layout_into`."""
+    occ = np.empty(pstate.shape[0], np.int32)
+    occ_start = np.empty(links.shape[0], np.int32)
+    ok = occurrence_layout_into(links, counts, pstate, occ, occ_start)
+    return occ, occ_start, ok
+
+
+@njit(cache=True)
+def occurrence_layout_into(links, counts, pstate, occ, occ_start):
+    """Fill occ int32[n_tokens] and occ_start int32[n_states] with the end positions in
+    suffix-link-tree preorder; False when the subtree sums disagree with `counts` (an
+    automaton that does not describe its tokens).
 
     No tree is built: a state's subtree holds counts[v] positions, so each state is placed
     right after its parent's own positions and its earlier-placed siblings, parents first
@@ -64,12 +74,11 @@ def occurrence_layout(links, counts, pstate):
     own = np.zeros(n_states, np.int32)
     for p in range(n):
         own[pstate[p]] += 1
-    occ_start = np.full(n_states, -1, np.int32)
+    occ_start[:] = -1
     nxt = np.empty(n_states, np.int32)  # where the next child of a placed state goes (< n < 2**31)
     chain = np.empty(n_states, np.int32)  # only its first (deepest unplaced chain) rows are touched
-    ok = n_states > 0 and links[0] == -1 and counts[0] == n
-    if not ok:
-        return np.empty(0, np.int32), occ_start, False
+    if not (n_states > 0 and links[0] == -1 and counts[0] == n):
+        return False
     occ_start[0] = 0
     nxt[0] = own[0]
     for v in range(1, n_states):
@@ -82,7 +91,7 @@ def occurrence_layout(links, counts, pstate):
             top += 1
             u = links[u]
             if u < 0 or top >= n_states:
-                return np.empty(0, np.int32), occ_start, False
+                return False
         while top > 0:
             top -= 1
             w = chain[top]
@@ -94,8 +103,7 @@ def occurrence_layout(links, counts, pstate):
     # every subtree filled exactly: counts[v] == own[v] + the children's counts
     for v in range(n_states):
         if np.int64(nxt[v]) != np.int64(occ_start[v]) + counts[v]:
-            return np.empty(0, np.int32), occ_start, False
-    occ = np.empty(n, np.int32)
+            return False
     put = nxt  # reused: where the next own position of each state goes
     for v in range(n_states):
         put[v] = occ_start[v]
@@ -103,7 +111,7 @@ def occurrence_layout(links, counts, pstate):
         s = pstate[p]
         occ[put[s]] = p
         put[s] += 1
-    return occ, occ_start, True
+    return True
 
 
 # -- restricted queries ----------------------------------------------------------------------

@@ -603,7 +603,20 @@ def out_edges(S, E, state):
 
 @njit(cache=True)
 def to_csr(S, E, M):
-    """Frozen layout: per-state edge offsets and edges sorted by token within each state.
+    """Frozen layout: per-state edge offsets and edges sorted by token within each state."""
+    n = M[N_STATES]
+    m = M[N_EDGES]
+    offsets = np.empty(n + 1, np.int64)
+    etok = np.empty(m, np.int32)
+    eto = np.empty(m, np.int32)
+    to_csr_into(S, E, M, offsets, etok, eto)
+    return offsets, etok, eto
+
+
+@njit(cache=True)
+def to_csr_into(S, E, M, offsets, etok, eto):
+    """`to_csr` into given arrays (offsets int32 or int64 [N_STATES + 1], etok and eto int32
+    [N_EDGES]), e.g. views of the file being written.
 
     Offsets come from the DEG column; the edge rows are then scattered by source in one
     sequential pass (edges are only ever added, so rows 0..N_EDGES-1 are all live) and each
@@ -611,12 +624,9 @@ def to_csr(S, E, M):
     """
     n = M[N_STATES]
     m = M[N_EDGES]
-    offsets = np.empty(n + 1, np.int64)
     offsets[0] = 0
     for v in range(n):
         offsets[v + 1] = offsets[v] + S[v, DEG]
-    etok = np.empty(m, np.int32)
-    eto = np.empty(m, np.int32)
     fill = offsets[:n].copy()
     for e in range(m):
         v = E[e, SRC]
@@ -644,7 +654,6 @@ def to_csr(S, E, M):
                 order = np.argsort(etok[lo:hi], kind="mergesort")
                 etok[lo:hi] = etok[lo:hi][order]
                 eto[lo:hi] = eto[lo:hi][order]
-    return offsets, etok, eto
 
 
 @njit(cache=True)
@@ -655,9 +664,15 @@ def state_columns(S, M):
     lens = np.empty(n, np.int32)
     counts = np.empty(n, np.int32)
     lasts = np.empty(n, np.int32)
-    for v in range(n):
+    state_columns_into(S, M, links, lens, counts, lasts)
+    return links, lens, counts, lasts
+
+
+@njit(cache=True)
+def state_columns_into(S, M, links, lens, counts, lasts):
+    """`state_columns` into given int32[N_STATES] arrays."""
+    for v in range(M[N_STATES]):
         links[v] = S[v, LINK]
         lens[v] = S[v, LEN]
         counts[v] = S[v, CNT]
         lasts[v] = S[v, LAST]
-    return links, lens, counts, lasts
