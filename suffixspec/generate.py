@@ -206,7 +206,8 @@ class CostModel:
         expected = float(self(tokens, batch))
         if expected > 0 and seconds > 0:
             factors = self._factors.setdefault(batch, np.ones(len(self.sizes)))
-            factors[i] *= (1.0 - weight) + weight * (seconds / expected)
+            # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
+            factors[i] *= (1.0 - weight) + weight * float(np.clip(seconds / expected, 0.5, 2.0))
             self._curves.pop(batch, None)
             self.seconds = self._curve(1)
 

@@ -498,3 +498,5 @@ def test_cost_model_corrections_are_per_batch_size():
     assert cm(8, batch=4) == pytest.approx(10.0, rel=0.01) and cm(64, batch=4) >= cm(8, batch=4)
     assert cm(8) == pytest.approx(2.0) and cm(8, batch=2) == pytest.approx(2.0)  # other batch sizes untouched
     assert cm.relative() == {1: 1.0, 8: 2.0, 64: 4.0}
+    cm.observe(1, 100.0)  # a load spike moves the curve by at most 10%
+    assert cm(1) == pytest.approx(1.1)
