@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
     p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
     p.add_argument("--concurrency", default="1,4", metavar="C1,C2,...",
-                   help="requests in flight (closed loop) or most per batch (with --qps); default 1,4")
+                   help="requests in flight: closed-loop clients, or with --qps the most decoded together "
+                        "(continuous batching either way); default 1,4")
     p.add_argument("--qps", type=float, default=None, metavar="R", help="Poisson arrivals at R requests/s (default: closed loop)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="output limit per request (default 64)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per request and round (default auto)")
