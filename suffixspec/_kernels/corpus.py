@@ -119,7 +119,7 @@ def occurrence_layout_into(links, counts, pstate, occ, occ_start):
 
 @njit(cache=True, inline="always")
 def _doc_of(doc_starts, pos):
-    # last document whose start is <= pos
+    # last index whose start is <= pos (-1 if none): the document holding pos
     lo = 0
     hi = doc_starts.shape[0]
     while lo < hi:
@@ -133,16 +133,9 @@ def _doc_of(doc_starts, pos):
 
 @njit(cache=True, inline="always")
 def _selected(run_lo, run_hi, pos):
-    # is pos inside one of the runs?
-    lo = 0
-    hi = run_lo.shape[0]
-    while lo < hi:
-        mid = (lo + hi) >> 1
-        if run_lo[mid] <= pos:
-            lo = mid + 1
-        else:
-            hi = mid
-    return lo > 0 and pos < run_hi[lo - 1]
+    # is pos inside one of the runs? (the last run starting at or before pos)
+    k = _doc_of(run_lo, pos)
+    return k >= 0 and pos < run_hi[k]
 
 
 @njit(cache=True)
