@@ -380,11 +380,13 @@ class SpeculativeGenerator:
     `proposer`: an object with `start(prompt_ids, request_id=None, filter=None)` returning sessions
     (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
     `min_gain`: with `budget="auto"`, a round speculates only when its predicted committed tokens
-    per second beat plain decoding by this factor (a margin for the error of the prediction).
+    per second beat plain decoding by this factor (a margin for the error of the prediction), plus
+    `batch_margin` per row beyond the first.
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
-                 cost_model: CostModel | None = None, min_gain: float = 1.0, **proposer_options):
+                 cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.01,
+                 **proposer_options):
         _avoid_openmp_contention()
         self.model = model
         self.tokenizer = tokenizer
@@ -392,6 +394,7 @@ class SpeculativeGenerator:
         self._proposer_options = proposer_options
         self.max_budget = int(max_budget)
         self.min_gain = float(min_gain)
+        self.batch_margin = float(batch_margin)
         self.cost_model = cost_model
         self._calibration = 1.0  # observed accepted / expected, smoothed
         self._unsupported: str | None = None
@@ -572,7 +575,9 @@ class SpeculativeGenerator:
         else:
             rate = (w.sum() + gains) / cost
             k = int(np.argmax(rate))
-            if rate[k] < self.min_gain * rate[0]:
+            # a wrong guess costs every row of the batch its share of the padded pass: the margin
+            # grows with the rows
+            if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
                 k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
 

@@ -476,6 +476,9 @@ def test_auto_budget_weights_and_prefill_margin():
     assert [len(t) for t in gen._auto_prune(trees, limits)] == [3, 0]
     # the drafting row is nearly done and the other is the batch's tail: its tokens count a quarter
     assert [len(t) for t in gen._auto_prune(trees, limits, weights=[0.25, 1.0])] == [0, 0]
+    gen.batch_margin = 0.1  # two rows: speculate only beyond 1.1x the plain rate; 2.14 < 2.2
+    assert [len(t) for t in gen._auto_prune(trees, limits)] == [0, 0]
+    gen.batch_margin = 0.01
     # a prefill round of 100 pending tokens: weak drafts raise the round's average rate (1.8 / 27 > 1 / 25)
     # but buy fewer tokens (0.8) than their extra pass time (2 units) buys in plain decode rounds
     weak = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.1))
