@@ -23,12 +23,15 @@ the candidates are merged into one tree of at most `budget` nodes.
 Threads: one session must not be used from two threads at once. Different sessions may propose
 concurrently from several threads (`propose` runs one nogil kernel call over the session's own
 automaton and immutable snapshots of the shared sources; the cache is guarded by a lock).
-`propose_batch` proposes every session in one call of a parallel numba kernel over `threads`
-threads (prange over sessions); batches from several threads are serialised by a lock, and a
-session may appear once per batch. The default, one thread, keeps the proposer off the cores
-the model uses: on this project's 2-core CPU a batch of 64 sessions took 0.37 ms at budget 64 on
-one thread and 0.24 ms on two when the second core was idle, but ~16 ms whenever another busy
-process held it (OpenMP workers wait for each other), which a spinning model runtime can cause.
+`propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
+by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
+is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
+that torch uses (after a numba OpenMP region, torch passes were measured 4-20x slower here) nor
+competes with the model for cores. With more threads it is a prange over sessions; parallel
+launches are serialised process-wide (numba's workqueue pool, which the generator selects, takes
+one at a time). On this project's 2-core CPU a batch of 64 sessions took 0.16 ms at budget 64 on
+one thread; two threads gained ~20% when the second core was idle and cost ~16 ms whenever a busy
+process held it.
 """
 
 from __future__ import annotations
@@ -215,6 +218,7 @@ class _RestrictedSource:
         return (np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs, np.float64))
 
 
+_PARALLEL_LAUNCH = threading.Lock()
 _RO32 = types.Array(types.int32, 1, "C", readonly=True)
 _FROZEN_ITEM = types.UniTuple(_RO32, 7)
 _LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))
@@ -406,10 +410,15 @@ class Proposer:
                 out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
                 curs = np.stack([sessions[i]._cur for i in fast])
                 threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-                numba.set_num_threads(threads)
-                counts = pk.propose_batch(self._slots.arrays, np.array(slots, np.int64), curs, src.arrays, budget_arr,
-                                          self.params, self.min_match, self.match_levels, threads, starts,
-                                          out_tok, out_par, out_depth, out_prob)
+                args = (self._slots.arrays, np.array(slots, np.int64), curs, src.arrays, budget_arr, self.params,
+                        self.min_match, self.match_levels)
+                outs = (starts, out_tok, out_par, out_depth, out_prob)
+                if threads == 1:
+                    counts = pk.propose_batch_serial(*args, *outs)
+                else:
+                    with _PARALLEL_LAUNCH:  # numba's workqueue pool takes one launch at a time
+                        numba.set_num_threads(threads)
+                        counts = pk.propose_batch(*args, threads, *outs)
         if fast:
             trusted = DraftTree._trusted
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):

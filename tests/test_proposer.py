@@ -297,6 +297,25 @@ def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
     assert carried > 0 and len(prop.cache._frozen) >= 1
 
 
+def test_one_thread_batches_launch_no_parallel_region():
+    """The default batch (threads=1) must leave numba's threading layer unstarted: an OpenMP
+    region of numba's slows torch's later passes, so the model would pay for the proposer."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from numba.np.ufunc import parallel\n"
+        "from suffixspec import Proposer\n"
+        "p = Proposer()\n"
+        "ss = [p.start(np.arange(40) % 7) for _ in range(8)]\n"
+        "assert all(len(t) for t in p.propose_batch(ss, 8))\n"
+        "print(parallel._is_initialized)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
 def test_bad_options_rejected():
     with pytest.raises(BadInputError, match="max_nodes"):
         Proposer(max_nodes=0)

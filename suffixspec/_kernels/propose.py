@@ -12,8 +12,8 @@ One expansion that wrote nodes is already a best-first tree and is copied out as
 merged (`draft.merge`). The tree is written into `out_*` from index `at` with parents local to
 the tree (0-based), at most `budget` nodes.
 
-The batch kernel gives each thread a strided share of the sessions, its own workspace and its own
-link-cut stack. Expanding a live automaton restructures that automaton's link-cut tree, so a
+The batch kernels give each thread a strided share of the sessions, its own workspace and its own
+link-cut stack; one thread runs no parallel region at all. Expanding a live automaton restructures that automaton's link-cut tree, so a
 session must appear at most once in a batch and must not be used by another thread meanwhile;
 frozen sources are only read.
 """
@@ -88,28 +88,43 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     return t.shape[0], stack
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def propose_batch(live, slots, curs, frozen, budgets, params, min_match, levels, n_chunks, starts,
-                  out_tok, out_par, out_depth, out_prob):
-    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`) gets its
-    tree at `out_*[starts[i]:]`; returns the node count of each."""
+@njit(cache=True, nogil=True, inline="always")
+def _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, c, n_chunks, starts,
+                 out_tok, out_par, out_depth, out_prob, counts):
+    """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack."""
     n = slots.shape[0]
-    counts = np.zeros(n, np.int64)
-    if n == 0:
-        return counts
     bmax = 64
     for i in range(n):
         bmax = max(bmax, budgets[i])
-    n_src = (1 + curs.shape[1]) * levels
-    max_children = int(params[dk.P_MAX_CHILDREN])
+    ws = dk.make_workspace(bmax, int(params[dk.P_MAX_CHILDREN]), max((1 + curs.shape[1]) * levels, 4))
+    stack = np.empty(64, np.int32)
+    for i in range(c, n, n_chunks):
+        S, E, L, M = live[slots[i]]
+        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, budgets[i], params, min_match, levels,
+                               ws, out_tok, out_par, out_depth, out_prob, starts[i])
+        counts[i] = k
+
+
+@njit(cache=True, nogil=True)
+def propose_batch_serial(live, slots, curs, frozen, budgets, params, min_match, levels, starts,
+                         out_tok, out_par, out_depth, out_prob):
+    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`) gets its
+    tree at `out_*[starts[i]:]`; returns the node count of each. One thread, no parallel region:
+    nothing to share with (or wait for) the model's OpenMP threads."""
+    counts = np.zeros(slots.shape[0], np.int64)
+    _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, 0, 1, starts,
+                 out_tok, out_par, out_depth, out_prob, counts)
+    return counts
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def propose_batch(live, slots, curs, frozen, budgets, params, min_match, levels, n_chunks, starts,
+                  out_tok, out_par, out_depth, out_prob):
+    """`propose_batch_serial` split into `n_chunks` strided shares run in parallel (prange)."""
+    counts = np.zeros(slots.shape[0], np.int64)
     for c in prange(n_chunks):
-        ws = dk.make_workspace(bmax, max_children, max(n_src, 4))
-        stack = np.empty(64, np.int32)
-        for i in range(c, n, n_chunks):
-            S, E, L, M = live[slots[i]]
-            k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, budgets[i], params, min_match, levels,
-                                   ws, out_tok, out_par, out_depth, out_prob, starts[i])
-            counts[i] = k
+        _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, c, n_chunks, starts,
+                     out_tok, out_par, out_depth, out_prob, counts)
     return counts
 
 
