@@ -531,6 +531,10 @@ class Session:
         self._ensure_online()
         if self._restricted:
             return self._propose_restricted(budget)
+        return self._propose_sources(budget)
+
+    def _propose_sources(self, budget: int) -> DraftTree:
+        """The tree over the session's automaton sources (its own, corpora, past responses)."""
         p, sam = self.proposer, self._sam
         ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
         out_tok, out_par = np.empty(budget, np.int32), np.empty(budget, np.int32)
@@ -543,55 +547,22 @@ class Session:
         return DraftTree._trusted(out_tok[:k], out_par[:k], out_depth[:k], out_prob[:k])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
-        """The kernel's sources one expansion at a time (same order, same trees as
-        `_kernels/propose.py`), then the restricted corpus chains, merged."""
-        p = self.proposer
-        ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels + len(self._restricted))
-        n = 0        # nodes written into the workspace outputs so far
-        parts = 0    # expansions that wrote something
-        sam = self._sam
-        last = int(sam._M[sk.LAST_STATE])
-        state = int(sam._S[last, sk.LINK]) if last > 0 else 0
-        length = int(sam._S[state, sk.LEN]) if state > 0 else 0
-        if length >= p.min_match:
-            for level in range(p.match_levels):
-                k, sam._stack = dk.expand_live(sam._S, sam._E, sam._L, sam._M, sam._stack,
-                                               state, length, budget, p.params, ws, n)
-                n, parts = n + k, parts + (k > 0)
-                if level + 1 == p.match_levels:
-                    break
-                state = int(sam._S[state, sk.LINK])
-                length = int(sam._S[state, sk.LEN]) if state > 0 else 0
-                if length < p.min_match:
-                    break
-        for automaton, (state, length) in zip(self._automata, self._cur.tolist()):
-            if state < 0:
-                continue
-            for level in range(p.match_levels):
-                if length < p.min_match:
-                    break
-                k = dk.expand_frozen(automaton.offsets, automaton.etok, automaton.eto, automaton.counts,
-                                     automaton.lasts, state, length, budget, p.params, ws, n)
-                n, parts = n + k, parts + (k > 0)
-                if level + 1 == p.match_levels:
-                    break
-                state = automaton.state_link(state)
-                length = automaton.state_length(state) if state > 0 else 0
-        out_tok, out_par, out_prob, out_depth = ws[5:9]
-        context = sam.tokens[-_RestrictedSource.window :] if self._restricted else None
+        """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""
+        p, sam = self.proposer, self._sam
+        tree = self._propose_sources(budget)
+        toks, pars, probs = [tree.tokens], [tree.parents], [tree.scores]
+        n = len(tree)
+        context = sam.tokens[-_RestrictedSource.window :]
         for src in self._restricted:
             cand = src.candidates(context, budget, p.params, p.min_match)
             if cand is not None and cand[0].shape[0]:
-                k = min(cand[0].shape[0], out_tok.shape[0] - n)
-                out_tok[n : n + k] = cand[0][:k]
-                out_par[n : n + k] = np.where(cand[1][:k] >= 0, cand[1][:k] + n, -1)
-                out_prob[n : n + k] = cand[2][:k]
-                n, parts = n + k, parts + 2  # chains are not best-first ordered: always merge
-        if parts == 0:
-            return DraftTree.empty()
-        if parts == 1:  # one expansion is already a best-first tree
-            return DraftTree._trusted(out_tok[:n].copy(), out_par[:n].copy(), out_depth[:n].copy(), out_prob[:n].copy())
-        t, pa, d, s = dk.merge(out_tok[:n], out_par[:n], out_prob[:n], budget, p.min_prob)
+                toks.append(cand[0])
+                pars.append(np.where(cand[1] >= 0, cand[1] + n, -1).astype(np.int32))
+                probs.append(cand[2])
+                n += cand[0].shape[0]
+        if len(toks) == 1:
+            return tree
+        t, pa, d, s = dk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
         return DraftTree._trusted(t, pa, d, s)
 
     def close(self) -> None:

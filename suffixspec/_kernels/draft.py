@@ -13,9 +13,9 @@ children's counts, conf(L) = L / (L + match_prior) the chance that a copy contin
 being edited). Each expansion pushes at most `max_children` children on a max-heap; the
 `budget` most probable candidates are popped. Probabilities never increase down a path.
 
-Layouts: `expand_live` reads a growable automaton (counts through its link-cut tree, which it
-may restructure: the automaton must not be used concurrently), `expand_frozen` a frozen one
-(read-only, safe to share across threads).
+Layouts: `_expand(live=True, ...)` reads a growable automaton (counts through its link-cut tree,
+which it may restructure: the automaton must not be used concurrently), `live=False` a frozen one
+(read-only, safe to share across threads). `_kernels/propose.py` runs the expansions of a session.
 
 Candidate output: tokens, parents (index among this source's candidates, -1 for the root),
 probs; parents come before children.
@@ -230,29 +230,6 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
-
-
-_NO32 = np.empty(0, np.int32)
-_NO64 = np.empty(0, np.int64)
-
-
-def expand_live(S, E, L, M, stack, state, match_len, budget, params, ws, at):
-    """Expand over a growable automaton (counts through its link-cut tree) into the workspace
-    outputs from `at`, in best-first order (a valid tree on its own). Returns (nodes written,
-    link-cut stack), the stack possibly reallocated."""
-    return _expand(True, S, E, L, M, stack, _NO64, _NO32, _NO32, _NO32, _NO32, state, match_len, budget,
-                   params, ws, at)
-
-
-_NO_ROWS = np.empty((0, sk.STATE_COLS), np.int32)
-_NO_META = np.zeros(sk.META, np.int64)
-_NO_STACK = np.empty(0, np.int32)
-
-
-def expand_frozen(offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws, at):
-    """Expand over a frozen automaton (read-only, safe to share); returns the nodes written."""
-    return _expand(False, _NO_ROWS, _NO_ROWS, _NO_ROWS, _NO_META, _NO_STACK, offsets, etok, eto, counts,
-                   lasts, state, match_len, budget, params, ws, at)[0]
 
 
 @njit(cache=True, nogil=True)
