@@ -355,23 +355,6 @@ class _LookupSession:
 # ------------------------------------------------------------------------------------------ the generator
 
 
-def _avoid_openmp_contention() -> None:
-    """Make numba's parallel kernels (the proposer's batch kernel) use numba's own thread pool.
-
-    Under numba's default OpenMP layer, torch and numba share one OpenMP runtime, and after a numba
-    parallel region torch's forward passes ran 4-20x slower on this CPU. Only possible before numba's
-    first parallel launch; an explicit NUMBA_THREADING_LAYER is respected."""
-    if "NUMBA_THREADING_LAYER" in os.environ:
-        return
-    try:
-        import numba
-        from numba.np.ufunc import parallel
-    except ImportError:
-        return
-    if not getattr(parallel, "_is_initialized", False) and numba.config.THREADING_LAYER == "default":
-        numba.config.THREADING_LAYER = "workqueue"
-
-
 class SpeculativeGenerator:
     """Speculative decoding with model-free draft trees over a transformers causal LM.
 
@@ -387,7 +370,6 @@ class SpeculativeGenerator:
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.01,
                  **proposer_options):
-        _avoid_openmp_contention()
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer

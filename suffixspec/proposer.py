@@ -28,8 +28,8 @@ by a lock, and a session may appear once per batch. With `threads` = 1 (the defa
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
 that torch uses (after a numba OpenMP region, torch passes were measured 4-20x slower here) nor
 competes with the model for cores. With more threads it is a prange over sessions; parallel
-launches are serialised process-wide (numba's workqueue pool, which the generator selects, takes
-one at a time). On this project's 2-core CPU a batch of 64 sessions took 0.16 ms at budget 64 on
+launches are serialised process-wide and use numba's workqueue pool unless the process chose a
+threading layer (the pool takes one launch at a time). On this project's 2-core CPU a batch of 64 sessions took 0.16 ms at budget 64 on
 one thread; two threads gained ~20% when the second core was idle and cost ~16 ms whenever a busy
 process held it.
 """
@@ -219,6 +219,19 @@ class _RestrictedSource:
 
 
 _PARALLEL_LAUNCH = threading.Lock()
+
+
+def _prefer_workqueue() -> None:
+    """Before numba's first parallel launch, pick its own workqueue pool over its OpenMP layer:
+    torch shares that OpenMP runtime, and after a numba OpenMP region torch's passes ran 4-20x
+    slower here. An explicit NUMBA_THREADING_LAYER is respected."""
+    from numba.np.ufunc import parallel
+
+    if (not getattr(parallel, "_is_initialized", False) and "NUMBA_THREADING_LAYER" not in os.environ
+            and numba.config.THREADING_LAYER == "default"):
+        numba.config.THREADING_LAYER = "workqueue"
+
+
 _RO32 = types.Array(types.int32, 1, "C", readonly=True)
 _FROZEN_ITEM = types.UniTuple(_RO32, 7)
 _LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))
@@ -417,6 +430,7 @@ class Proposer:
                     counts = pk.propose_batch_serial(*args, *outs)
                 else:
                     with _PARALLEL_LAUNCH:  # numba's workqueue pool takes one launch at a time
+                        _prefer_workqueue()
                         numba.set_num_threads(threads)
                         counts = pk.propose_batch(*args, threads, *outs)
         if fast:

@@ -300,6 +300,7 @@ def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
 def test_one_thread_batches_launch_no_parallel_region():
     """The default batch (threads=1) must leave numba's threading layer unstarted: an OpenMP
     region of numba's slows torch's later passes, so the model would pay for the proposer."""
+    import os
     import subprocess
     import sys
 
@@ -314,6 +315,12 @@ def test_one_thread_batches_launch_no_parallel_region():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+    # more threads: a parallel region, on numba's own pool rather than the OpenMP torch uses
+    code = code.replace("Proposer()", "Proposer(threads=2)").replace(
+        "print(parallel._is_initialized)", "import numba; print(parallel._is_initialized, numba.threading_layer())")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_THREADING_LAYER"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    assert out.stdout.strip() == "True workqueue"
 
 
 def test_bad_options_rejected():
