@@ -268,8 +268,9 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         dev = next(model.parameters()).device
         ident = json.dumps([
-            "cost-v2",  # bump when `measure` changes: older curves are then re-measured
+            "cost-v3",  # bump when `measure` or the model layers change: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
+            sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
             str(next(model.parameters()).dtype), str(dev),
             torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
             getattr(model.config, "_attn_implementation", None),

@@ -13,14 +13,17 @@ Contract:
 * The tokenizer returned is a ``suffixspec.Tokenizer`` (for GGUF and for directories holding a
   ``tokenizer.json``), else ``None``.
 * ``prepack`` (default: on for a float32 model on the CPU when oneDNN is available) replaces the
-  linear layers by oneDNN ones whose weights are packed once (`prepack_linear_layers`): a
-  multi-token pass (a draft tree) otherwise re-packs every weight matrix on every call. Measured
-  on SmolLM2-135M, one thread, 512-token past: 2- and 8-token passes 13-14% faster, one-token
-  steps unchanged (within 1%); logits equal to the dense layers' within float32 rounding.
+  linear layers by `PackedLinear` layers whose weights are laid out for oneDNN once
+  (`prepack_linear_layers`); a dense multi-token pass (a draft tree) re-packs every weight matrix
+  on every call. The tied output projection gets a packed copy of its own (+113 MB for
+  SmolLM2-135M). Measured on SmolLM2-135M, two threads, 300-token past: one-token step
+  38.5 -> 27.0 ms, 2-token pass 50.0 -> 31.9 ms, 4 tokens 49.3 -> 33.1 ms, 16 tokens 60.5 ->
+  42.5 ms; logits equal to the dense layers' within float32 rounding.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -78,12 +81,14 @@ def load_model(spec=None, dtype=None, device=None, prepack=None):
 def prepack_linear_layers(model) -> int:
     """Replace `model`'s float32 CPU ``nn.Linear`` layers by oneDNN layers with pre-packed weights,
     in place, for inference; returns how many were replaced (0 when oneDNN is unavailable).
-    Layers whose weight is shared with another module (tied embeddings) are left as they are."""
+    A tied output projection (its weight shared with the input embedding) gets a packed copy of
+    its own: one more vocabulary x hidden matrix in memory (113 MB for SmolLM2-135M), for a
+    3x cheaper projection (one-token step 7.2 -> 2.2 ms, two tokens 16.4 -> 4.5 ms); the input
+    embedding keeps the original. Other shared weights are left as they are."""
     import torch
-    from torch.utils.mkldnn import MkldnnLinear
-
-    if not torch.backends.mkldnn.is_available():
+    if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return 0
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     seen, shared = set(), set()
     for _, p in model.named_parameters(remove_duplicate=False):
         (shared if id(p) in seen else seen).add(id(p))
@@ -91,10 +96,42 @@ def prepack_linear_layers(model) -> int:
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if (type(child) is torch.nn.Linear and child.weight.dtype == torch.float32
-                    and child.weight.device.type == "cpu" and id(child.weight) not in shared):
-                setattr(module, name, MkldnnLinear(child, torch.float32))
+                    and child.weight.device.type == "cpu"):
+                if id(child.weight) in shared:
+                    if child is not output:
+                        continue
+                    # the tied output projection gets its own packed copy of the embedding matrix
+                    child = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
+                    child.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)
+                    if output.bias is not None:
+                        child.bias = torch.nn.Parameter(output.bias.detach().clone(), requires_grad=False)
+                setattr(module, name, _packed_linear_class()(child))
                 replaced += 1
     return replaced
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_linear_class():
+    """`PackedLinear`, defined on first use so that importing this module does not import torch."""
+    import torch
+
+    class PackedLinear(torch.nn.Module):
+        """An inference-only float32 CPU linear layer over a weight laid out for oneDNN once: dense in,
+        dense out, no per-call conversion of input or output (unlike torch's `MkldnnLinear`)."""
+
+        def __init__(self, dense):
+            super().__init__()
+            self.in_features, self.out_features = dense.in_features, dense.out_features
+            self.packed = dense.weight.detach().to_mkldnn()  # [out, in], oneDNN layout
+            self.bias = None if dense.bias is None else dense.bias.detach().clone()  # [out]
+
+        def forward(self, x):  # [..., in] -> [..., out]
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+        def extra_repr(self):
+            return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+
+    return PackedLinear
 
 
 def default_model_dir(gguf: str | os.PathLike | None = None) -> Path:

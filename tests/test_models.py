@@ -20,11 +20,12 @@ def test_prepacked_layers_compute_what_the_dense_ones_do(kind, tied):
         dense.lm_head.weight = dense.get_input_embeddings().weight
     packed = copy.deepcopy(dense)
     n_linear = sum(type(m) is torch.nn.Linear for m in dense.modules())
+    embedding = packed.get_input_embeddings().weight
     replaced = prepack_linear_layers(packed)
-    assert replaced == n_linear - (1 if tied else 0)
-    assert sum(type(m) is torch.nn.Linear for m in packed.modules()) == (1 if tied else 0)
-    if tied:  # the shared matrix is left alone, still shared
-        assert packed.lm_head.weight is packed.get_input_embeddings().weight
+    assert replaced == n_linear  # a tied head gets its own packed copy
+    assert sum(type(m) is torch.nn.Linear for m in packed.modules()) == 0
+    assert packed.get_input_embeddings().weight is embedding  # the input side keeps the original
+    assert torch.equal(embedding, dense.get_input_embeddings().weight)
     torch.manual_seed(0)
     for shape in [(1, 1), (1, 7), (3, 5)]:  # one-token steps, multi-token passes, batches
         ids = torch.randint(0, 97, shape)
@@ -47,7 +48,11 @@ def test_prepacked_model_speculates_to_plain_greedy_output():
 
 def test_prepack_skips_what_it_cannot_pack():
     model = tiny_model("gpt2").float()  # GPT-2 projects through Conv1D; its only Linear is the tied head
-    assert prepack_linear_layers(model) == 0
-    assert model.lm_head.weight is model.get_input_embeddings().weight
+    dense = copy.deepcopy(model)
+    assert prepack_linear_layers(model) == 1
+    assert type(model.lm_head) is not torch.nn.Linear and model.transformer.wte.weight is not None
+    ids = torch.randint(0, 97, (2, 6))
+    with torch.inference_mode():
+        assert torch.allclose(model(ids).logits, dense(ids).logits, atol=1e-5, rtol=1e-5)
     double = tiny_model("llama")  # float64 stays dense
     assert prepack_linear_layers(double) == 0
