@@ -19,6 +19,8 @@ Contract:
   SmolLM2-135M). Measured on SmolLM2-135M, two threads, 300-token past: one-token step
   38.5 -> 27.0 ms, 2-token pass 50.0 -> 31.9 ms, 4 tokens 49.3 -> 33.1 ms, 16 tokens 60.5 ->
   42.5 ms; logits equal to the dense layers' within float32 rounding.
+* A model on the CPU with ``"sdpa"`` attention and grouped key/value heads is switched to
+  `suffixspec.attention.NAME` (same kernel, the grouped heads fed as they are; see that module).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from .attention import use_grouped_sdpa
 from .errors import BadInputError
 from .tokenizer import DEFAULT_SPECS, _gguf_model_name, cache_dir, default_gguf_path, load_tokenizer
 
@@ -73,6 +76,7 @@ def load_model(spec=None, dtype=None, device=None, prepack=None):
         prepack = dtype == torch.float32 and next(model.parameters()).device.type == "cpu"
     if prepack:
         prepack_linear_layers(model)
+    use_grouped_sdpa(model)  # CPU only; tree passes stop copying keys/values per head group
     if tokenizer is not None and getattr(model.generation_config, "eos_token_id", None) is None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer

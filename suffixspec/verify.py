@@ -17,7 +17,9 @@ token sees the valid cache slots and the earlier pending tokens, a node addition
 ancestors only, a pad sees only itself. Models with sliding-window layers get one such mask per
 layer type with the window applied on logical positions.
 
-The KV cache is a transformers ``DynamicCache`` whose slots are tracked per request
+The KV cache is a transformers ``DynamicCache`` whose layers (`_GrowingLayer`) keep keys and values
+as prefix views of buffers with spare room along the sequence, so a pass writes only its new slots
+(a plain ``DynamicLayer`` concatenates the whole cache on every pass). Its slots are tracked per request
 (`KVState.slot_pos`: the logical position a slot holds, -1 for a hole). After acceptance only the
 pending tokens and the accepted nodes stay; their slots are compacted to the front of the round's
 tail and the cache is cropped, so rejected branches never reach a later pass. Holes (requests that
@@ -154,7 +156,7 @@ def _layer_types(config) -> tuple[list[str] | None, int | None]:
 def tree_attention_support(model) -> str | None:
     """None when `KVState` can verify trees with `model`, else the reason it cannot."""
     impl = getattr(model.config, "_attn_implementation", None)
-    if impl not in (None, "eager", "sdpa"):
+    if impl not in (None, "eager", "sdpa", "suffixspec_sdpa"):
         return f"attention implementation {impl!r} does not take an explicit float tree mask (use 'sdpa' or 'eager')"
     types, window = _layer_types(model.config)
     if types is not None:
@@ -175,14 +177,59 @@ def tree_attention_support(model) -> str | None:
     return None
 
 
+def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`view` [b, h, n, d] followed by `new` [b, h, k, d], as a prefix view of a buffer with spare room.
+
+    Appends in place when `view` is still the prefix view of `buf` (cropping keeps it one, in-place
+    rewrites too) and `buf` has room; otherwise (first call, rows or slots regathered) copies into a
+    new buffer with room for a quarter more, at least 256 slots. Returns (new view, its buffer)."""
+    n = view.shape[2] if view.dim() == 4 else 0
+    k = new.shape[2]
+    if (buf is not None and n and view.data_ptr() == buf.data_ptr() and view.stride() == buf.stride()
+            and view.shape[:2] == buf.shape[:2] and view.shape[3] == buf.shape[3] and new.shape[:2] == buf.shape[:2]
+            and n + k <= buf.shape[2]):
+        buf[:, :, n : n + k] = new
+        return buf[:, :, : n + k], buf
+    b, h, _, d = new.shape
+    buf = new.new_empty((b, h, n + k + max(256, (n + k) // 4), d))
+    if n:
+        buf[:, :, :n] = view
+    buf[:, :, n : n + k] = new
+    return buf[:, :, : n + k], buf
+
+
+def _growing_layer_class():
+    from transformers.cache_utils import DynamicLayer
+
+    class _GrowingLayer(DynamicLayer):
+        """A `DynamicLayer` whose `keys`/`values` [b, h, n, d] are prefix views of buffers with spare room."""
+
+        _kbuf = _vbuf = None
+
+        def update(self, key_states, value_states, *args, **kwargs):
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            self.keys, self._kbuf = _append(self.keys, self._kbuf, key_states)
+            self.values, self._vbuf = _append(self.values, self._vbuf, value_states)
+            return self.keys, self.values
+
+    return _GrowingLayer
+
+
 class KVState:
     """The batch's KV cache plus per-request slot bookkeeping (see the module docstring)."""
+
+    _layer_class = None
 
     def __init__(self, model, batch_size: int):
         from transformers import DynamicCache
 
         self.model = model
         self.cache = DynamicCache()  # no config: every layer keeps all its slots, we mask them
+        if getattr(self.cache, "layer_class_to_replicate", None) is not None:
+            if KVState._layer_class is None:
+                KVState._layer_class = _growing_layer_class()
+            self.cache.layer_class_to_replicate = KVState._layer_class
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.slot_pos = torch.empty((batch_size, 0), dtype=torch.long, device=self.device)  # [b, L]

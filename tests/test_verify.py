@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from suffixspec.tree import DraftTree
-from suffixspec.verify import KVState, Sampler, accept, check_tree_logits, tree_attention_support, uniform_draw
+from suffixspec.verify import KVState, Sampler, _append, accept, check_tree_logits, tree_attention_support, uniform_draw
 
 from tiny_models import FAMILIES, tiny_model
 
-ALL = [(k, a) for k in (*FAMILIES, "gemma3") for a in ("sdpa", "eager")]
+ALL = [(k, a) for k in (*FAMILIES, "gemma3") for a in ("sdpa", "eager")] + [
+    (k, "suffixspec_sdpa") for k in ("llama", "qwen2", "gemma3")  # grouped key/value heads
+]
 
 
 def random_tree(rng, vocab, n):
@@ -34,7 +36,7 @@ def sequential_logits(model, tokens):
 
 @pytest.mark.parametrize("kind,attn", ALL)
 def test_self_check(kind, attn):
-    assert check_tree_logits(tiny_model(kind, attn)) < (1e-9 if attn == "sdpa" else 1e-6)
+    assert check_tree_logits(tiny_model(kind, attn)) < (1e-6 if attn == "eager" else 1e-9)
 
 
 @pytest.mark.parametrize("kind,attn", ALL)
@@ -43,7 +45,7 @@ def test_rounds_match_full_recomputation(kind, attn):
     after every round, every node's logits equal a from-scratch forward over its full context."""
     model = tiny_model(kind, attn)
     vocab = model.config.vocab_size
-    atol = 1e-9 if attn == "sdpa" else 1e-6  # eager attention takes its softmax in float32
+    atol = 1e-6 if attn == "eager" else 1e-9  # eager attention takes its softmax in float32
     rng = np.random.default_rng(7)
     prompts = [rng.integers(0, vocab, n).tolist() for n in (3, 11, 1, 6)]
     state = KVState(model, len(prompts))
@@ -76,6 +78,48 @@ def test_rounds_match_full_recomputation(kind, attn):
             prompts = [prompts[i] for i in keep]
             committed = [committed[i] for i in keep]
             pending = [pending[i] for i in keep]
+
+
+def test_growing_cache_append_equals_concatenation():
+    """Appends, crops, in-place rewrites and regathers against a plain concatenated tensor."""
+    rng = np.random.default_rng(11)
+    ref = torch.zeros((2, 3, 0, 4), dtype=torch.float64)
+    view, buf, in_place = torch.tensor([], dtype=torch.float64), None, 0
+    for step in range(300):
+        op = rng.integers(0, 6)
+        if op == 0 and ref.shape[2]:  # crop, as KVState does after acceptance
+            n = int(rng.integers(0, ref.shape[2]))
+            ref, view = ref[:, :, :n], view[:, :, :n]
+        elif op == 1 and ref.shape[2] > 1:  # rewrite a tail in place
+            start = int(rng.integers(0, ref.shape[2]))
+            fresh = torch.randn(2, 3, ref.shape[2] - start, 4, dtype=torch.float64)
+            ref = torch.cat([ref[:, :, :start], fresh], 2)
+            view[:, :, start:] = fresh
+        elif op == 2 and ref.shape[2]:  # regather (compaction): a new tensor, no longer the buffer's view
+            idx = torch.from_numpy(np.sort(rng.choice(ref.shape[2], int(rng.integers(1, ref.shape[2] + 1)), replace=False)))
+            ref, view = ref[:, :, idx], view[:, :, idx]
+        else:
+            new = torch.randn(2, 3, int(rng.integers(1, 90)), 4, dtype=torch.float64)
+            before = buf.data_ptr() if buf is not None else None
+            ref = torch.cat([ref, new], 2)
+            view, buf = _append(view, buf, new)
+            in_place += buf.data_ptr() == before
+        assert torch.equal(view, ref)
+    assert in_place > 50  # the point: most appends write into the existing buffer
+
+
+def test_kv_cache_is_not_copied_on_every_pass():
+    model = tiny_model("llama")
+    state = KVState(model, 2)
+    rng = np.random.default_rng(5)
+    state.forward([[1, 2, 3], [4, 5]], [DraftTree.empty(), DraftTree.empty()])
+    state.commit([[], []])
+    buffers = [layer._kbuf.data_ptr() for layer in state.cache.layers]
+    for _ in range(6):
+        trees = [random_tree(rng, model.config.vocab_size, 4) for _ in range(2)]
+        state.forward([[7], [8]], trees)
+        state.commit([[0], []])
+    assert [layer._kbuf.data_ptr() for layer in state.cache.layers] == buffers
 
 
 def test_compaction_keeps_logits():

@@ -42,7 +42,11 @@ def tiny_model(kind="llama", attn="sdpa", vocab=97, seed=0, sharpen=1.0, window=
         model = tf.Gemma3ForCausalLM(cfg)
     else:
         raise ValueError(kind)
-    model.config._attn_implementation = attn
+    model.config._attn_implementation = "sdpa" if attn == "suffixspec_sdpa" else attn
+    if attn == "suffixspec_sdpa":
+        from suffixspec.attention import use_grouped_sdpa
+
+        assert use_grouped_sdpa(model), kind
     model.generation_config.eos_token_id = None
     model = model.double().eval()
     if sharpen != 1.0:
