@@ -346,21 +346,79 @@ class _PhaseClock:
             self.t = t
 
 
+ROOT_DENSE_LIMIT = 1 << 24  # largest token id + 1 for which a shard is built by the bulk builder (dense root row)
+
+
+def _aligned_rows(rows: int, cols: int) -> np.ndarray:
+    """int32[rows, cols] whose data starts on a 64-byte boundary (whole rows in a cache line)."""
+    buf = np.empty(rows * cols + 16, np.int32)
+    off = (-buf.ctypes.data % 64) // 4
+    return buf[off : off + rows * cols].reshape(rows, cols)
+
+
+def _hash_table(rows: int) -> np.ndarray:
+    size = 1024
+    while rows * ck.B_LOAD_DEN > size * ck.B_LOAD_NUM:
+        size *= 2
+    H = _aligned_rows(size, 4)
+    H[:, ck.H_SRC] = -1
+    return H
+
+
+def _bulk_automaton(tokens: np.ndarray, doc_starts: np.ndarray, e_rows: int | None = None, h_rows: int | None = None):
+    """The automaton of the documents of `tokens` (starting at `doc_starts`), built in one pass
+    by `_kernels/corpus.build_run` (same states and edges as `SuffixAutomaton`): (S, E, R, P, BM).
+    Room for every state is reserved up front (a token adds at most two); the overflow edges
+    and their hash grow between kernel calls, sized by projecting the rate seen so far
+    (e_rows, h_rows: initial room, for tests)."""
+    n = tokens.shape[0]
+    S = _aligned_rows(2 * n + 1, ck.B_COLS)
+    E = np.empty((n // 2 + 1024 if e_rows is None else e_rows, 4), np.int32)  # ~0.39 overflow edges per token on code
+    H = _hash_table(int(n * 0.4) + 1024 if h_rows is None else h_rows)
+    R = np.empty(int(tokens.max()) + 1, np.int32)
+    P = np.empty(n, np.int32)
+    BM = np.zeros(ck.B_META, np.int64)
+    ck.build_init(S, R, BM)
+    while True:
+        need = ck.build_run(S, E, H, R, tokens, doc_starts, P, BM)
+        if need == 0:
+            break
+        ne, pos = int(BM[ck.B_NE]), int(BM[ck.B_POS])
+        if ne + need > E.shape[0]:
+            more = ne * (n - pos) // max(pos, 1)
+            grown = np.empty((max(ne + need, ne + more + (more >> 4) + 4096, E.shape[0] + (E.shape[0] >> 2)), 4), np.int32)
+            grown[:ne] = E[:ne]
+            E = grown
+        if (ne + need) * ck.B_LOAD_DEN > H.shape[0] * ck.B_LOAD_NUM:
+            H = _hash_table(max(E.shape[0], ne + need))
+            ck.build_rehash(E, H, ne)
+    return S, E, R, P, BM
+
+
 def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
     automaton, then its frozen arrays and occurrence layout straight into the mapped file.
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
     phases = {}
     clock = _PhaseClock(phases)
-    sa = SuffixAutomaton()
-    pos = 0
-    for n in doc_lens.tolist():
-        sa.add_document(tokens[pos : pos + n])
-        pos += n
+    tokens = np.ascontiguousarray(tokens, np.int32)
+    n_tokens, n_docs = tokens.shape[0], len(doc_lens)
+    doc_starts = np.zeros(n_docs, np.int64)
+    np.cumsum(doc_lens[:-1], out=doc_starts[1:])
+    if n_docs == 0 or n_tokens == 0 or int(doc_starts[-1]) + int(doc_lens[-1]) != n_tokens or (doc_lens <= 0).any():
+        raise AssertionError("document lengths disagree with the shard's tokens")
+    bulk = int(tokens.max()) < ROOT_DENSE_LIMIT
+    if bulk:
+        S, E, R, pstate, BM = _bulk_automaton(tokens, doc_starts)
+        n_states, n_edges = int(BM[ck.B_NS]), int(BM[ck.B_EDGES])
+    else:  # huge token ids: the growable automaton (hashed root)
+        sa = SuffixAutomaton()
+        for i in range(n_docs):
+            sa.add_document(tokens[doc_starts[i] : doc_starts[i] + doc_lens[i]])
+        n_states, n_edges = sa.n_states, sa.n_edges
+        if sa.n_documents != n_docs or len(sa) != n_tokens:
+            raise AssertionError("automaton document count disagrees with the document lengths")
     clock.lap("automaton")
-    n_tokens, n_states, n_edges, n_docs = len(sa), sa.n_states, sa.n_edges, len(doc_lens)
-    if sa.n_documents != n_docs:
-        raise AssertionError("automaton document count disagrees with the document lengths")
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
     i4 = np.int32
@@ -372,16 +430,23 @@ def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: 
     out = _MappedContainer(Path(path), KIND_SHARD, meta, specs)
     try:
         a = out.arrays
-        sa._freeze_into(a)
-        del sa
-        clock.lap("freeze")
-        doc_starts = np.zeros(n_docs, np.int64)
-        np.cumsum(doc_lens[:-1], out=doc_starts[1:])
-        if not np.array_equal(a["doc_starts"], doc_starts):
-            raise AssertionError("automaton document table disagrees with the document lengths")
-        pstate = ck.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
-        if pstate.shape[0] and pstate[0] == fk.CORRUPT:
-            raise AssertionError("automaton does not spell its own documents")
+        if bulk:
+            if ck.build_freeze(S, E, R, BM, a["links"], a["lens"], a["offsets"], a["etok"], a["eto"]) != n_edges:
+                raise AssertionError("frozen edge count disagrees with the automaton's")
+            del S, E, R
+            a["tokens"][:] = tokens
+            a["doc_starts"][:] = doc_starts
+            clock.lap("freeze")
+            ck.build_counts(a["links"], a["lens"], pstate, a["counts"], a["lasts"])
+        else:
+            sa._freeze_into(a)
+            del sa
+            if not np.array_equal(a["doc_starts"], doc_starts):
+                raise AssertionError("automaton document table disagrees with the document lengths")
+            clock.lap("freeze")
+            pstate = ck.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
+            if pstate.shape[0] and pstate[0] == fk.CORRUPT:
+                raise AssertionError("automaton does not spell its own documents")
         if not ck.occurrence_layout_into(a["links"], a["counts"], pstate, a["occ"], a["occ_start"]):
             raise AssertionError("occurrence layout disagrees with the automaton's counts")
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)

@@ -569,3 +569,84 @@ def test_interrupted_append_leaves_index_unchanged(tmp_path):
     assert sorted(p.name for p in (tmp_path / "ix").iterdir()) == before
     ix = CorpusIndex.open(tmp_path / "ix", verify=True)
     assert ix.n_documents == len(docs)
+
+
+# -- bulk shard builder -------------------------------------------------------------------------
+
+
+def _bulk_frozen(docs, **kw):
+    """Frozen arrays of the shard builder's automaton (corpus._bulk_automaton + kernels)."""
+    from suffixspec import corpus as C
+    from suffixspec._kernels import corpus as ck
+
+    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
+    starts = np.zeros(len(docs), np.int64)
+    np.cumsum([len(d) for d in docs[:-1]], out=starts[1:])
+    S, E, R, P, BM = C._bulk_automaton(tokens, starts, **kw)
+    ns, m = int(BM[ck.B_NS]), int(BM[ck.B_EDGES])
+    out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
+    out.update(offsets=np.empty(ns + 1, np.int64), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
+    assert ck.build_freeze(S, E, R, BM, out["links"], out["lens"], out["offsets"], out["etok"], out["eto"]) == m
+    ck.build_counts(out["links"], out["lens"], P, out["counts"], out["lasts"])
+    return out, P
+
+
+def _assert_bulk_equals_automaton(docs, **kw):
+    got, pstate = _bulk_frozen(docs, **kw)
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    fa = sa.freeze()
+    for name, a in got.items():
+        assert np.array_equal(a, getattr(fa, name)), name
+    from suffixspec._kernels import corpus as ck
+
+    assert np.array_equal(pstate, ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
+
+
+def _real_docs():
+    """Byte-level token ids of this project's source files: real, repetitive text."""
+    root = Path(__file__).resolve().parent.parent / "suffixspec"
+    return [np.frombuffer(p.read_bytes(), np.uint8).astype(np.int32) for p in sorted(root.rglob("*.py"))[:12]]
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("alphabet", [2, 5, 300])
+def test_bulk_builder_equals_automaton_random(seed, alphabet):
+    """Same states (numbering included), edges, links, lengths, counts and last ends as the
+    growable automaton, and the document-prefix state of every position."""
+    rng = np.random.default_rng(seed)
+    docs = [d for d in random_docs(seed, n_docs=30, max_len=120, alphabet=alphabet) if d]
+    docs += [docs[0], docs[0][: len(docs[0]) // 2], docs[1] + docs[0]]  # repeated prefixes: the generalized cases
+    rng.shuffle(docs)
+    _assert_bulk_equals_automaton(docs)
+    # tiny starting room: overflow rows and the hash grow between kernel calls
+    _assert_bulk_equals_automaton(docs, e_rows=1, h_rows=1)
+
+
+def test_bulk_builder_equals_automaton_real_text():
+    docs = _real_docs()
+    _assert_bulk_equals_automaton(docs)
+    _assert_bulk_equals_automaton(docs + docs[:3], e_rows=16, h_rows=16)
+
+
+def test_bulk_builder_hubs_and_sparse_root():
+    """States with many edges (hashed overflow), hub clones, and a root row over sparse large ids."""
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 40, 3000)
+    docs = [np.concatenate([base[i * 50 : i * 50 + 30], rng.integers(0, 40, 20)]) * 99991 % 5_000_000 for i in range(60)]
+    docs += [np.full(50, 7), np.arange(400) % 9, np.arange(400)[::-1].copy()]
+    _assert_bulk_equals_automaton([d.astype(np.int32) for d in docs], e_rows=4, h_rows=4)
+
+
+def test_shard_file_large_token_ids_fallback(tmp_path):
+    """Token ids past the dense root row go through the growable automaton: same queries."""
+    big = 2**31 - 1
+    docs = [[big, 3, big, 3, 5], [3, big, 3], [big - 7, big]]
+    ix = build(tmp_path, docs)
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    for pat in ([big, 3], [3], [big], [big - 7, big], [5, 3]):
+        assert ix.count(pat) == sa.count(pat)
+    assert ix.match_length([9, big, 3, big]) == sa.match_length([9, big, 3, big])

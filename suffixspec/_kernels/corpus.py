@@ -29,6 +29,327 @@ SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched 
 # -- building ------------------------------------------------------------------------------
 
 
+# The shard builder constructs the same automaton as `sam.py` (same algorithm, same state and
+# edge numbering, so the frozen arrays are identical) in a layout made for one bulk pass:
+#
+# - `S` int32[cap, 8], 32-byte rows (cache-line aligned by the caller): LINK, LEN, DEG, HEAD
+#   (first overflow edge, -1 for none), then the first two edges inline: T0, D0, T1, D1
+#   (token -1 for an empty slot). Most states have one or two edges, so most edge lookups read
+#   only the state row, which the suffix-link walk reads anyway.
+# - `E` int32[cap, 4]: overflow edges (the third and later of a state): SRC, TOK, TO, NEXT.
+# - `H` int32[2**b, 4]: linear-probing hash of the overflow edges, rows SRC, TOK, TO, ROW (the
+#   edge's row in E), SRC -1 for empty, at most 60% full: a lookup reads one or two cache lines
+#   (TO is kept equal to E's).
+# - `R` int32[max token + 1]: the root's edges, dense (-1: none).
+# - `P` int32[n_tokens]: the state of each position's whole document prefix (the state the
+#   extension ended in), recorded on the way (counts, last ends and occurrences come from it).
+# - `BM` int64[B_META]: NS (states), NE (overflow rows), POS (tokens in),
+#   LAST (state of the current document), DOC (next document start), EDGES (all edges).
+
+B_LINK, B_LEN, B_DEG, B_HEAD, B_T0, B_D0, B_T1, B_D1 = 0, 1, 2, 3, 4, 5, 6, 7
+B_COLS = 8
+E_SRC, E_TOK, E_TO, E_NEXT = 0, 1, 2, 3
+B_NS, B_NE, B_POS, B_LAST, B_DOC, B_EDGES = 0, 1, 2, 3, 4, 5
+B_META = 6
+H_SRC, H_TOK, H_TO, H_ROW = 0, 1, 2, 3
+REF_ROOT, REF_T0, REF_T1, REF_NONE, REF_HASH = -4, -2, -3, -1, -5
+B_LOAD_NUM, B_LOAD_DEN = 6, 10
+
+
+@njit(cache=True, inline="always")
+def _bslot(src, tok, mask):
+    key = (np.uint64(src) << np.uint64(32)) | np.uint64(tok)
+    h = key * np.uint64(0x9E3779B97F4A7C15)
+    return np.int64((h >> np.uint64(29)) & np.uint64(mask))
+
+
+@njit(cache=True, inline="always")
+def _bfind(S, H, R, p, c):
+    """(target, ref) of the edge p --c-->, target -1 if none; ref says where the edge lives
+    (REF_ROOT, REF_T0, REF_T1, or REF_HASH - its hash slot) for `_bset`."""
+    if p == 0:
+        return R[c], REF_ROOT
+    if S[p, B_T0] == c:
+        return S[p, B_D0], REF_T0
+    if S[p, B_T1] == c:
+        return S[p, B_D1], REF_T1
+    if S[p, B_DEG] <= 2:
+        return -1, REF_NONE
+    mask = H.shape[0] - 1
+    i = _bslot(p, c, mask)
+    while True:
+        src = H[i, H_SRC]
+        if src == -1:
+            return -1, REF_NONE
+        if src == p and H[i, H_TOK] == c:
+            return H[i, H_TO], REF_HASH - i
+        i = (i + 1) & mask
+
+
+@njit(cache=True, inline="always")
+def _bset(S, E, H, R, p, c, ref, dst):
+    if ref == REF_ROOT:
+        R[c] = dst
+    elif ref == REF_T0:
+        S[p, B_D0] = dst
+    elif ref == REF_T1:
+        S[p, B_D1] = dst
+    else:
+        i = REF_HASH - ref
+        H[i, H_TO] = dst
+        E[H[i, H_ROW], E_TO] = dst
+
+
+@njit(cache=True, inline="always")
+def _bhash(E, H, e):
+    mask = H.shape[0] - 1
+    src = E[e, E_SRC]
+    tok = E[e, E_TOK]
+    i = _bslot(src, tok, mask)
+    while H[i, H_SRC] != -1:
+        i = (i + 1) & mask
+    H[i, H_SRC] = src
+    H[i, H_TOK] = tok
+    H[i, H_TO] = E[e, E_TO]
+    H[i, H_ROW] = e
+
+
+@njit(cache=True, inline="always")
+def _bpush(S, E, H, R, ne, p, c, dst):
+    """Add the edge p --c--> dst (room guaranteed by the caller); returns the new ne."""
+    deg = S[p, B_DEG]
+    S[p, B_DEG] = deg + 1
+    if p == 0:
+        R[c] = dst
+    elif deg == 0:
+        S[p, B_T0] = c
+        S[p, B_D0] = dst
+    elif deg == 1:
+        S[p, B_T1] = c
+        S[p, B_D1] = dst
+    else:
+        E[ne, E_SRC] = p
+        E[ne, E_TOK] = c
+        E[ne, E_TO] = dst
+        E[ne, E_NEXT] = S[p, B_HEAD]
+        S[p, B_HEAD] = ne
+        _bhash(E, H, ne)
+        ne += 1
+    return ne
+
+
+@njit(cache=True, inline="always")
+def _binit(S, v, length, link):
+    S[v, B_LINK] = link
+    S[v, B_LEN] = length
+    S[v, B_DEG] = 0
+    S[v, B_HEAD] = -1
+    S[v, B_T0] = -1
+    S[v, B_D0] = -1
+    S[v, B_T1] = -1
+    S[v, B_D1] = -1
+
+
+@njit(cache=True)
+def build_init(S, R, BM):
+    """Reset a build: the root only."""
+    _binit(S, 0, 0, -1)
+    R[:] = -1
+    BM[:] = 0
+    BM[B_NS] = 1
+
+
+@njit(cache=True)
+def build_run(S, E, H, R, T, doc_starts, P, BM):
+    """Extend the build in BM with T[BM[POS]:] (documents start at `doc_starts`, sorted) for as
+    long as E and H have room; S must hold 2 * len(T) + 1 rows (a token adds at most two
+    states). Never reallocates (arrays that a loop may rebind make numba emit far slower
+    code). Each token first walks its suffix-link path read-only, to learn how many edges it
+    may add; if they might not fit it returns that number (> 0) before touching anything, the
+    caller grows E or H (`build_grow_hash`) and calls again. Returns 0 when every token is in.
+
+    The same algorithm and numbering as `sam._extend_bulk` (new state, then clone)."""
+    n = T.shape[0]
+    ns = BM[B_NS]
+    ne = BM[B_NE]
+    pos = BM[B_POS]
+    last = BM[B_LAST]
+    d = BM[B_DOC]
+    tot = BM[B_EDGES]
+    n_docs = doc_starts.shape[0]
+    cap_e = E.shape[0]
+    cap_h = (H.shape[0] * B_LOAD_NUM) // B_LOAD_DEN
+    need = 0
+    while pos < n:
+        while d < n_docs and doc_starts[d] <= pos:
+            last = 0
+            d += 1
+        c = T[pos]
+        last_len = S[last, B_LEN]
+        # -- read-only walk: first state p (from `last` up) with an edge c, and k = edges to add
+        k = 0
+        p = last
+        if last != 0 and S[last, B_DEG] == 0:
+            dst = -1
+            ref = REF_NONE
+        else:
+            dst, ref = _bfind(S, H, R, last, c)
+        if dst == -1:
+            k = 1
+            p = S[last, B_LINK]
+            while p != -1:
+                dst, ref = _bfind(S, H, R, p, c)
+                if dst != -1:
+                    break
+                k += 1
+                p = S[p, B_LINK]
+        q = dst
+        clone = False
+        if q != -1:
+            clone = S[q, B_LEN] != S[p, B_LEN] + 1
+        need = k + (S[q, B_DEG] if clone else 0)
+        if ne + need > cap_e or ne + need > cap_h:
+            need = max(need, 1)
+            break
+        need = 0
+        # -- apply
+        if k == 0 and not clone:
+            cur = q  # generalized automaton: the new prefix already occurs (after a document start)
+        else:
+            if k == 0:
+                cur = -1
+            else:
+                cur = ns
+                _binit(S, cur, last_len + 1, -1)
+                ns += 1
+                tot += k
+                r = last
+                for _ in range(k):
+                    ne = _bpush(S, E, H, R, ne, r, c, cur)
+                    r = S[r, B_LINK]
+            if p == -1:
+                link = 0
+            elif not clone:
+                link = q
+            else:
+                cl = ns
+                ns += 1
+                S[cl, B_LINK] = S[q, B_LINK]
+                S[cl, B_LEN] = S[p, B_LEN] + 1
+                S[cl, B_DEG] = 2 if S[q, B_DEG] >= 2 else S[q, B_DEG]
+                S[cl, B_HEAD] = -1
+                S[cl, B_T0] = S[q, B_T0]
+                S[cl, B_D0] = S[q, B_D0]
+                S[cl, B_T1] = S[q, B_T1]
+                S[cl, B_D1] = S[q, B_D1]
+                tot += S[q, B_DEG]
+                # overflow edges: pushed in q's list order, as sam.py copies them
+                f = S[q, B_HEAD]
+                while f != -1:
+                    ne = _bpush(S, E, H, R, ne, cl, E[f, E_TOK], E[f, E_TO])
+                    f = E[f, E_NEXT]
+                S[q, B_LINK] = cl
+                while True:
+                    _bset(S, E, H, R, p, c, ref, cl)
+                    p = S[p, B_LINK]
+                    if p == -1:
+                        break
+                    dst, ref = _bfind(S, H, R, p, c)
+                    if dst != q:
+                        break
+                link = cl
+            if cur == -1:
+                cur = link  # generalized case with a clone: the clone is the new prefix's state
+            else:
+                S[cur, B_LINK] = link
+        last = cur
+        P[pos] = cur
+        pos += 1
+    BM[B_NS] = ns
+    BM[B_NE] = ne
+    BM[B_POS] = pos
+    BM[B_LAST] = last
+    BM[B_DOC] = d
+    BM[B_EDGES] = tot
+    return need
+
+
+@njit(cache=True)
+def build_rehash(E, H, ne):
+    """Fill the empty table H with the overflow edges E[:ne]."""
+    for e in range(ne):
+        _bhash(E, H, e)
+
+
+@njit(cache=True)
+def build_freeze(S, E, R, BM, links, lens, offsets, etok, eto):
+    """Write the frozen CSR arrays of the build (as `sam.to_csr_into` and the LINK and LEN
+    columns of `sam.state_columns_into` give them): one pass over the states in order, each
+    state's edges gathered (root row, inline pair, overflow list) and sorted by token."""
+    ns = BM[B_NS]
+    off = 0
+    for v in range(ns):
+        links[v] = S[v, B_LINK]
+        lens[v] = S[v, B_LEN]
+        offsets[v] = off
+        deg = S[v, B_DEG]
+        if v == 0:
+            for t in range(R.shape[0]):
+                if R[t] != -1:
+                    etok[off] = t
+                    eto[off] = R[t]
+                    off += 1
+            continue
+        if deg == 0:
+            continue
+        lo = off
+        t0 = S[v, B_T0]
+        if deg == 1:
+            etok[off] = t0
+            eto[off] = S[v, B_D0]
+            off += 1
+            continue
+        t1 = S[v, B_T1]
+        if t0 < t1:
+            etok[off] = t0
+            eto[off] = S[v, B_D0]
+            etok[off + 1] = t1
+            eto[off + 1] = S[v, B_D1]
+        else:
+            etok[off] = t1
+            eto[off] = S[v, B_D1]
+            etok[off + 1] = t0
+            eto[off + 1] = S[v, B_D0]
+        off += 2
+        if deg == 2:
+            continue
+        e = S[v, B_HEAD]
+        while e != -1:
+            etok[off] = E[e, E_TOK]
+            eto[off] = E[e, E_TO]
+            off += 1
+            e = E[e, E_NEXT]
+        hi = off
+        if hi - lo <= 16:
+            for a in range(lo + 2, hi):
+                t = etok[a]
+                dd = eto[a]
+                b = a - 1
+                while b >= lo and etok[b] > t:
+                    etok[b + 1] = etok[b]
+                    eto[b + 1] = eto[b]
+                    b -= 1
+                etok[b + 1] = t
+                eto[b + 1] = dd
+        else:
+            order = np.argsort(etok[lo:hi], kind="mergesort")
+            etok[lo:hi] = etok[lo:hi][order]
+            eto[lo:hi] = eto[lo:hi][order]
+    offsets[ns] = off
+    return off
+
+
+
 @njit(cache=True)
 def prefix_states(offsets, etok, eto, tokens, doc_starts):
     """State of each position's whole document prefix (-2 for a damaged automaton)."""
@@ -48,6 +369,41 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
             return out
         out[p] = state
     return out
+
+
+@njit(cache=True)
+def build_counts(links, lens, pstate, counts, lasts):
+    """counts and lasts int32[n_states] of an automaton from `pstate` (the state of each
+    position's whole document prefix): each state's own positions, then added into its
+    suffix-link ancestors, deepest first (as `sam.accumulate`)."""
+    n = links.shape[0]
+    counts[:] = 0
+    lasts[:] = -1
+    for p in range(pstate.shape[0]):
+        s = pstate[p]
+        counts[s] += 1
+        lasts[s] = p
+    max_len = 0
+    for v in range(n):
+        if lens[v] > max_len:
+            max_len = lens[v]
+    bucket = np.zeros(max_len + 2, np.int64)
+    for v in range(n):
+        bucket[lens[v] + 1] += 1
+    for i in range(1, max_len + 2):
+        bucket[i] += bucket[i - 1]
+    order = np.empty(n, np.int32)
+    for v in range(n):
+        ln = lens[v]
+        order[bucket[ln]] = v
+        bucket[ln] += 1
+    for k in range(n - 1, 0, -1):
+        v = order[k]
+        p = links[v]
+        if p >= 0:
+            counts[p] += counts[v]
+            if lasts[v] > lasts[p]:
+                lasts[p] = lasts[v]
 
 
 @njit(cache=True)
