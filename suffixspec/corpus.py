@@ -374,7 +374,7 @@ def _bulk_automaton(tokens: np.ndarray, doc_starts: np.ndarray, e_rows: int | No
     n = tokens.shape[0]
     S = _aligned_rows(2 * n + 1, ck.B_COLS)
     E = np.empty((n // 2 + 1024 if e_rows is None else e_rows, 4), np.int32)  # ~0.39 overflow edges per token on code
-    H = _hash_table(int(n * 0.4) + 1024 if h_rows is None else h_rows)
+    H = _hash_table(int(n * 0.3) + 1024 if h_rows is None else h_rows)
     R = np.empty(int(tokens.max()) + 1, np.int32)
     P = np.empty(n, np.int32)
     BM = np.zeros(ck.B_META, np.int64)

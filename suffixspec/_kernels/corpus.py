@@ -19,7 +19,10 @@ range-checked first and the query kernels return CORRUPT (-2) instead of reading
 """
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from .frozen import CORRUPT, transition
 
@@ -38,7 +41,7 @@ SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched 
 #   only the state row, which the suffix-link walk reads anyway.
 # - `E` int32[cap, 4]: overflow edges (the third and later of a state): SRC, TOK, TO, NEXT.
 # - `H` int32[2**b, 4]: linear-probing hash of the overflow edges, rows SRC, TOK, TO, ROW (the
-#   edge's row in E), SRC -1 for empty, at most 60% full: a lookup reads one or two cache lines
+#   edge's row in E), SRC -1 for empty, at most 70% full: a lookup reads one or two cache lines
 #   (TO is kept equal to E's).
 # - `R` int32[max token + 1]: the root's edges, dense (-1: none).
 # - `P` int32[n_tokens]: the state of each position's whole document prefix (the state the
@@ -53,7 +56,28 @@ B_NS, B_NE, B_POS, B_LAST, B_DOC, B_EDGES = 0, 1, 2, 3, 4, 5
 B_META = 6
 H_SRC, H_TOK, H_TO, H_ROW = 0, 1, 2, 3
 REF_ROOT, REF_T0, REF_T1, REF_NONE, REF_HASH = -4, -2, -3, -1, -5
-B_LOAD_NUM, B_LOAD_DEN = 6, 10
+B_LOAD_NUM, B_LOAD_DEN = 7, 10
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i):
+    """Hint the CPU to fetch the cache line of arr[i] (the first element of row i of a 2-D
+    C-contiguous array) while other work goes on; no effect on results, never faults."""
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = [args[1]] + [context.get_constant(types.intp, 0)] * (aryty.ndim - 1)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout, inds=idx,
+                                        boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i), codegen
 
 
 @njit(cache=True, inline="always")
@@ -179,6 +203,7 @@ def build_run(S, E, H, R, T, doc_starts, P, BM):
     n_docs = doc_starts.shape[0]
     cap_e = E.shape[0]
     cap_h = (H.shape[0] * B_LOAD_NUM) // B_LOAD_DEN
+    hmask = H.shape[0] - 1
     need = 0
     while pos < n:
         while d < n_docs and doc_starts[d] <= pos:
@@ -198,6 +223,8 @@ def build_run(S, E, H, R, T, doc_starts, P, BM):
             k = 1
             p = S[last, B_LINK]
             while p != -1:
+                if p != 0:  # the hash slot of (p, c), fetched alongside p's row
+                    _prefetch(H, _bslot(p, c, hmask))
                 dst, ref = _bfind(S, H, R, p, c)
                 if dst != -1:
                     break
@@ -254,6 +281,8 @@ def build_run(S, E, H, R, T, doc_starts, P, BM):
                     p = S[p, B_LINK]
                     if p == -1:
                         break
+                    if p != 0:
+                        _prefetch(H, _bslot(p, c, hmask))
                     dst, ref = _bfind(S, H, R, p, c)
                     if dst != q:
                         break
