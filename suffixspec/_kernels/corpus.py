@@ -310,12 +310,37 @@ def build_rehash(E, H, ne):
         _bhash(E, H, e)
 
 
+@njit(cache=True, inline="always")
+def _sort_pairs(keys, vals, lo, hi):
+    """Sort keys[lo:hi] ascending (distinct keys), moving vals along, in place and without
+    allocating: Shell sort (Ciura's gaps, extended by x2.25), plain insertion sort on short ranges."""
+    n = hi - lo
+    gaps = (90927, 40412, 17961, 7983, 3548, 1577, 701, 301, 132, 57, 23, 10, 4, 1)
+    for gap in gaps:
+        if gap >= n:
+            continue
+        for a in range(lo + gap, hi):
+            t = keys[a]
+            d = vals[a]
+            b = a - gap
+            while b >= lo and keys[b] > t:
+                keys[b + gap] = keys[b]
+                vals[b + gap] = vals[b]
+                b -= gap
+            keys[b + gap] = t
+            vals[b + gap] = d
+
+
 @njit(cache=True)
 def build_freeze(S, E, R, BM, links, lens, offsets, etok, eto):
     """Write the frozen CSR arrays of the build (as `sam.to_csr_into` and the LINK and LEN
-    columns of `sam.state_columns_into` give them): one pass over the states in order, each
-    state's edges gathered (root row, inline pair, overflow list) and sorted by token."""
+    columns of `sam.state_columns_into` give them). One sequential pass over the states writes
+    links, lengths, offsets, the root row and the inline edges; the overflow edges are then
+    scattered in E order (each state's next free slot kept in its HEAD cell, which is no longer
+    needed: S is spent afterwards), and the rows of states with more than two edges sorted.
+    Returns the number of edges written."""
     ns = BM[B_NS]
+    ne = BM[B_NE]
     off = 0
     for v in range(ns):
         links[v] = S[v, B_LINK]
@@ -331,7 +356,6 @@ def build_freeze(S, E, R, BM, links, lens, offsets, etok, eto):
             continue
         if deg == 0:
             continue
-        lo = off
         t0 = S[v, B_T0]
         if deg == 1:
             etok[off] = t0
@@ -349,34 +373,21 @@ def build_freeze(S, E, R, BM, links, lens, offsets, etok, eto):
             eto[off] = S[v, B_D1]
             etok[off + 1] = t0
             eto[off + 1] = S[v, B_D0]
-        off += 2
-        if deg == 2:
-            continue
-        e = S[v, B_HEAD]
-        while e != -1:
-            etok[off] = E[e, E_TOK]
-            eto[off] = E[e, E_TO]
-            off += 1
-            e = E[e, E_NEXT]
-        hi = off
-        if hi - lo <= 16:
-            for a in range(lo + 2, hi):
-                t = etok[a]
-                dd = eto[a]
-                b = a - 1
-                while b >= lo and etok[b] > t:
-                    etok[b + 1] = etok[b]
-                    eto[b + 1] = eto[b]
-                    b -= 1
-                etok[b + 1] = t
-                eto[b + 1] = dd
-        else:
-            order = np.argsort(etok[lo:hi], kind="mergesort")
-            etok[lo:hi] = etok[lo:hi][order]
-            eto[lo:hi] = eto[lo:hi][order]
+        S[v, B_HEAD] = off + 2
+        off += deg
     offsets[ns] = off
+    for e in range(ne):
+        v = E[e, E_SRC]
+        k = S[v, B_HEAD]
+        etok[k] = E[e, E_TOK]
+        eto[k] = E[e, E_TO]
+        S[v, B_HEAD] = k + 1
+    for v in range(1, ns):
+        lo = offsets[v]
+        hi = offsets[v + 1]
+        if hi - lo > 2:
+            _sort_pairs(etok, eto, lo, hi)
     return off
-
 
 
 @njit(cache=True)
