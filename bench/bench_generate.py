@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     ap.add_argument("--prompts", type=int, default=3, help="prompts per workload")
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads (default 0: torch's own choice, every core; plain decoding gets the same)")
     ap.add_argument("--pld-tokens", default="10", help="prompt_lookup_num_tokens of the PLD baseline (comma-separated list)")
     ap.add_argument("--budget", default="auto", help="suffixspec budget: auto or N, or a comma-separated list")
     ap.add_argument("--diag", action="store_true", help="print per-configuration round statistics")
@@ -97,7 +98,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    torch.set_num_threads(args.threads)
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    args.threads = torch.get_num_threads()
     from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.models import load_model
     from suffixspec.proposer import Proposer

@@ -292,6 +292,58 @@ class CostModel:
         return model_cost
 
 
+class RankCalibration:
+    """Observed acceptance of draft nodes relative to their scores, by the node's rank in its tree.
+
+    A tree's scores are the proposer's estimates of each node's acceptance. How far they are off
+    depends on the workload *and* on the rank: replaying the shipped traces at budget 64, code edits
+    accept their best node 0.93x as often as scored and ranks 33-64 1.47x, chat 0.69x and 0.24x.
+    One scalar cannot size trees for both, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
+    7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
+    `prior` units of score at ratio 1 in every bucket (an unobserved bucket keeps the raw scores)."""
+
+    EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
+
+    def __init__(self, decay: float = 0.995, prior: float = 2.0, low: float = 0.05, high: float = 3.0):
+        self.decay, self.prior, self.low, self.high = float(decay), float(prior), float(low), float(high)
+        n = len(self.EDGES) + 1
+        self.scored = np.zeros(n)  # decayed sum of drafted nodes' scores, per rank bucket
+        self.accepted = np.zeros(n)  # decayed count of accepted nodes, per rank bucket
+
+    def buckets(self, n: int) -> np.ndarray:
+        """The bucket of ranks 1..n."""
+        return np.searchsorted(self.EDGES, np.arange(1, n + 1), side="left")
+
+    def factors(self, n: int) -> np.ndarray:
+        """Multipliers for the scores of ranks 1..n."""
+        ratio = (self.accepted + self.prior) / (self.scored + self.prior)
+        return np.clip(ratio, self.low, self.high)[self.buckets(n)]
+
+    def apply(self, sorted_scores: np.ndarray) -> np.ndarray:
+        """Calibrated acceptance estimates of a tree's scores sorted best first, each at most 1."""
+        return np.minimum(sorted_scores * self.factors(len(sorted_scores)), 1.0)
+
+    def observe(self, trees, accepted_nodes) -> None:
+        """One round: every verified tree with the indices of its accepted nodes."""
+        self.scored *= self.decay
+        self.accepted *= self.decay
+        for tree, acc in zip(trees, accepted_nodes):
+            if not len(tree):
+                continue
+            order = np.argsort(-tree.scores, kind="stable")  # rank r holds node order[r]
+            bucket = self.buckets(len(tree))
+            np.add.at(self.scored, bucket, tree.scores[order])
+            if len(acc):
+                rank = np.empty(len(tree), np.int64)
+                rank[order] = np.arange(len(tree))
+                np.add.at(self.accepted, bucket[rank[np.asarray(acc, np.int64)]], 1.0)
+
+    def to_dict(self) -> dict:
+        ratio = (self.accepted + self.prior) / (self.scored + self.prior)
+        edges = [1, *(int(e) + 1 for e in self.EDGES)]
+        return {f"rank>={lo}": round(float(r), 3) for lo, r, w in zip(edges, ratio, self.scored) if w > 0}
+
+
 def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
     """The best `size` nodes of `tree` by score (a closed subtree) no deeper than `max_depth`."""
     n = len(tree)
@@ -379,7 +431,7 @@ class SpeculativeGenerator:
         self.min_gain = float(min_gain)
         self.batch_margin = float(batch_margin)
         self.cost_model = cost_model
-        self._calibration = 1.0  # observed accepted / expected, smoothed
+        self.calibration = RankCalibration()  # observed acceptance / scores, by rank in the tree
         self._unsupported: str | None = None
         self._checked = False
 
@@ -539,14 +591,14 @@ class SpeculativeGenerator:
         entry (default 1). A prefill round (`width` > 1, dominated by the prompts) takes k nodes only
         when their expected tokens beat what their extra pass time buys in plain decode rounds."""
         b = len(trees)
-        best_scores = [np.sort(t.scores)[::-1] * self._calibration if len(t) else np.zeros(0) for t in trees]
+        best_scores = [self.calibration.apply(np.sort(t.scores)[::-1]) if len(t) else np.zeros(0) for t in trees]
         kmax = max((len(s) for s in best_scores), default=0)
         if kmax == 0:
             return trees
         w = np.ones(b) if weights is None else np.asarray(weights, np.float64)
         gains = np.zeros(kmax + 1)
         for wi, s in zip(w, best_scores):
-            c = np.concatenate([[0.0], np.cumsum(np.minimum(s, 1.0))])
+            c = np.concatenate([[0.0], np.cumsum(s)])
             gains += wi * c[np.minimum(np.arange(kmax + 1), len(s))]
         cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
         if width > 1:

@@ -215,7 +215,7 @@ class Server:
         stats.plain_rounds += all(len(tr) == 0 for tr in trees)
         stats.budgets.extend(len(tr) for tr in trees)
         now = self.now()
-        expected = accepted_total = 0.0
+        expected = 0.0
         keep = []
         for i, (lv, res, tree) in enumerate(zip(lives, results, trees)):
             rs = stats.requests[lv.index]
@@ -245,7 +245,6 @@ class Server:
             rs.new_tokens = len(lv.output)
             rs.e2e_s = now - self._added_s[lv.index]
             expected += float(tree.scores.sum()) if len(tree) else 0.0
-            accepted_total += len(res.accepted_nodes)
             lv.context.extend(tokens)
             lv.pending = [tokens[-1]]
             self.outputs[lv.index] = lv.output
@@ -261,9 +260,8 @@ class Server:
                 if lv.session is not None:
                     lv.session.extend(tokens)
                 keep.append(i)
-        if expected > 0:
-            ratio = (accepted_total + 0.5) / (expected + 0.5)
-            gen._calibration = float(np.clip(0.8 * gen._calibration + 0.2 * ratio, 0.05, 2.0))
+        if self.auto and self._speculate and expected > 0:
+            gen.calibration.observe(trees, [res.accepted_nodes for res in results])
         if len(keep) < len(lives):
             state.select_rows(keep)
         return [lives[i] for i in keep]

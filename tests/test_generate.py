@@ -503,3 +503,50 @@ def test_cost_model_corrections_are_per_batch_size():
     assert cm.relative() == {1: 1.0, 8: 2.0, 64: 4.0}
     cm.observe(1, 100.0)  # a load spike moves the curve by at most 10%
     assert cm(1) == pytest.approx(1.1)
+
+
+def test_rank_calibration_against_brute_force():
+    from suffixspec.generate import RankCalibration
+
+    rng = np.random.default_rng(4)
+    cal = RankCalibration(decay=0.9)
+    edges = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
+    scored, accepted = np.zeros(len(edges) + 1), np.zeros(len(edges) + 1)
+    for _ in range(60):
+        trees, accs = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(0, 40))
+            parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+            scores = rng.random(n)
+            tree = DraftTree(np.arange(n), np.array(parents, np.int64), scores) if n else DraftTree.empty()
+            acc = sorted(rng.choice(n, int(rng.integers(0, n + 1)), replace=False).tolist()) if n else []
+            trees.append(tree)
+            accs.append(acc)
+        scored *= 0.9
+        accepted *= 0.9
+        for tree, acc in zip(trees, accs):
+            by_score = sorted(range(len(tree)), key=lambda i: (-tree.scores[i], i))
+            for r, node in enumerate(by_score):
+                b = next(k for k, e in enumerate(edges + [1 << 62]) if r + 1 <= e)
+                scored[b] += tree.scores[node]
+                accepted[b] += node in acc
+        cal.observe(trees, accs)
+        np.testing.assert_allclose(cal.scored, scored)
+        np.testing.assert_allclose(cal.accepted, accepted)
+
+
+def test_rank_calibration_learns_per_rank_ratios():
+    from suffixspec.generate import RankCalibration
+
+    cal = RankCalibration()
+    rng = np.random.default_rng(0)
+    chain = DraftTree(np.arange(12), np.arange(12) - 1, np.linspace(0.6, 0.3, 12))
+    for _ in range(3000):  # the best node accepted 90% of the time, ranks 9-12 never
+        k = 1 if rng.random() < 0.9 else 0
+        cal.observe([chain], [list(range(k))])
+    f = cal.factors(12)
+    assert abs(f[0] - 0.9 / 0.6) < 0.1
+    assert f[9] == cal.low and f[11] == cal.low
+    fresh = RankCalibration()
+    assert np.all(fresh.factors(100) == 1.0)  # nothing observed: the raw scores
+    assert np.all(fresh.apply(np.array([1.5, 0.5])) == [1.0, 0.5])
