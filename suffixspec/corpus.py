@@ -437,7 +437,8 @@ def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: 
             a["tokens"][:] = tokens
             a["doc_starts"][:] = doc_starts
             clock.lap("freeze")
-            ck.build_counts(a["links"], a["lens"], pstate, a["counts"], a["lasts"])
+            if not ck.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"]):
+                raise AssertionError("occurrence layout disagrees with the automaton's counts")
         else:
             sa._freeze_into(a)
             del sa
@@ -447,8 +448,8 @@ def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: 
             pstate = ck.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
             if pstate.shape[0] and pstate[0] == fk.CORRUPT:
                 raise AssertionError("automaton does not spell its own documents")
-        if not ck.occurrence_layout_into(a["links"], a["counts"], pstate, a["occ"], a["occ_start"]):
-            raise AssertionError("occurrence layout disagrees with the automaton's counts")
+            if not ck.occurrence_layout_into(a["links"], a["counts"], pstate, a["occ"], a["occ_start"]):
+                raise AssertionError("occurrence layout disagrees with the automaton's counts")
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
         del a, pstate
         clock.lap("occurrences")

@@ -602,6 +602,20 @@ def _assert_bulk_equals_automaton(docs, **kw):
     from suffixspec._kernels import corpus as ck
 
     assert np.array_equal(pstate, ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
+    # the fused occurrence kernel gives the counts, last ends and layout of the two-step one
+    occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
+    assert ok
+    ns, n = fa.n_states, len(fa)
+    got = [np.empty(ns, np.int32), np.empty(ns, np.int32), np.empty(n, np.int32), np.empty(ns, np.int32)]
+    assert ck.build_occurrences(fa.links, fa.lens, pstate, *got)
+    for a, b in zip(got, (fa.counts, fa.lasts, occ, occ_start)):
+        assert np.array_equal(a, b)
+    bad = pstate.copy()
+    bad[len(bad) // 2] = ns  # no such state
+    assert not ck.build_occurrences(fa.links, fa.lens, bad, *got)
+    bad_links = fa.links.copy()
+    bad_links[1] = 1  # a state its own suffix link
+    assert not ck.build_occurrences(bad_links, fa.lens, pstate, *got)
 
 
 def _real_docs():

@@ -26,6 +26,7 @@ from numba.extending import intrinsic
 
 from .frozen import CORRUPT, transition
 
+PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
 SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched for its K most recent positions
 
 
@@ -67,7 +68,7 @@ def _prefetch(typingctx, arr, i):
     def codegen(context, builder, sig, args):
         aryty = sig.args[0]
         ary = context.make_array(aryty)(context, builder, args[0])
-        idx = [args[1]] + [context.get_constant(types.intp, 0)] * (aryty.ndim - 1)
+        idx = [context.cast(builder, args[1], sig.args[1], types.intp)] + [context.get_constant(types.intp, 0)] * (aryty.ndim - 1)
         ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
                                         strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout, inds=idx,
                                         boundscheck=False)
@@ -444,6 +445,103 @@ def build_counts(links, lens, pstate, counts, lasts):
             counts[p] += counts[v]
             if lasts[v] > lasts[p]:
                 lasts[p] = lasts[v]
+
+
+@njit(cache=True)
+def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
+    """counts, lasts int32[n_states] and the occurrence layout occ int32[n_tokens], occ_start
+    int32[n_states] of an automaton from `pstate` (the state of each position's whole document
+    prefix): the arrays `build_counts` then `occurrence_layout_into` give, in one kernel whose
+    scattered accesses each touch one 16-byte scratch row per state (own count then subtree
+    count, last end, start, cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's
+    order allows. False when the layout disagrees with the counts (an automaton that does not
+    describe its tokens)."""
+    ns = links.shape[0]
+    n = pstate.shape[0]
+    ahead = PREFETCH_AHEAD
+    W = np.empty((ns, 4), np.int32)  # CNT, LAST, START, CURSOR
+    for v in range(ns):
+        W[v, 0] = 0
+        W[v, 1] = -1
+        W[v, 2] = -1
+    for p in range(n):
+        st = pstate[p]
+        if st < 0 or st >= ns:
+            return False
+        W[st, 0] += 1
+        W[st, 1] = p
+    if not (ns > 0 and links[0] == -1 and lens[0] == 0):
+        return False
+    max_len = 0
+    for v in range(ns):
+        W[v, 3] = W[v, 0]  # own positions, kept for the placement below
+        if lens[v] > max_len:
+            max_len = lens[v]
+        if v > 0 and (links[v] < 0 or links[v] >= ns or lens[links[v]] >= lens[v]):
+            return False
+    # subtree sums deepest first (counting sort by length): a state's sums are final before its parent reads them
+    bucket = np.zeros(max_len + 2, np.int64)
+    for v in range(ns):
+        bucket[lens[v] + 1] += 1
+    for i in range(1, max_len + 2):
+        bucket[i] += bucket[i - 1]
+    order = np.empty(ns, np.int32)
+    for v in range(ns):
+        ln = lens[v]
+        order[bucket[ln]] = v
+        bucket[ln] += 1
+    for k in range(ns - 1, 0, -1):
+        if k >= 2 * ahead:
+            u = order[k - 2 * ahead]
+            _prefetch(links, u)
+            _prefetch(W, u)
+            _prefetch(W, links[order[k - ahead]])
+        v = order[k]
+        p = links[v]
+        W[p, 0] += W[v, 0]
+        if W[v, 1] > W[p, 1]:
+            W[p, 1] = W[v, 1]
+    if W[0, 0] != n:
+        return False
+    for v in range(ns):
+        counts[v] = W[v, 0]
+        lasts[v] = W[v, 1]
+    # placement in suffix-link-tree preorder, exactly as occurrence_layout_into (states in number
+    # order, a chain of unplaced ancestors placed top-down first)
+    chain = order  # spent: reused as the chain stack (its first rows only)
+    W[0, 2] = 0
+    for v in range(1, ns):
+        if v + ahead < ns:
+            _prefetch(W, links[v + ahead])
+        if W[v, 2] >= 0:
+            continue
+        top = 0
+        u = v
+        while W[u, 2] < 0:
+            chain[top] = u
+            top += 1
+            u = links[u]
+        while top > 0:
+            top -= 1
+            w = chain[top]
+            par = links[w]
+            start = W[par, 3]
+            W[w, 2] = start
+            W[par, 3] = start + W[w, 0]
+            W[w, 3] = start + W[w, 3]
+    for v in range(ns):
+        if np.int64(W[v, 3]) != np.int64(W[v, 2]) + W[v, 0]:  # every subtree filled exactly
+            return False
+        occ_start[v] = W[v, 2]
+        W[v, 3] = W[v, 2]
+    for p in range(n):
+        if p + ahead < n:
+            _prefetch(W, pstate[p + ahead])
+        st = pstate[p]
+        k = W[st, 3]
+        occ[k] = p
+        W[st, 3] = k + 1
+    return True
 
 
 @njit(cache=True)
