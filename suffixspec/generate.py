@@ -242,8 +242,9 @@ class CostModel:
             chain = rng.integers(0, vocab, size - 1)
             trees[size] = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
         times = {size: [] for size in sizes}
-        # sizes interleaved round by round and the minimum kept: a load spike hits one sample of
-        # one size, not a whole size's measurement
+        # sizes interleaved round by round and the median kept: a load spike hits one sample of one
+        # size, not a whole size's measurement, and the curve is the typical pass, not the luckiest
+        # (the minimum made 2-token passes look 1.10x a step where rounds saw 1.2x)
         for rep in range(repeats + 1):
             for size in sizes:
                 if cuda:
@@ -255,7 +256,7 @@ class CostModel:
                 if rep:  # the first round warms up
                     times[size].append(time.perf_counter() - t)
                 state.commit([[]])
-        seconds = [float(np.min(times[size])) for size in sizes]
+        seconds = [float(np.median(times[size])) for size in sizes]
         return cls(list(sizes), seconds)
 
     @classmethod
@@ -268,7 +269,7 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         dev = next(model.parameters()).device
         ident = json.dumps([
-            "cost-v3",  # bump when `measure` or the model layers change: older curves are then re-measured
+            "cost-v4",  # bump when `measure` or the model layers change: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
             sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
             str(next(model.parameters()).dtype), str(dev),
@@ -319,9 +320,9 @@ class RankCalibration:
         ratio = (self.accepted + self.prior) / (self.scored + self.prior)
         return np.clip(ratio, self.low, self.high)[self.buckets(n)]
 
-    def apply(self, sorted_scores: np.ndarray) -> np.ndarray:
-        """Calibrated acceptance estimates of a tree's scores sorted best first, each at most 1."""
-        return np.minimum(sorted_scores * self.factors(len(sorted_scores)), 1.0)
+    def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """Calibrated acceptance estimates of a tree's scores sorted best first (times `scale`), each at most 1."""
+        return np.minimum(sorted_scores * (self.factors(len(sorted_scores)) * scale), 1.0)
 
     def observe(self, trees, accepted_nodes) -> None:
         """One round: every verified tree with the indices of its accepted nodes."""
@@ -582,16 +583,20 @@ class SpeculativeGenerator:
             out.append(prune_tree(tree, b, lim - 1) if len(tree) else tree)
         return out
 
-    def _auto_prune(self, trees: list[DraftTree], limits, width: int = 1, weights=None) -> list[DraftTree]:
+    def _auto_prune(self, trees: list[DraftTree], limits, width: int = 1, weights=None,
+                    row_factors=None) -> list[DraftTree]:
         """Choose one draft size k for the round; each row keeps its best k nodes.
 
         The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
         for all rows costs the same as per-row sizes whose largest is k. A decode round (`width` 1)
         maximises expected committed tokens per second, each row's tokens counted with its `weights`
-        entry (default 1). A prefill round (`width` > 1, dominated by the prompts) takes k nodes only
+        entry (default 1). Scores are calibrated by rank (`RankCalibration`) and scaled by the row's
+        `row_factors` entry (default 1: how the request's own drafts fared so far). A prefill round (`width` > 1, dominated by the prompts) takes k nodes only
         when their expected tokens beat what their extra pass time buys in plain decode rounds."""
         b = len(trees)
-        best_scores = [self.calibration.apply(np.sort(t.scores)[::-1]) if len(t) else np.zeros(0) for t in trees]
+        scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
+        best_scores = [self.calibration.apply(np.sort(t.scores)[::-1], f) if len(t) else np.zeros(0)
+                       for t, f in zip(trees, scale)]
         kmax = max((len(s) for s in best_scores), default=0)
         if kmax == 0:
             return trees

@@ -62,6 +62,16 @@ class _Live:
     session: Any = None
     filter: Any = None
     request_id: Any = None
+    predicted: float = 0.0  # decayed sum of this request's drafts' (globally calibrated) acceptance estimates
+    hits: float = 0.0  # decayed count of its accepted draft nodes
+
+    def draft_factor(self) -> float:
+        """How this request's drafts fare against the calibrated estimates (1 until it has drafted)."""
+        return float(np.clip((self.hits + _REQUEST_PRIOR) / (self.predicted + _REQUEST_PRIOR), 0.05, 3.0))
+
+
+_REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) at factor 1 behind every request's factor
+_REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
 
 
 def _prefill_groups(lives: list[_Live], waste: float = 0.25) -> list[list[_Live]]:
@@ -201,7 +211,8 @@ class Server:
         t = time.perf_counter()
         width = max(len(lv.pending) for lv in lives)
         if self.auto and self._speculate:
-            trees = gen._auto_prune(trees, limits, width=width, weights=self._tail_weights(lives))
+            trees = gen._auto_prune(trees, limits, width=width, weights=self._tail_weights(lives),
+                                    row_factors=[lv.draft_factor() for lv in lives])
         t_pass = time.perf_counter()
         logits, root = state.forward([lv.pending for lv in lives], trees)
         if self.auto and self._speculate and width == 1:  # prefills are dominated by the prompt: not observed
@@ -260,8 +271,15 @@ class Server:
                 if lv.session is not None:
                     lv.session.extend(tokens)
                 keep.append(i)
-        if self.auto and self._speculate and expected > 0:
-            gen.calibration.observe(trees, [res.accepted_nodes for res in results])
+        if self.auto and self._speculate:
+            for lv, res, tree in zip(lives, results, trees):
+                lv.predicted *= _REQUEST_DECAY
+                lv.hits *= _REQUEST_DECAY
+                if len(tree):
+                    lv.predicted += float(gen.calibration.apply(np.sort(tree.scores)[::-1]).sum())
+                    lv.hits += len(res.accepted_nodes)
+            if expected > 0:
+                gen.calibration.observe(trees, [res.accepted_nodes for res in results])
         if len(keep) < len(lives):
             state.select_rows(keep)
         return [lives[i] for i in keep]

@@ -550,3 +550,45 @@ def test_rank_calibration_learns_per_rank_ratios():
     fresh = RankCalibration()
     assert np.all(fresh.factors(100) == 1.0)  # nothing observed: the raw scores
     assert np.all(fresh.apply(np.array([1.5, 0.5])) == [1.0, 0.5])
+
+
+def test_request_draft_factor_scales_the_auto_budget():
+    from suffixspec.serve import _Live
+
+    lv = _Live(0, 0, 8, [1], [1])
+    assert lv.draft_factor() == 1.0  # nothing drafted yet
+    lv.predicted, lv.hits = 4.0, 0.0  # four nodes' worth of estimates, none accepted
+    assert abs(lv.draft_factor() - 0.2) < 1e-12
+    lv.predicted, lv.hits = 1.0, 5.0  # far better than estimated
+    assert lv.draft_factor() == 3.0
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
+                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))
+    tree = DraftTree(np.arange(1, 5), np.arange(4) - 1, np.array([0.5, 0.4, 0.3, 0.2]))
+    assert len(gen._auto_prune([tree], [64])[0]) == 4  # 2.4 / 1.375 is the best rate
+    # scaled to 0.1, 0.08, 0.06, 0.04: no k pays its pass (1.1 / 1.15, 1.18 / 1.225, ...)
+    assert len(gen._auto_prune([tree], [64], row_factors=[0.2])[0]) == 0
+
+
+def test_failing_drafts_lower_the_request_factor():
+    """A proposer whose confident drafts are always wrong: the request soon stops drafting."""
+    model = tiny_model("llama", sharpen=4.0)
+    ref = hf_generate(model, [5, 6, 7], 40)
+
+    class Wrong:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            return self
+
+        def extend(self, tokens):
+            pass
+
+        def propose(self, budget):
+            return DraftTree(np.array([96, 95, 94]), np.array([-1, 0, 1]), np.array([0.9, 0.8, 0.7]))
+
+        def close(self):
+            pass
+
+    gen = SpeculativeGenerator(model, proposer=Wrong(), cost_model=CostModel([1, 64], [1.0, 1.2]))
+    out = gen.generate([[5, 6, 7]], max_new_tokens=40)
+    assert out.sequences == [ref]
+    drafted_rounds = [b > 0 for b in out.stats.budgets]
+    assert sum(drafted_rounds[:5]) >= 1 and sum(drafted_rounds[-20:]) <= 2
