@@ -105,6 +105,39 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+_CRC_ZERO_OPS: list = []  # k -> the CRC-32 operator (GF(2) 32x32 matrix, columns as ints) of 2**k zero bytes
+
+
+def _gf2_apply(mat: list, vec: int) -> int:
+    out, i = 0, 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """zlib.crc32(a + b) from crc1 = zlib.crc32(a), crc2 = zlib.crc32(b) and len2 = len(b): crc1
+    advanced over len2 zero bytes (the register is linear over GF(2), and the pre- and
+    post-inversions of a and b cancel), xor crc2. O(log len2) matrix-vector products."""
+    if not _CRC_ZERO_OPS:
+        op = [0xEDB88320] + [1 << i for i in range(31)]  # one zero bit (reflected polynomial)
+        for _ in range(3):  # -> one zero byte
+            op = [_gf2_apply(op, c) for c in op]
+        for _ in range(64):
+            _CRC_ZERO_OPS.append(op)
+            op = [_gf2_apply(op, c) for c in op]
+    k = 0
+    while len2:
+        if len2 & 1:
+            crc1 = _gf2_apply(_CRC_ZERO_OPS[k], crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
 def _plan(meta_b: bytes, specs) -> tuple[list[tuple], int]:
     """Layout of a container file holding arrays `specs` [(name, dtype, count)]:
     [(name, dtype code, offset, count, nbytes)] and the file length."""
@@ -198,12 +231,21 @@ class _MappedContainer:
         self.arrays.clear()
         mv = memoryview(self.mm)
         try:
-            table = b"".join(_ENTRY.pack(name.encode(), code.encode(), off, count, zlib.crc32(mv[off : off + nbytes]), b"")
-                             for name, code, off, count, nbytes in self.plan)
+            crcs = [zlib.crc32(mv[off : off + nbytes]) for _, _, off, _, nbytes in self.plan]
+            table = b"".join(_ENTRY.pack(name.encode(), code.encode(), off, count, c, b"")
+                             for (name, code, off, count, _), c in zip(self.plan, crcs))
             meta_off = _HEADER.size + len(table)
             mv[_HEADER.size : meta_off] = table
             mv[meta_off : meta_off + len(self.meta_b)] = self.meta_b
-            crc = zlib.crc32(mv[_HEADER.size : self.length])  # padding is zero: the file was created empty
+            # the payload checksum from the arrays' own, not a second pass over the file
+            # (padding is zero: the file was created empty)
+            crc = zlib.crc32(self.meta_b, zlib.crc32(table))
+            pos = meta_off + len(self.meta_b)
+            for (_, _, off, _, nbytes), c in zip(self.plan, crcs):
+                crc = _crc32_combine(zlib.crc32(bytes(off - pos), crc), c, nbytes)
+                pos = off + nbytes
+            if pos != self.length:
+                raise AssertionError("container plan does not end at the file length")
             mv[: _HEADER.size] = _head(self.kind, self.length, len(self.plan), self.meta_b, crc)
         finally:
             mv.release()

@@ -664,3 +664,16 @@ def test_shard_file_large_token_ids_fallback(tmp_path):
     for pat in ([big, 3], [3], [big], [big - 7, big], [5, 3]):
         assert ix.count(pat) == sa.count(pat)
     assert ix.match_length([9, big, 3, big]) == sa.match_length([9, big, 3, big])
+
+
+def test_crc32_combine_equals_crc_of_concatenation():
+    """The payload checksum of a mapped shard is combined from its arrays' checksums."""
+    import zlib
+
+    from suffixspec.corpus import _crc32_combine
+
+    rng = np.random.default_rng(3)
+    cases = [(0, 0), (0, 9), (9, 0), (1, 1), (64, 1 << 16)] + [tuple(rng.integers(0, 5000, 2)) for _ in range(40)]
+    for n1, n2 in cases:
+        a, b = rng.bytes(int(n1)), rng.bytes(int(n2))
+        assert _crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)

@@ -477,7 +477,7 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
         W[v, 3] = W[v, 0]  # own positions, kept for the placement below
         if lens[v] > max_len:
             max_len = lens[v]
-        if v > 0 and (links[v] < 0 or links[v] >= ns or lens[links[v]] >= lens[v]):
+        if v > 0 and (links[v] < 0 or links[v] >= ns):
             return False
     # subtree sums deepest first (counting sort by length): a state's sums are final before its parent reads them
     bucket = np.zeros(max_len + 2, np.int64)
@@ -518,6 +518,8 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
         top = 0
         u = v
         while W[u, 2] < 0:
+            if top >= ns:  # a cycle of suffix links
+                return False
             chain[top] = u
             top += 1
             u = links[u]
