@@ -468,15 +468,16 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
 
 
 def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: int = 8) -> None:
-    """Two short greedy requests, one after the other, through `backend.serve` (a fresh instance when
-    the backend has `fresh`): the second one runs the paths that only exist once a request has
-    finished (a non-empty response cache), so their kernels load outside the timed runs. A cost
-    model the fresh instance measured is kept by `backend`."""
+    """Short greedy requests through `backend.serve` (a fresh instance when the backend has `fresh`):
+    two decoded together (batched passes and proposals), then one more after them (the paths that
+    only exist once requests have finished: a non-empty response cache), so that every kernel loads
+    outside the timed runs. A cost model the fresh instance measured is kept by `backend`."""
     original, backend = backend, (backend.fresh() if hasattr(backend, "fresh") else backend)
-    engine = backend.serve(max_batch=1, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
+    engine = backend.serve(max_batch=2, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
                            top_k=None, top_p=None, seed=seed, budget=budget)
-    for key in range(2):
-        engine.add(prompt, key=key)
+    for keys in ((0, 1), (2,)):
+        for key in keys:
+            engine.add(prompt, key=key)
         while not engine.idle:
             engine.step()
     engine.close()
