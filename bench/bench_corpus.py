@@ -15,6 +15,10 @@ from random documents, which make the restricted match walk up many suffix links
 importable (bench/_peers.py), its insert throughput and estimate_memory() on a prefix of the
 same tokens. The one-core build also reports seconds per build phase (`single_core_<phase>_s`:
 automaton, freeze, occurrences, checksums, write; `other` is the rest of its wall time).
+Build figures time `build_index` from token ids (Documents) to index files written and fsynced;
+tokenizing is not part of them (the corpus is tokenized once and cached: `tokenize_or_load_s`).
+The one-core build runs in this process, so its `automaton` phase includes numba's one-time
+start-up in a fresh process (about 0.3 s here).
 Prints a table, then one JSON line last.
 """
 

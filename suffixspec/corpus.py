@@ -475,12 +475,16 @@ def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: 
         if bulk:
             if ck.build_freeze(S, E, R, BM, a["links"], a["lens"], a["offsets"], a["etok"], a["eto"]) != n_edges:
                 raise AssertionError("frozen edge count disagrees with the automaton's")
-            del S, E, R
             a["tokens"][:] = tokens
             a["doc_starts"][:] = doc_starts
             clock.lap("freeze")
-            if not ck.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"]):
+            # scratch in the spent builder arrays (mapped already): S holds 32 bytes per state, E >= 8 per token
+            scratch_w = S.reshape(-1)[: 4 * n_states].reshape(n_states, 4)
+            scratch_order = E.reshape(-1)[:n_states]
+            if not ck.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"],
+                                        scratch_w, scratch_order):
                 raise AssertionError("occurrence layout disagrees with the automaton's counts")
+            del S, E, R, scratch_w, scratch_order
         else:
             sa._freeze_into(a)
             del sa

@@ -607,15 +607,17 @@ def _assert_bulk_equals_automaton(docs, **kw):
     assert ok
     ns, n = fa.n_states, len(fa)
     got = [np.empty(ns, np.int32), np.empty(ns, np.int32), np.empty(n, np.int32), np.empty(ns, np.int32)]
-    assert ck.build_occurrences(fa.links, fa.lens, pstate, *got)
+    scratch = (np.full((ns, 4), 7, np.int32), np.full(ns, 7, np.int32))
+    assert ck.build_occurrences(fa.links, fa.lens, pstate, *got, *scratch)
     for a, b in zip(got, (fa.counts, fa.lasts, occ, occ_start)):
         assert np.array_equal(a, b)
     bad = pstate.copy()
     bad[len(bad) // 2] = ns  # no such state
-    assert not ck.build_occurrences(fa.links, fa.lens, bad, *got)
+    assert not ck.build_occurrences(fa.links, fa.lens, bad, *got, *scratch)
     bad_links = fa.links.copy()
     bad_links[1] = 1  # a state its own suffix link
-    assert not ck.build_occurrences(bad_links, fa.lens, pstate, *got)
+    assert not ck.build_occurrences(bad_links, fa.lens, pstate, *got, *scratch)
+    assert not ck.build_occurrences(fa.links, fa.lens, pstate, *got, scratch[0][:-1], scratch[1])  # scratch too small
 
 
 def _real_docs():

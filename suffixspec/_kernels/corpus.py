@@ -1,4 +1,4 @@
-"""Occurrence layout and document-restricted queries of one corpus shard.
+"""Bulk construction, occurrence layout and document-restricted queries of one corpus shard.
 
 Besides the frozen automaton arrays (see frozen.py) a shard stores its *occurrence layout*:
 
@@ -33,8 +33,9 @@ SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched 
 # -- building ------------------------------------------------------------------------------
 
 
-# The shard builder constructs the same automaton as `sam.py` (same algorithm, same state and
-# edge numbering, so the frozen arrays are identical) in a layout made for one bulk pass:
+# The shard builder constructs the same automaton as `sam.py` (same algorithm, states numbered
+# alike, same edges, so the frozen arrays are identical) in a layout made for one bulk pass,
+# where the time goes into dependent cache misses along suffix-link walks:
 #
 # - `S` int32[cap, 8], 32-byte rows (cache-line aligned by the caller): LINK, LEN, DEG, HEAD
 #   (first overflow edge, -1 for none), then the first two edges inline: T0, D0, T1, D1
@@ -191,7 +192,9 @@ def build_run(S, E, H, R, T, doc_starts, P, BM):
     states). Never reallocates (arrays that a loop may rebind make numba emit far slower
     code). Each token first walks its suffix-link path read-only, to learn how many edges it
     may add; if they might not fit it returns that number (> 0) before touching anything, the
-    caller grows E or H (`build_grow_hash`) and calls again. Returns 0 when every token is in.
+    caller grows E or H (`build_rehash`) and calls again. Returns 0 when every token is in.
+    Each step of a walk prefetches the hash slot of (state, token) while the state's row loads,
+    so a lookup that reaches the hash costs no second serial miss.
 
     The same algorithm and numbering as `sam._extend_bulk` (new state, then clone)."""
     n = T.shape[0]
@@ -448,18 +451,21 @@ def build_counts(links, lens, pstate, counts, lasts):
 
 
 @njit(cache=True)
-def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
+def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
     """counts, lasts int32[n_states] and the occurrence layout occ int32[n_tokens], occ_start
     int32[n_states] of an automaton from `pstate` (the state of each position's whole document
     prefix): the arrays `build_counts` then `occurrence_layout_into` give, in one kernel whose
     scattered accesses each touch one 16-byte scratch row per state (own count then subtree
     count, last end, start, cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's
-    order allows. False when the layout disagrees with the counts (an automaton that does not
-    describe its tokens)."""
+    order allows. `W` int32[>= n_states, 4] and `order` int32[>= n_states] are scratch (e.g. the
+    spent builder's memory, already mapped). False when the layout disagrees with the counts
+    (an automaton that does not describe its tokens)."""
     ns = links.shape[0]
     n = pstate.shape[0]
     ahead = PREFETCH_AHEAD
-    W = np.empty((ns, 4), np.int32)  # CNT, LAST, START, CURSOR
+    if W.shape[0] < ns or W.shape[1] < 4 or order.shape[0] < ns:
+        return False
+    # W rows: CNT, LAST, START, CURSOR
     for v in range(ns):
         W[v, 0] = 0
         W[v, 1] = -1
@@ -485,7 +491,6 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
         bucket[lens[v] + 1] += 1
     for i in range(1, max_len + 2):
         bucket[i] += bucket[i - 1]
-    order = np.empty(ns, np.int32)
     for v in range(ns):
         ln = lens[v]
         order[bucket[ln]] = v
@@ -511,8 +516,13 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start):
     chain = order  # spent: reused as the chain stack (its first rows only)
     W[0, 2] = 0
     for v in range(1, ns):
-        if v + ahead < ns:
-            _prefetch(W, links[v + ahead])
+        if v + 2 * ahead < ns:  # the parent's row, and a step later the grandparent's (a clone's chain)
+            u = links[v + 2 * ahead]
+            _prefetch(W, u)
+            _prefetch(links, u)
+            g = links[links[v + ahead]]
+            if g >= 0:
+                _prefetch(W, g)
         if W[v, 2] >= 0:
             continue
         top = 0
