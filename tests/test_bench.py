@@ -331,6 +331,31 @@ def test_named_workloads_load():
         bench.load_workload("no-such-workload")
 
 
+def test_second_turns_quote_the_models_first_answer():
+    from suffixspec.tokenizer import load_tokenizer
+
+    tok = load_tokenizer("default")
+    wl = bench.load_workload("mtbench_turn2", limit=3)
+    assert [r.id for r in wl.requests] == [r.id + "-turn2" for r in bench.load_workload("mtbench", 3).requests]
+    assert wl.requests[0].followup.startswith("Rewrite your previous response")
+    plain = bench.load_workload("chat", 1)
+    mixed = bench.Workload("mixed", plain.requests + wl.requests, "test")
+    prompts = [list(tok.encode(r.prompt)) for r in mixed.requests]
+    asked = []
+
+    def answer(ids, n):
+        asked.append((list(ids), n))
+        return list(tok.encode(f"Answer number {len(asked)}.")) + [tok.eos_token_id]
+
+    out = bench.prepare_followups(mixed, prompts, tok, answer)
+    assert out[0] == prompts[0]  # no followup: unchanged
+    assert [a for a, _ in asked] == prompts[1:] and all(n == bench.FIRST_TURN_TOKENS for _, n in asked)
+    for i, req in enumerate(wl.requests, start=1):
+        text = tok.decode(out[i])
+        assert text == bench.chatml_followup(req.prompt, f"Answer number {i}.", req.followup)
+        assert text.count("<|im_start|>assistant") == 2 and text.endswith("<|im_start|>assistant\n")
+
+
 def test_workload_file(tmp_path):
     path = tmp_path / "w.jsonl"
     path.write_text(json.dumps({"id": "x", "prompt": "hello", "max_new_tokens": 5}) + "\n"

@@ -13,8 +13,9 @@ from ._args import open_corpora, parse_budget, parse_filters
 def add_parser(sub) -> None:
     p = sub.add_parser("bench", help="benchmark speculative against plain decoding before rolling it out")
     p.add_argument("--workload", default="code_edit", metavar="FILE|NAME",
-                   help="a JSONL file or one of code_edit, code_completion, chat, mtbench, math, math_reasoning, "
-                        "summarization, long_context (default code_edit)")
+                   help="a JSONL file or one of code_edit, code_completion, chat, mtbench, mtbench_turn2 (second "
+                        "turns over the model's own first answers), math, math_reasoning, summarization, "
+                        "long_context (default code_edit)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
@@ -92,6 +93,10 @@ def run(args) -> int:
         return Proposer(corpus=corpora or None)
 
     spec = bench.SpeculativeBackend(model, tokenizer, make_proposer)
+    if any(r.followup is not None for r in workload.requests):
+        print(f"suffixspec bench: {workload.name}: answering the first turns (plain greedy, untimed)", file=sys.stderr)
+        prompts = bench.prepare_followups(workload, prompts, tokenizer, lambda ids, n: spec.fresh()._gen.generate(
+            [ids], max_new_tokens=n, budget=0).sequences[0])
     backends = {"plain": spec, "speculative": spec}
     if "prompt_lookup" in settings.modes and 1 in settings.concurrency:
         backends["prompt_lookup"] = bench.PromptLookupBackend(model, settings.prompt_lookup_num_tokens)
