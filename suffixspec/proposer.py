@@ -44,7 +44,6 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from numba import typed, types
 
 from ._kernels import draft as dk
 from ._kernels import propose as pk
@@ -232,9 +231,6 @@ def _prefer_workqueue() -> None:
         numba.config.THREADING_LAYER = "workqueue"
 
 
-_RO32 = types.Array(types.int32, 1, "C", readonly=True)
-_FROZEN_ITEM = types.UniTuple(_RO32, 7)
-_LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))
 
 
 def _kernel_arrays(fa: FrozenAutomaton) -> tuple:
@@ -267,9 +263,9 @@ class _Sources:
         self.n_static = len(static)
         self.automata = list(static) + [a for _, a in cached]
         self.generations = [None] * len(static) + [g for g, _ in cached]
-        self.arrays = typed.List.empty_list(_FROZEN_ITEM)  # one kernel argument for all sources
+        self.arrays = pk.new_frozen_list()  # one kernel argument for all sources
         for fa in self.automata:
-            self.arrays.append(_kernel_arrays(fa))
+            pk.list_append(self.arrays, _kernel_arrays(fa))
 
 
 class _LiveSlots:
@@ -278,7 +274,7 @@ class _LiveSlots:
     automaton reallocated an array, and holds tiny placeholders once its session closed."""
 
     def __init__(self):
-        self.arrays = typed.List.empty_list(_LIVE_ITEM)
+        self.arrays = pk.new_live_list()
         self._blank = (np.zeros((1, sk.STATE_COLS), np.int32), np.zeros((1, 4), np.int32),
                        np.zeros((1, 5), np.int32), np.zeros(sk.META, np.int64))
         self._free: list[int] = []
@@ -289,12 +285,12 @@ class _LiveSlots:
                 slot = self._free.pop()
             else:
                 slot = len(self.arrays)
-                self.arrays.append(self._blank)
-        self.arrays[slot] = (sam._S, sam._E, sam._L, sam._M)
+                pk.list_append(self.arrays, self._blank)
+        pk.list_set(self.arrays, slot, (sam._S, sam._E, sam._L, sam._M))
         return slot
 
     def release(self, slot: int) -> None:
-        self.arrays[slot] = self._blank
+        pk.list_set(self.arrays, slot, self._blank)
         self._free.append(slot)
 
 

@@ -19,7 +19,7 @@ frozen sources are only read.
 """
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, typed, types
 
 from . import draft as dk
 from . import sam as sk
@@ -135,3 +135,30 @@ def normalize_frozen(links, lens, state, length):
     while 0 < state < links.shape[0] and 0 <= links[state] < lens.shape[0] and lens[links[state]] >= length:
         state = links[state]
     return state
+
+
+# The typed lists the kernels take: built and filled through these cached functions, because typed
+# List's own methods are compiled afresh in every process on first use (~0.5 s on a first request).
+RO32 = types.Array(types.int32, 1, "C", readonly=True)
+FROZEN_ITEM = types.UniTuple(RO32, 7)  # a frozen source's arrays (see proposer._kernel_arrays)
+LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))  # S, E, L, M
+
+
+@njit(cache=True)
+def new_frozen_list():
+    return typed.List.empty_list(FROZEN_ITEM)
+
+
+@njit(cache=True)
+def new_live_list():
+    return typed.List.empty_list(LIVE_ITEM)
+
+
+@njit(cache=True)
+def list_append(lst, item):
+    lst.append(item)
+
+
+@njit(cache=True)
+def list_set(lst, i, item):
+    lst[i] = item
