@@ -12,7 +12,8 @@ copy heavily from the prompt), `copy-edit` (corpora/copy_edit_prompts.jsonl, mad
 corpora/make_copy_edit_prompts.py: stdlib functions under edit instructions the default model answers
 by rewriting the code; each kept prompt's greedy answer has a copy-oracle >= 8 tokens/round), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
 or $SUFFIXSPEC_SPECBENCH). Prompts are wrapped as one ChatML user turn. The proposer runs without
-its global response cache, so repeats never learn from earlier repeats. `--budget` and
+its global response cache, so repeats never learn from earlier repeats; the automatic budget's
+acceptance calibration starts afresh with each workload (as on a server dedicated to it). `--budget` and
 `--pld-tokens` take comma-separated lists: every suffixspec budget and every PLD setting is timed on
 the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike).
 Every suffixspec output is checked against plain greedy decoding. Each prompt's copy-oracle (the
@@ -165,8 +166,12 @@ def main(argv=None) -> int:
         res = g.generate([ids], max_new_tokens=args.max_new_tokens, budget=b)
         return res.sequences[0], res.stats
 
+    from suffixspec.generate import RankCalibration
+
     summary, diag = {}, {}
     for workload in args.workloads.split(","):
+        for g, _ in gens.values():  # each workload as a server of its own: the auto budget's calibration starts afresh
+            g.calibration = RankCalibration()
         tot = {m: 0.0 for m in methods}
         tokens = {m: 0 for m in methods}
         per_round = {m: [] for m in methods if m.startswith("ss-")}

@@ -301,12 +301,17 @@ class RankCalibration:
     accept their best node 0.93x as often as scored and ranks 33-64 1.47x, chat 0.69x and 0.24x.
     One scalar cannot size trees for both, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
     7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
-    `prior` units of score at ratio 1 in every bucket (an unobserved bucket keeps the raw scores)."""
+    `prior` units of score at ratio `prior_ratio` in every bucket. The prior ratio is below 1 on
+    purpose: a wrong draft costs a batch its padded pass, and a workload whose drafts beat their
+    scores (code edits) proves it within a few rounds, while one whose drafts fall short (chat at
+    concurrency 4 lost 5-7% to drafts whose scores were believed) would pay until it had."""
 
     EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
 
-    def __init__(self, decay: float = 0.995, prior: float = 2.0, low: float = 0.05, high: float = 3.0):
+    def __init__(self, decay: float = 0.995, prior: float = 2.0, prior_ratio: float = 0.7, low: float = 0.05,
+                 high: float = 3.0):
         self.decay, self.prior, self.low, self.high = float(decay), float(prior), float(low), float(high)
+        self.prior_ratio = float(prior_ratio)
         n = len(self.EDGES) + 1
         self.scored = np.zeros(n)  # decayed sum of drafted nodes' scores, per rank bucket
         self.accepted = np.zeros(n)  # decayed count of accepted nodes, per rank bucket
@@ -317,7 +322,7 @@ class RankCalibration:
 
     def factors(self, n: int) -> np.ndarray:
         """Multipliers for the scores of ranks 1..n."""
-        ratio = (self.accepted + self.prior) / (self.scored + self.prior)
+        ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
         return np.clip(ratio, self.low, self.high)[self.buckets(n)]
 
     def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
@@ -340,7 +345,7 @@ class RankCalibration:
                 np.add.at(self.accepted, bucket[rank[np.asarray(acc, np.int64)]], 1.0)
 
     def to_dict(self) -> dict:
-        ratio = (self.accepted + self.prior) / (self.scored + self.prior)
+        ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
         edges = [1, *(int(e) + 1 for e in self.EDGES)]
         return {f"rank>={lo}": round(float(r), 3) for lo, r, w in zip(edges, ratio, self.scored) if w > 0}
 

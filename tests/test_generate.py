@@ -10,7 +10,7 @@ import torch
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor
 
 from suffixspec.errors import BadInputError
-from suffixspec.generate import CostModel, PromptLookupProposer, SpeculativeGenerator, prune_tree
+from suffixspec.generate import CostModel, PromptLookupProposer, RankCalibration, SpeculativeGenerator, prune_tree
 from suffixspec.tree import DraftTree
 from suffixspec.verify import Sampler
 
@@ -470,6 +470,7 @@ def test_serve_rejects_bad_options():
 def test_auto_budget_weights_and_prefill_margin():
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
                                cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1, 1.6, 2.2, 4, 8]))
+    gen.calibration = RankCalibration(prior_ratio=1.0)  # the scores as they are
     good = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.9))
     trees, limits = [good, DraftTree.empty()], [64, 64]
     # decode round, rows counted alike: 4 nodes a row (8 tokens, cost 2.2) -> (2 + 2.7) / 2.2 beats 2 / 1
@@ -547,9 +548,9 @@ def test_rank_calibration_learns_per_rank_ratios():
     f = cal.factors(12)
     assert abs(f[0] - 0.9 / 0.6) < 0.1
     assert f[9] == cal.low and f[11] == cal.low
-    fresh = RankCalibration()
-    assert np.all(fresh.factors(100) == 1.0)  # nothing observed: the raw scores
-    assert np.all(fresh.apply(np.array([1.5, 0.5])) == [1.0, 0.5])
+    fresh = RankCalibration(prior_ratio=0.5)
+    assert np.all(fresh.factors(100) == 0.5)  # nothing observed: the prior ratio
+    assert np.all(fresh.apply(np.array([3.0, 0.5])) == [1.0, 0.25])
 
 
 def test_request_draft_factor_scales_the_auto_budget():
@@ -563,6 +564,7 @@ def test_request_draft_factor_scales_the_auto_budget():
     assert lv.draft_factor() == 3.0
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
                                cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))
+    gen.calibration = RankCalibration(prior_ratio=1.0)
     tree = DraftTree(np.arange(1, 5), np.arange(4) - 1, np.array([0.5, 0.4, 0.3, 0.2]))
     assert len(gen._auto_prune([tree], [64])[0]) == 4  # 2.4 / 1.375 is the best rate
     # scaled to 0.1, 0.08, 0.06, 0.04: no k pays its pass (1.1 / 1.15, 1.18 / 1.225, ...)
