@@ -67,10 +67,12 @@ class _Live:
 
     def draft_factor(self) -> float:
         """How this request's drafts fare against the calibrated estimates (1 until it has drafted)."""
-        return float(np.clip((self.hits + _REQUEST_PRIOR) / (self.predicted + _REQUEST_PRIOR), 0.05, 3.0))
+        return float(np.clip((self.hits + _REQUEST_PRIOR * _REQUEST_PRIOR_RATIO) / (self.predicted + _REQUEST_PRIOR),
+                             0.05, 3.0))
 
 
-_REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) at factor 1 behind every request's factor
+_REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
+_REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 _REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
 
 

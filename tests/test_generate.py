@@ -556,11 +556,14 @@ def test_rank_calibration_learns_per_rank_ratios():
 def test_request_draft_factor_scales_the_auto_budget():
     from suffixspec.serve import _Live
 
+    from suffixspec.serve import _REQUEST_PRIOR, _REQUEST_PRIOR_RATIO
+
     lv = _Live(0, 0, 8, [1], [1])
-    assert lv.draft_factor() == 1.0  # nothing drafted yet
+    assert lv.draft_factor() == _REQUEST_PRIOR_RATIO  # nothing drafted yet: the prior
     lv.predicted, lv.hits = 4.0, 0.0  # four nodes' worth of estimates, none accepted
-    assert abs(lv.draft_factor() - 0.2) < 1e-12
-    lv.predicted, lv.hits = 1.0, 5.0  # far better than estimated
+    want = _REQUEST_PRIOR * _REQUEST_PRIOR_RATIO / (4.0 + _REQUEST_PRIOR)
+    assert abs(lv.draft_factor() - want) < 1e-12 and want < 0.2
+    lv.predicted, lv.hits = 1.0, 9.0  # far better than estimated
     assert lv.draft_factor() == 3.0
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
                                cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))
