@@ -90,6 +90,7 @@ def prepack_linear_layers(model) -> int:
     3x cheaper projection (one-token step 7.2 -> 2.2 ms, two tokens 16.4 -> 4.5 ms); the input
     embedding keeps the original. Other shared weights are left as they are."""
     import torch
+
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
         return 0
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
@@ -101,14 +102,9 @@ def prepack_linear_layers(model) -> int:
         for name, child in list(module.named_children()):
             if (type(child) is torch.nn.Linear and child.weight.dtype == torch.float32
                     and child.weight.device.type == "cpu"):
-                if id(child.weight) in shared:
-                    if child is not output:
-                        continue
-                    # the tied output projection gets its own packed copy of the embedding matrix
-                    child = torch.nn.Linear(child.in_features, child.out_features, bias=child.bias is not None)
-                    child.weight = torch.nn.Parameter(output.weight.detach().clone(), requires_grad=False)
-                    if output.bias is not None:
-                        child.bias = torch.nn.Parameter(output.bias.detach().clone(), requires_grad=False)
+                if id(child.weight) in shared and child is not output:
+                    continue
+                # packing copies the weight: a tied output projection leaves the embedding's matrix alone
                 setattr(module, name, _packed_linear_class()(child))
                 replaced += 1
     return replaced

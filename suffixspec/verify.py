@@ -36,6 +36,7 @@ and the output equals plain decoding with the same draws whatever the trees were
 
 from __future__ import annotations
 
+import functools
 import inspect
 import warnings
 from dataclasses import dataclass, field
@@ -198,6 +199,7 @@ def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> 
     return buf[:, :, : n + k], buf
 
 
+@functools.lru_cache(maxsize=None)
 def _growing_layer_class():
     from transformers.cache_utils import DynamicLayer
 
@@ -219,17 +221,13 @@ def _growing_layer_class():
 class KVState:
     """The batch's KV cache plus per-request slot bookkeeping (see the module docstring)."""
 
-    _layer_class = None
-
     def __init__(self, model, batch_size: int):
         from transformers import DynamicCache
 
         self.model = model
         self.cache = DynamicCache()  # no config: every layer keeps all its slots, we mask them
         if getattr(self.cache, "layer_class_to_replicate", None) is not None:
-            if KVState._layer_class is None:
-                KVState._layer_class = _growing_layer_class()
-            self.cache.layer_class_to_replicate = KVState._layer_class
+            self.cache.layer_class_to_replicate = _growing_layer_class()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.slot_pos = torch.empty((batch_size, 0), dtype=torch.long, device=self.device)  # [b, L]

@@ -95,7 +95,10 @@ def run(args) -> int:
     spec = bench.SpeculativeBackend(model, tokenizer, make_proposer)
     if any(r.followup is not None for r in workload.requests):
         print(f"suffixspec bench: {workload.name}: answering the first turns (plain greedy, untimed)", file=sys.stderr)
-        prompts = bench.prepare_followups(workload, prompts, tokenizer, lambda ids, n: spec.fresh()._gen.generate(
+        from ..generate import SpeculativeGenerator
+
+        first_turns = SpeculativeGenerator(model, tokenizer)  # budget 0 below: plain greedy decoding
+        prompts = bench.prepare_followups(workload, prompts, tokenizer, lambda ids, n: first_turns.generate(
             [ids], max_new_tokens=n, budget=0).sequences[0])
     backends = {"plain": spec, "speculative": spec}
     if "prompt_lookup" in settings.modes and 1 in settings.concurrency:
