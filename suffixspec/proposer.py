@@ -218,6 +218,7 @@ class _RestrictedSource:
 
 
 _PARALLEL_LAUNCH = threading.Lock()
+_ONLINE = sk.MODE_ONLINE
 
 
 def _prefer_workqueue() -> None:
@@ -263,9 +264,9 @@ class _Sources:
         self.n_static = len(static)
         self.automata = list(static) + [a for _, a in cached]
         self.generations = [None] * len(static) + [g for g, _ in cached]
-        self.arrays = pk.new_frozen_list()  # one kernel argument for all sources
-        for fa in self.automata:
-            pk.list_append(self.arrays, _kernel_arrays(fa))
+        # the kernels read the sources through raw addresses: self.held keeps their arrays alive
+        self.held = [_kernel_arrays(fa) for fa in self.automata]
+        self.table = pk.source_table(self.held)
 
 
 class _LiveSlots:
@@ -348,9 +349,11 @@ class Proposer:
         self._local = threading.local()  # per-thread scratch arrays for the kernels
 
     def _workspace(self, budget: int, n_sources: int):
+        """This thread's workspace buffers (`dk.workspace_buffers`), grown to fit."""
         ws = getattr(self._local, "ws", None)
-        if ws is None or ws[0].shape[0] < budget * int(self.params[dk.P_MAX_CHILDREN]) + 1 or ws[5].shape[0] < budget * n_sources:
-            ws = self._local.ws = dk.make_workspace(max(budget, 64), int(self.params[dk.P_MAX_CHILDREN]), max(n_sources, 4))
+        if ws is None or ws[0] < budget or ws[1] < n_sources:
+            budget, n_sources = max(budget, 64), max(n_sources, 4)
+            ws = self._local.ws = (budget, n_sources, *dk.workspace_buffers(budget, int(self.params[dk.P_MAX_CHILDREN]), n_sources))
         return ws
 
     def _current_sources(self) -> _Sources:
@@ -419,7 +422,7 @@ class Proposer:
                 out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
                 curs = np.stack([sessions[i]._cur for i in fast])
                 threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-                args = (self._slots.arrays, np.array(slots, np.int64), curs, src.arrays, budget_arr, self.params,
+                args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, budget_arr, self.params,
                         self.min_match, self.match_levels)
                 outs = (starts, out_tok, out_par, out_depth, out_prob)
                 if threads == 1:
@@ -529,16 +532,17 @@ class Session:
         self._automata = src.automata
         self._src = src
 
-    def _ensure_online(self) -> None:
-        if self._sam._mode != sk.MODE_ONLINE:
-            self._sam._start_online()
-
     def propose(self, budget=None) -> DraftTree:
-        budget = self.proposer.max_nodes if budget is None else int(budget)
+        p = self.proposer
+        budget = p.max_nodes if budget is None else int(budget)
         if budget <= 0 or self._closed:
             return DraftTree.empty()
-        self._sync()
-        self._ensure_online()
+        src = p._sources  # the hot path: sources unchanged since the last call
+        if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
+            self._sync()
+        sam = self._sam
+        if sam._mode != _ONLINE:
+            sam._start_online()
         if self._restricted:
             return self._propose_restricted(budget)
         return self._propose_sources(budget)
@@ -549,9 +553,9 @@ class Session:
         ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
         out_tok, out_par = np.empty(budget, np.int32), np.empty(budget, np.int32)
         out_depth, out_prob = np.empty(budget, np.int32), np.empty(budget, np.float64)
-        k, sam._stack = pk.propose_one(sam._S, sam._E, sam._L, sam._M, sam._stack, self._cur, self._src.arrays,
-                                       budget, p.params, p.min_match, p.match_levels, ws,
-                                       out_tok, out_par, out_depth, out_prob, 0)
+        k, sam._stack = pk.propose_session(sam._S, sam._E, sam._L, sam._M, sam._stack, self._cur, self._src.table,
+                                           budget, p.params, p.min_match, p.match_levels, ws[2], ws[3], ws[4],
+                                           out_tok, out_par, out_depth, out_prob)
         if k == 0:
             return DraftTree.empty()
         return DraftTree._trusted(out_tok[:k], out_par[:k], out_depth[:k], out_prob[:k])

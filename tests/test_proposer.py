@@ -168,6 +168,40 @@ def test_corpus_source_and_merge_of_sources():
     assert sum(1 for p in paths if len(p) == 1) == 1
 
 
+def test_source_table_reads_the_arrays_it_names_and_rejects_others():
+    """The kernels read frozen sources through a table of addresses: each row must give back the
+    very arrays (contents and lengths) it was built from, and only int32 1-D C arrays are taken."""
+    from suffixspec._kernels import propose as pk
+
+    rng = np.random.default_rng(3)
+    sources = [tuple(rng.integers(-5, 1000, int(rng.integers(0, 40))).astype(np.int32) for _ in range(7)) for _ in range(5)]
+    table = pk.source_table(sources)
+    assert table.shape == (5, 14)
+    for j, arrs in enumerate(sources):
+        got = _read_source(table, j)
+        for a, b in zip(arrs, got):
+            assert b.tolist() == a.tolist()
+    with pytest.raises(ValueError, match="int32"):
+        pk.source_table([tuple(np.zeros(3, np.int64) for _ in range(7))])
+    with pytest.raises(ValueError, match="C-contiguous"):
+        pk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(7))])
+    with pytest.raises(ValueError, match="7 arrays"):
+        pk.source_table([(np.zeros(3, np.int32),)])
+
+
+def _read_source(table, j):
+    from numba import njit
+
+    from suffixspec._kernels import propose as pk
+
+    @njit
+    def read(table, j):
+        offsets, etok, eto, counts, lasts, links, lens = pk._source(table, j)
+        return offsets.copy(), etok.copy(), eto.copy(), counts.copy(), lasts.copy(), links.copy(), lens.copy()
+
+    return read(table, j)
+
+
 def _same_tree(a, b):
     assert a.tokens.tolist() == b.tokens.tolist()
     assert a.parents.tolist() == b.parents.tolist()
