@@ -168,6 +168,36 @@ def test_corpus_source_and_merge_of_sources():
     assert sum(1 for p in paths if len(p) == 1) == 1
 
 
+@pytest.mark.parametrize("alphabet", [2, 3, 5])
+def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet):
+    """With corpora the kernel skips, after a source filled the budget, candidates of later sources
+    below its least probable node. The result must still be the budget best paths of the union of
+    every source's own tree (a shared path scoring the max over sources). Each source's own tree is
+    obtained from a proposer over the request and that source alone (the request's tree is part of
+    every one of them)."""
+    rng = random.Random(7 + alphabet)
+    for trial in range(25):
+        corpora = []
+        for _ in range(rng.randrange(1, 4)):
+            sam = SuffixAutomaton()
+            for _ in range(rng.randrange(1, 4)):
+                sam.add_document([rng.randrange(alphabet) for _ in range(rng.randrange(3, 60))])
+            corpora.append(sam.freeze())
+        text = [rng.randrange(alphabet) for _ in range(rng.randrange(3, 40))]
+        budget = rng.randrange(1, 24)
+        opts = dict(global_cache=False, max_children=rng.choice([2, 4, 64]), max_depth=rng.choice([0, 6]))
+        tree = Proposer(corpus=corpora, **opts).start(text).propose(budget)
+        _check_tree_invariants(tree)
+        union = {}
+        for c in corpora:
+            for path, score in _tree_paths(Proposer(corpus=c, **opts).start(text).propose(budget)).items():
+                union[path] = max(union.get(path, 0.0), score)
+        got = _tree_paths(tree)
+        for path, score in got.items():
+            assert path in union and score == pytest.approx(union[path]), (trial, path)
+        assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial
+
+
 def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     """The kernels read frozen sources through a table of addresses: each row must give back the
     very arrays (contents and lengths) it was built from, and only int32 1-D C arrays are taken."""

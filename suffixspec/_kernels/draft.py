@@ -114,10 +114,11 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, ws, at):
+def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, floor, ws,
+            at):
     """Best-first expansion from (state, match_len); `live` picks the layout read. Writes its
     nodes into the workspace outputs from index `at` (parents offset accordingly) and returns
-    how many it wrote.
+    how many it wrote. Candidates less probable than `floor` (or the min_prob knob) are not kept.
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
@@ -131,7 +132,7 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     max_depth = params[P_MAX_DEPTH]
     rec = params[P_RECENCY]
     prior = params[P_MATCH_PRIOR]
-    min_prob = params[P_MIN_PROB]
+    min_prob = max(params[P_MIN_PROB], floor)
     n_cand = 0
     n_heap = 0
     n_out = 0
@@ -147,6 +148,15 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
         k = 0
         if live:
             e = S[v, sk.HEAD]
+            if e != -1 and E[e, sk.NEXT] == -1:
+                # one child: its share is 1 whatever its count, so no count read (a link-cut
+                # walk) is needed; the usual case along a long copied block
+                kids[0, 0] = E[e, sk.TOK]
+                kids[0, 1] = E[e, sk.TO]
+                kids[0, 2] = 1
+                kids[0, 3] = 0
+                k = 1
+                e = -1
             while e != -1 and k < CHILD_BUF:
                 w = E[e, sk.TO]
                 cnt = S[w, sk.CNT]

@@ -13,7 +13,10 @@ A session's sources, in this order (the order fixes ties in the merged tree):
   alive while a kernel runs; the kernels only read them.
 
 One expansion that wrote nodes is already a best-first tree and is copied out as is; several are
-merged (`draft.merge`). The tree is written into `out_*` from index `at` with parents local to
+merged (`draft.merge`). Once an expansion filled the budget, later ones skip candidates less
+probable than its last (least probable) node: the merged tree keeps the `budget` most probable
+paths, and at least `budget` paths already score that much (a shared path scores the max over
+sources), so such candidates could not be kept. The tree is written into `out_*` from index `at` with parents local to
 the tree (0-based), at most `budget` nodes.
 
 The batch kernels give each thread a strided share of the sessions, its own workspace and its own
@@ -79,13 +82,16 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     no32 = np.empty(0, np.int32)
     n = 0
     parts = 0
+    floor = 0.0
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
     length = S[state, sk.LEN] if state > 0 else 0
     if length >= min_match:
         for level in range(levels):
             k, stack = dk._expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32,
-                                  state, length, budget, params, ws, n)
+                                  state, length, budget, params, floor, ws, n)
+            if k >= budget:
+                floor = max(floor, wprob[n + k - 1])
             n += k
             parts += k > 0
             if level + 1 == levels:
@@ -104,7 +110,9 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
             if length < min_match:
                 break
             k, stack = dk._expand(False, S, E, L, M, stack, offsets, etok, eto, counts, lasts,
-                                  state, length, budget, params, ws, n)
+                                  state, length, budget, params, floor, ws, n)
+            if k >= budget:
+                floor = max(floor, wprob[n + k - 1])
             n += k
             parts += k > 0
             if level + 1 == levels or not 0 <= state < links.shape[0]:
