@@ -28,7 +28,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import BadInputError
-from .generate import GenerationResult, GenerationStats, RequestStats, _peak_memory
+from .generate import GenerationResult, GenerationStats, RequestStats, _peak_memory, prune_tree
 
 __all__ = ["Server", "Event", "Step"]
 
@@ -64,6 +64,7 @@ class _Live:
     request_id: Any = None
     predicted: float = 0.0  # decayed sum of this request's drafts' (globally calibrated) acceptance estimates
     hits: float = 0.0  # decayed count of its accepted draft nodes
+    shadows: list = field(default_factory=list)  # trees proposed but not verified, still being checked
 
     def draft_factor(self) -> float:
         """How this request's drafts fare against the calibrated estimates (1 until it has drafted)."""
@@ -71,6 +72,37 @@ class _Live:
                              0.05, 3.0))
 
 
+class _Shadow:
+    """A tree a round proposed but did not verify (the auto budget chose plain decoding), followed
+    along the tokens committed after it: the nodes it would have had accepted. Greedy verification
+    accepts exactly that path; under sampling the same draws would have, since the lossless rule
+    follows the child that matches the sampled token. So a request learns how its drafts fare on
+    every round, not only on the rounds that pay for a tree in the pass."""
+
+    __slots__ = ("tokens", "parents", "node", "hits")
+
+    def __init__(self, tree):
+        self.tokens = tree.tokens.tolist()
+        self.parents = tree.parents.tolist()
+        self.node = -1  # the deepest node matched so far (-1: none yet)
+        self.hits = 0  # nodes matched
+
+    def feed(self, tokens) -> bool:
+        """Follow newly committed tokens; True once resolved (a token left the tree, or a leaf was reached)."""
+        for t in tokens:
+            nxt = -1
+            for i, (tok, par) in enumerate(zip(self.tokens, self.parents)):
+                if par == self.node and tok == t:
+                    nxt = i
+                    break
+            if nxt < 0:
+                return True
+            self.node = nxt
+            self.hits += 1
+        return self.node not in self.parents
+
+
+_SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked against what followed
 _REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
 _REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 _REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
@@ -212,6 +244,7 @@ class Server:
         stats.proposer_s += time.perf_counter() - t
         t = time.perf_counter()
         width = max(len(lv.pending) for lv in lives)
+        proposed = trees
         if self.auto and self._speculate:
             trees = gen._auto_prune(trees, limits, width=width, weights=self._tail_weights(lives),
                                     row_factors=[lv.draft_factor() for lv in lives])
@@ -230,6 +263,7 @@ class Server:
         now = self.now()
         expected = 0.0
         keep = []
+        committed = []
         for i, (lv, res, tree) in enumerate(zip(lives, results, trees)):
             rs = stats.requests[lv.index]
             tokens, reason = [], ""
@@ -244,6 +278,7 @@ class Server:
                     reason = "length"
                 if reason:
                     break
+            committed.append(tokens)
             n_acc = min(len(res.accepted_nodes), len(tokens))
             if not rs.rounds:
                 rs.ttft_s = now - self._added_s[lv.index]
@@ -274,12 +309,25 @@ class Server:
                     lv.session.extend(tokens)
                 keep.append(i)
         if self.auto and self._speculate:
-            for lv, res, tree in zip(lives, results, trees):
+            for lv, res, tree, full, tokens, lim in zip(lives, results, trees, proposed, committed, limits):
                 lv.predicted *= _REQUEST_DECAY
                 lv.hits *= _REQUEST_DECAY
                 if len(tree):
                     lv.predicted += float(gen.calibration.apply(np.sort(tree.scores)[::-1]).sum())
                     lv.hits += len(res.accepted_nodes)
+                elif len(full):
+                    shadow = prune_tree(full, _SHADOW_NODES, lim - 1)
+                    if len(shadow):
+                        lv.predicted += float(gen.calibration.apply(np.sort(shadow.scores)[::-1]).sum())
+                        lv.shadows.append(_Shadow(shadow))
+                if lv.shadows:
+                    pending = []
+                    for sh in lv.shadows:
+                        if sh.feed(tokens):
+                            lv.hits += sh.hits
+                        else:
+                            pending.append(sh)
+                    lv.shadows = pending
             if expected > 0:
                 gen.calibration.observe(trees, [res.accepted_nodes for res in results])
         if len(keep) < len(lives):

@@ -574,6 +574,69 @@ def test_request_draft_factor_scales_the_auto_budget():
     assert len(gen._auto_prune([tree], [64], row_factors=[0.2])[0]) == 0
 
 
+def test_shadow_follows_committed_tokens_like_verification():
+    """An unverified tree followed along tokens committed in pieces matches, node for node, the
+    longest accepted path of the whole committed sequence (brute force: `DraftTree.longest_accepted`)."""
+    from suffixspec.serve import _Shadow
+
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        tokens = [int(rng.integers(0, 3)) for _ in range(n)]
+        seen, keep = set(), []
+        for i, (t, p) in enumerate(zip(tokens, parents)):  # siblings distinct
+            if (p, t) not in seen and (p < 0 or p in keep):
+                seen.add((p, t))
+                keep.append(i)
+        remap = {old: new for new, old in enumerate(keep)}
+        tree = DraftTree(np.array([tokens[i] for i in keep]), np.array([remap.get(parents[i], -1) for i in keep]))
+        committed = [int(t) for t in rng.integers(0, 3, int(rng.integers(1, 10)))]
+        node = tree.longest_accepted(committed)
+        want = 0 if node < 0 else int(tree.depths[node])
+        sh, done, at = _Shadow(tree), False, 0
+        while at < len(committed) and not done:
+            step = int(rng.integers(1, 4))
+            done = sh.feed(committed[at : at + step])
+            at += step
+        assert sh.hits == want
+        # resolved exactly when the path left the tree or reached a leaf within the tokens fed
+        leaf = node >= 0 and not np.any(tree.parents == node)
+        assert done == (want < min(len(committed), at) or leaf)
+
+
+def test_unverified_trees_teach_the_request_factor():
+    """Drafts scored too low to pay for a pass, yet always right: the trees the auto budget passed
+    over are checked against what was committed after them, the request's factor rises, and it starts
+    drafting (it never would on the evidence of verified drafts alone, having none)."""
+    model = tiny_model("llama", sharpen=4.0)
+    ref = hf_generate(model, [5, 6, 7], 40)
+
+    class Right:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            self.pos = 0
+            return self
+
+        def extend(self, tokens):
+            self.pos += len(tokens)
+
+        def propose(self, budget):
+            nxt = ref[self.pos : self.pos + 3]
+            return DraftTree(np.array(nxt), np.arange(len(nxt)) - 1, np.array([0.15, 0.12, 0.1][: len(nxt)]))
+
+        def close(self):
+            pass
+
+    # no drafts ride along the prefill either: no verified evidence at all to start from
+    gen = SpeculativeGenerator(model, proposer=Right(), cost_model=CostModel([1, 2, 4, 8], [1.0, 1.3, 1.35, 1.4]),
+                               prefill_margin=1e9)
+    out = gen.generate([[5, 6, 7]], max_new_tokens=40)
+    assert out.sequences == [ref]
+    drafted = [b > 0 for b in out.stats.budgets]
+    assert not any(drafted[:3]) and sum(drafted[-8:]) >= 6
+    assert out.stats.requests[0].accepted > 0
+
+
 def test_failing_drafts_lower_the_request_factor():
     """A proposer whose confident drafts are always wrong: the request soon stops drafting."""
     model = tiny_model("llama", sharpen=4.0)
