@@ -494,8 +494,12 @@ def _build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: 
             pstate = ck.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
             if pstate.shape[0] and pstate[0] == fk.CORRUPT:
                 raise AssertionError("automaton does not spell its own documents")
-            if not ck.occurrence_layout_into(a["links"], a["counts"], pstate, a["occ"], a["occ_start"]):
-                raise AssertionError("occurrence layout disagrees with the automaton's counts")
+            counts, lasts = a["counts"].copy(), a["lasts"].copy()
+            if not ck.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"],
+                                        np.empty((n_states, 4), np.int32), np.empty(n_states, np.int32)):
+                raise AssertionError("occurrence layout disagrees with the automaton's suffix links")
+            if not (np.array_equal(counts, a["counts"]) and np.array_equal(lasts, a["lasts"])):
+                raise AssertionError("occurrence counts disagree with the automaton's")
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
         del a, pstate
         clock.lap("occurrences")

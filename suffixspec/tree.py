@@ -56,7 +56,7 @@ class DraftTree:
 
     @classmethod
     def empty(cls) -> DraftTree:
-        return cls(np.empty(0, np.int32), np.empty(0, np.int32))
+        return cls._trusted(np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float64))
 
     @classmethod
     def from_paths(cls, paths, scores=None) -> DraftTree:

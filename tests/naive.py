@@ -38,3 +38,35 @@ def continuations(docs, pattern):
         if ends:
             out[tok] = (len(ends), max(ends))
     return out
+
+
+def occurrence_layout(links, pstate):
+    """(occ, occ_start) of a corpus shard: every position p filed under its prefix state pstate[p],
+    listed in suffix-link-tree preorder (a state's own positions increasing, then its children's
+    subtrees, ordered by the least state number each subtree holds: the order in which a pass over
+    the states in number order first reaches them); occ_start[v] is where v's subtree starts."""
+    n_states = len(links)
+    children = [[] for _ in range(n_states)]
+    for v in range(1, n_states):
+        children[int(links[v])].append(v)
+    least = list(range(n_states))
+    changed = True  # a parent may outnumber its children (a clone): relax until stable
+    while changed:
+        changed = False
+        for v in range(1, n_states):
+            p = int(links[v])
+            if least[v] < least[p]:
+                least[p] = least[v]
+                changed = True
+    for kids in children:
+        kids.sort(key=lambda w: least[w])
+    own = [[] for _ in range(n_states)]
+    for p, s in enumerate(pstate):
+        own[int(s)].append(p)
+    occ, occ_start, stack = [], [0] * n_states, [0]
+    while stack:
+        v = stack.pop()
+        occ_start[v] = len(occ)
+        occ.extend(own[v])
+        stack.extend(reversed(children[v]))
+    return occ, occ_start

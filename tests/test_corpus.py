@@ -388,6 +388,32 @@ def test_parallel_build_equals_serial(tmp_path):
         assert s.file.payload_crc == t.file.payload_crc
 
 
+def test_shard_of_huge_token_ids_equals_the_dense_builder(tmp_path, monkeypatch):
+    """Token ids past the dense root row's limit take the growable automaton's path; its shard file
+    has the bytes the dense builder writes for the same tokens, and a file of really huge ids opens
+    and answers like the automaton."""
+    from suffixspec import corpus as C
+
+    docs = [d for d in random_docs(23, n_docs=25, max_len=90) if d]
+    lens = np.array([len(d) for d in docs], np.int64)
+    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
+    ids, tags = [f"d{i}" for i in range(len(docs))], [{} for _ in docs]
+    dense = C._build_shard_file(str(tmp_path / "dense.ssx"), tokens, lens, ids, tags)
+    monkeypatch.setattr(C, "ROOT_DENSE_LIMIT", 0)
+    hashed = C._build_shard_file(str(tmp_path / "hashed.ssx"), tokens, lens, ids, tags)
+    assert dense["payload_crc"] == hashed["payload_crc"]
+    assert (tmp_path / "dense.ssx").read_bytes() == (tmp_path / "hashed.ssx").read_bytes()
+    monkeypatch.undo()
+    big = [[(1 << 30) + t for t in d] for d in docs]
+    ix = build(tmp_path, big, name="big", shard_tokens=10_000)
+    sa = SuffixAutomaton()
+    for d in big:
+        sa.add_document(d)
+    for d in big[:5]:
+        p = d[: max(1, len(d) // 3)]
+        assert ix.count(p) == sa.count(p) == naive.count(big, p)
+
+
 def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     """A shard written in place through its file mapping has the bytes of the frozen automaton
     plus occurrence layout written from memory."""
@@ -406,9 +432,8 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
         sa.add_document(d)
     fa = sa.freeze()
     pstate = ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
-    occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
-    assert ok
-    arrays = {**fa.arrays(), "occ": occ, "occ_start": occ_start}
+    occ, occ_start = naive.occurrence_layout(fa.links, pstate)
+    arrays = {**fa.arrays(), "occ": np.array(occ, np.int32), "occ_start": np.array(occ_start, np.int32)}
     arrays["offsets"] = arrays["offsets"].astype(np.int32)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
     meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
@@ -587,7 +612,9 @@ def _bulk_frozen(docs, **kw):
     out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
     out.update(offsets=np.empty(ns + 1, np.int64), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
     assert ck.build_freeze(S, E, R, BM, out["links"], out["lens"], out["offsets"], out["etok"], out["eto"]) == m
-    ck.build_counts(out["links"], out["lens"], P, out["counts"], out["lasts"])
+    scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
+    assert ck.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
+                                np.empty(ns, np.int32), *scratch)
     return out, P
 
 
@@ -602,15 +629,14 @@ def _assert_bulk_equals_automaton(docs, **kw):
     from suffixspec._kernels import corpus as ck
 
     assert np.array_equal(pstate, ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
-    # the fused occurrence kernel gives the counts, last ends and layout of the two-step one
-    occ, occ_start, ok = ck.occurrence_layout(fa.links, fa.counts, pstate)
-    assert ok
+    # the occurrence kernel gives the automaton's counts and last ends, and the layout of the reference
+    occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     ns, n = fa.n_states, len(fa)
     got = [np.empty(ns, np.int32), np.empty(ns, np.int32), np.empty(n, np.int32), np.empty(ns, np.int32)]
     scratch = (np.full((ns, 4), 7, np.int32), np.full(ns, 7, np.int32))
     assert ck.build_occurrences(fa.links, fa.lens, pstate, *got, *scratch)
     for a, b in zip(got, (fa.counts, fa.lasts, occ, occ_start)):
-        assert np.array_equal(a, b)
+        assert np.array_equal(a, np.asarray(b, np.int32))
     bad = pstate.copy()
     bad[len(bad) // 2] = ns  # no such state
     assert not ck.build_occurrences(fa.links, fa.lens, bad, *got, *scratch)

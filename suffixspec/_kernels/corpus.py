@@ -416,48 +416,15 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
 
 
 @njit(cache=True)
-def build_counts(links, lens, pstate, counts, lasts):
-    """counts and lasts int32[n_states] of an automaton from `pstate` (the state of each
-    position's whole document prefix): each state's own positions, then added into its
-    suffix-link ancestors, deepest first (as `sam.accumulate`)."""
-    n = links.shape[0]
-    counts[:] = 0
-    lasts[:] = -1
-    for p in range(pstate.shape[0]):
-        s = pstate[p]
-        counts[s] += 1
-        lasts[s] = p
-    max_len = 0
-    for v in range(n):
-        if lens[v] > max_len:
-            max_len = lens[v]
-    bucket = np.zeros(max_len + 2, np.int64)
-    for v in range(n):
-        bucket[lens[v] + 1] += 1
-    for i in range(1, max_len + 2):
-        bucket[i] += bucket[i - 1]
-    order = np.empty(n, np.int32)
-    for v in range(n):
-        ln = lens[v]
-        order[bucket[ln]] = v
-        bucket[ln] += 1
-    for k in range(n - 1, 0, -1):
-        v = order[k]
-        p = links[v]
-        if p >= 0:
-            counts[p] += counts[v]
-            if lasts[v] > lasts[p]:
-                lasts[p] = lasts[v]
-
-
-@njit(cache=True)
 def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
     """counts, lasts int32[n_states] and the occurrence layout occ int32[n_tokens], occ_start
     int32[n_states] of an automaton from `pstate` (the state of each position's whole document
-    prefix): the arrays `build_counts` then `occurrence_layout_into` give, in one kernel whose
-    scattered accesses each touch one 16-byte scratch row per state (own count then subtree
-    count, last end, start, cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's
-    order allows. `W` int32[>= n_states, 4] and `order` int32[>= n_states] are scratch (e.g. the
+    prefix). counts[v]: the positions whose prefix state is v or below it in the suffix-link tree;
+    lasts[v]: the greatest of them (-1: none); occ lists every state's positions in suffix-link-tree
+    preorder (a state's own positions increasing, then its children's subtrees in state-number
+    order) and occ_start[v] is where v's subtree starts. One kernel whose scattered accesses each
+    touch one 16-byte scratch row per state (own count then subtree count, last end, start,
+    cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's order allows. `W` int32[>= n_states, 4] and `order` int32[>= n_states] are scratch (e.g. the
     spent builder's memory, already mapped). False when the layout disagrees with the counts
     (an automaton that does not describe its tokens)."""
     ns = links.shape[0]
@@ -511,8 +478,9 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
     for v in range(ns):
         counts[v] = W[v, 0]
         lasts[v] = W[v, 1]
-    # placement in suffix-link-tree preorder, exactly as occurrence_layout_into (states in number
-    # order, a chain of unplaced ancestors placed top-down first)
+    # placement in suffix-link-tree preorder without building the tree: a state's subtree holds
+    # counts[v] positions, so it goes right after its parent's own positions and its earlier-placed
+    # siblings (states in number order, a chain of unplaced ancestors placed top-down first)
     chain = order  # spent: reused as the chain stack (its first rows only)
     W[0, 2] = 0
     for v in range(1, ns):
@@ -553,70 +521,6 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
         k = W[st, 3]
         occ[k] = p
         W[st, 3] = k + 1
-    return True
-
-
-@njit(cache=True)
-def occurrence_layout(links, counts, pstate):
-    """(occ, occ_start, ok): see `occurrence_layout_into`."""
-    occ = np.empty(pstate.shape[0], np.int32)
-    occ_start = np.empty(links.shape[0], np.int32)
-    ok = occurrence_layout_into(links, counts, pstate, occ, occ_start)
-    return occ, occ_start, ok
-
-
-@njit(cache=True)
-def occurrence_layout_into(links, counts, pstate, occ, occ_start):
-    """Fill occ int32[n_tokens] and occ_start int32[n_states] with the end positions in
-    suffix-link-tree preorder; False when the subtree sums disagree with `counts` (an
-    automaton that does not describe its tokens).
-
-    No tree is built: a state's subtree holds counts[v] positions, so each state is placed
-    right after its parent's own positions and its earlier-placed siblings, parents first
-    (a state whose parent is not placed yet places that chain top-down). Siblings come in
-    state-number order, own positions in increasing order."""
-    n_states = links.shape[0]
-    n = pstate.shape[0]
-    own = np.zeros(n_states, np.int32)
-    for p in range(n):
-        own[pstate[p]] += 1
-    occ_start[:] = -1
-    nxt = np.empty(n_states, np.int32)  # where the next child of a placed state goes (< n < 2**31)
-    chain = np.empty(n_states, np.int32)  # only its first (deepest unplaced chain) rows are touched
-    if not (n_states > 0 and links[0] == -1 and counts[0] == n):
-        return False
-    occ_start[0] = 0
-    nxt[0] = own[0]
-    for v in range(1, n_states):
-        if occ_start[v] >= 0:
-            continue
-        top = 0
-        u = v
-        while occ_start[u] < 0:  # links of a fresh automaton reach the placed root
-            chain[top] = u
-            top += 1
-            u = links[u]
-            if u < 0 or top >= n_states:
-                return False
-        while top > 0:
-            top -= 1
-            w = chain[top]
-            par = links[w]
-            start = nxt[par]
-            occ_start[w] = start
-            nxt[par] = start + counts[w]
-            nxt[w] = start + own[w]
-    # every subtree filled exactly: counts[v] == own[v] + the children's counts
-    for v in range(n_states):
-        if np.int64(nxt[v]) != np.int64(occ_start[v]) + counts[v]:
-            return False
-    put = nxt  # reused: where the next own position of each state goes
-    for v in range(n_states):
-        put[v] = occ_start[v]
-    for p in range(n):
-        s = pstate[p]
-        occ[put[s]] = p
-        put[s] += 1
     return True
 
 
