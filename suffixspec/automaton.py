@@ -151,7 +151,10 @@ class SuffixAutomaton(_Queries):
     # -- building -----------------------------------------------------------------------
     def extend(self, tokens) -> None:
         """Append tokens to the current document."""
-        toks = as_tokens(tokens)
+        self._extend_valid(as_tokens(tokens))
+
+    def _extend_valid(self, toks: np.ndarray) -> None:
+        """`extend` with tokens `as_tokens` already checked."""
         if toks.shape[0] == 0:
             return
         if self._mode == MODE_SETTLED:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import os
 import resource
 import time
@@ -186,7 +187,9 @@ class CostModel:
         order = np.argsort(sizes)
         self.sizes = np.asarray(sizes, np.float64)[order]
         self._measured = np.asarray(seconds, np.float64)[order]
-        self._factors: dict[int, np.ndarray] = {}  # batch size -> observed / measured, per size
+        self._size_list = self.sizes.tolist()
+        self._log_sizes = np.log(self.sizes).tolist()
+        self._factors: dict[int, list[float]] = {}  # batch size -> observed / measured, per size
         self._curves: dict[int, np.ndarray] = {}
         self.seconds = self._curve(1)
 
@@ -194,22 +197,37 @@ class CostModel:
         curve = self._curves.get(batch)
         if curve is None:
             factors = self._factors.get(batch)
-            raw = self._measured if factors is None else self._measured * factors
+            raw = self._measured if factors is None else self._measured * np.asarray(factors)
             curve = self._curves[batch] = np.maximum.accumulate(raw)  # never cheaper when bigger
         return curve
+
+    def _at(self, tokens: float, batch: int) -> float:
+        """`self(tokens, batch)` for one size, in plain floats (observe runs every round)."""
+        curve, sizes = self._curve(batch), self._size_list
+        if tokens >= sizes[-1]:
+            return float(curve[-1]) * tokens / sizes[-1]
+        if tokens <= sizes[0]:
+            return float(curve[0])
+        j = 1
+        while sizes[j] < tokens:
+            j += 1
+        a, b = float(curve[j - 1]), float(curve[j])
+        return a + (b - a) * (tokens - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
 
     def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
         """Blend a pass time of `batch` rows seen while generating into the nearest measured size, so
         the curve follows the machine as it is now (load, threads) rather than when it was measured."""
         batch = int(batch)
-        i = int(np.argmin(np.abs(np.log(self.sizes) - np.log(max(tokens, 1)))))
-        expected = float(self(tokens, batch))
+        log_t = math.log(max(tokens, 1))
+        i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
+        expected = self._at(float(tokens), batch)
         if expected > 0 and seconds > 0:
-            factors = self._factors.setdefault(batch, np.ones(len(self.sizes)))
+            factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
             # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
-            factors[i] *= (1.0 - weight) + weight * float(np.clip(seconds / expected, 0.5, 2.0))
+            factors[i] *= (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
             self._curves.pop(batch, None)
-            self.seconds = self._curve(1)
+            if batch == 1:
+                self.seconds = self._curve(1)
 
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
         curve = self._curve(int(batch))
@@ -315,15 +333,22 @@ class RankCalibration:
         n = len(self.EDGES) + 1
         self.scored = np.zeros(n)  # decayed sum of drafted nodes' scores, per rank bucket
         self.accepted = np.zeros(n)  # decayed count of accepted nodes, per rank bucket
+        self._factors: np.ndarray | None = None  # per bucket, until the next observation
+
+    _RANK_BUCKETS = np.searchsorted(EDGES, np.arange(1, 2 * int(EDGES[-1]) + 1), side="left")
 
     def buckets(self, n: int) -> np.ndarray:
         """The bucket of ranks 1..n."""
+        if n <= self._RANK_BUCKETS.shape[0]:
+            return self._RANK_BUCKETS[:n]
         return np.searchsorted(self.EDGES, np.arange(1, n + 1), side="left")
 
     def factors(self, n: int) -> np.ndarray:
         """Multipliers for the scores of ranks 1..n."""
-        ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
-        return np.clip(ratio, self.low, self.high)[self.buckets(n)]
+        if self._factors is None:
+            ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
+            self._factors = np.clip(ratio, self.low, self.high)
+        return self._factors[self.buckets(n)]
 
     def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """Calibrated acceptance estimates of a tree's scores sorted best first (times `scale`), each at most 1."""
@@ -333,6 +358,7 @@ class RankCalibration:
         """One round: every verified tree with the indices of its accepted nodes."""
         self.scored *= self.decay
         self.accepted *= self.decay
+        self._factors = None
         for tree, acc in zip(trees, accepted_nodes):
             if not len(tree):
                 continue
@@ -357,21 +383,22 @@ def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
         return DraftTree.empty()
     if n <= size and int(tree.depths.max()) <= max_depth:
         return tree
-    order = sorted(range(n), key=lambda i: (-float(tree.scores[i]), i))
-    keep = np.zeros(n, bool)
+    order = np.argsort(-tree.scores, kind="stable").tolist()  # best first, ties in index order
+    par, depth = tree.parents.tolist(), tree.depths.tolist()
+    keep = [False] * n
     count = 0
     for i in order:
         if count >= size:
             break
-        parent = int(tree.parents[i])
-        if tree.depths[i] <= max_depth and (parent < 0 or keep[parent]):
+        if depth[i] <= max_depth and (par[i] < 0 or keep[par[i]]):
             keep[i] = True
             count += 1
     idx = np.flatnonzero(keep)
     remap = -np.ones(n, np.int64)
     remap[idx] = np.arange(len(idx))
-    parents = np.where(tree.parents[idx] >= 0, remap[np.maximum(tree.parents[idx], 0)], -1)
-    return DraftTree(tree.tokens[idx], parents, tree.scores[idx])
+    parents = np.where(tree.parents[idx] >= 0, remap[np.maximum(tree.parents[idx], 0)], -1).astype(np.int32)
+    # a subset closed under parents, in the original order: still topological, siblings distinct and sorted
+    return DraftTree._trusted(tree.tokens[idx], parents, tree.depths[idx], tree.scores[idx])
 
 
 # ------------------------------------------------------------------------------------------ fallback proposer
@@ -579,7 +606,7 @@ class SpeculativeGenerator:
         if live:
             live_budgets = [budgets[i] for i in live]
             batch = getattr(proposer, "propose_batch", None)
-            if batch is not None:
+            if batch is not None and len(live) > 1:  # one session: its own call is the cheaper path
                 got = batch([sessions[i] for i in live], live_budgets)
             else:
                 got = [sessions[i].propose(b) for i, b in zip(live, live_budgets)]

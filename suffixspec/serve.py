@@ -67,7 +67,8 @@ class _Live:
     shadows: list = field(default_factory=list)  # trees proposed but not verified, still being checked
 
     def draft_factor(self) -> float:
-        """How this request's drafts fare against the calibrated estimates (1 until it has drafted)."""
+        """How this request's drafts fare against the calibrated estimates: its verified drafts and the
+        trees it proposed but did not verify (`_Shadow`), over a prior at `_REQUEST_PRIOR_RATIO`."""
         return float(np.clip((self.hits + _REQUEST_PRIOR * _REQUEST_PRIOR_RATIO) / (self.predicted + _REQUEST_PRIOR),
                              0.05, 3.0))
 

@@ -267,6 +267,36 @@ def test_prune_tree_keeps_a_closed_subtree():
     assert sorted(shallow.tokens.tolist()) == [1, 4] and shallow.max_depth == 1
 
 
+def test_prune_tree_against_brute_force():
+    """On random trees whose scores never increase down a path (as the proposer's), the pruned tree is
+    a valid tree closed under parents, within size and depth, of the largest score sum any such
+    subset has (brute force over every subset)."""
+    import itertools
+
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        n = int(rng.integers(1, 10))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        scores = []
+        for i, p in enumerate(parents):
+            scores.append(float(rng.uniform(0, 1 if p < 0 else scores[p])))
+        tree = DraftTree(np.arange(n), np.array(parents), np.array(scores))
+        size, max_depth = int(rng.integers(1, n + 2)), int(rng.integers(1, 5))
+        got = prune_tree(tree, size, max_depth)
+        check = DraftTree(got.tokens, got.parents, got.scores)  # validates
+        assert np.array_equal(check.depths, got.depths) and len(got) <= size
+        assert len(got) == 0 or got.depths.max() <= max_depth
+        kept = got.tokens.tolist()  # tokens are the original indices
+        assert all(parents[i] < 0 or parents[i] in kept for i in kept)
+        assert np.array_equal(got.scores, tree.scores[kept])
+        best = 0.0
+        for r in range(1, min(size, n) + 1):
+            for sub in itertools.combinations(range(n), r):
+                if all((parents[i] < 0 or parents[i] in sub) and tree.depths[i] <= max_depth for i in sub):
+                    best = max(best, sum(scores[i] for i in sub))
+        assert got.scores.sum() == pytest.approx(best)
+
+
 # ------------------------------------------------------------------------------------ fallbacks and errors
 
 
@@ -374,6 +404,11 @@ def test_cost_model_follows_observed_pass_times():
     for _ in range(200):
         cm.observe(64, 2.0)  # cheaper than a smaller pass: the curve stays monotone
     assert cm(64) >= cm(8)
+    rng = np.random.default_rng(5)
+    for _ in range(300):  # the scalar path observe uses agrees with the array one
+        cm.observe(int(rng.integers(1, 100)), float(rng.uniform(0.5, 5)), batch=int(rng.integers(1, 4)))
+        tokens, batch = float(rng.uniform(0.5, 150)), int(rng.integers(1, 4))
+        assert cm._at(tokens, batch) == pytest.approx(float(cm(tokens, batch)), rel=1e-12)
 
 
 # ------------------------------------------------------------------------------------ continuous batching
