@@ -550,9 +550,7 @@ class Session:
     def _propose_sources(self, budget: int) -> DraftTree:
         """The tree over the session's automaton sources (its own, corpora, past responses)."""
         p, sam = self.proposer, self._sam
-        ws = getattr(p._local, "ws", None)  # this thread's workspace, when it is big enough (hot path)
-        if ws is None or ws[0] < budget or ws[1] < (1 + len(self._automata)) * p.match_levels:
-            ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
+        ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
         out_tok, out_par = np.empty(budget, np.int32), np.empty(budget, np.int32)
         out_depth, out_prob = np.empty(budget, np.int32), np.empty(budget, np.float64)
         k, sam._stack = pk.propose_session(sam._S, sam._E, sam._L, sam._M, sam._stack, self._cur, self._src.table,

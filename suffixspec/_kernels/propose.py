@@ -16,13 +16,13 @@ One expansion that wrote nodes is already a best-first tree and is copied out as
 merged (`draft.merge`). Once an expansion filled the budget, later ones skip candidates less
 probable than its last (least probable) node: the merged tree keeps the `budget` most probable
 paths, and at least `budget` paths already score that much (a shared path scores the max over
-sources), so such candidates could not be kept. The tree is written into `out_*` from index `at` with parents local to
-the tree (0-based), at most `budget` nodes.
+sources), so such candidates could not be kept. The tree is written into `out_*` from index `at`
+with parents local to the tree (0-based), at most `budget` nodes.
 
 The batch kernels give each thread a strided share of the sessions, its own workspace and its own
-link-cut stack; one thread runs no parallel region at all. Expanding a live automaton restructures that automaton's link-cut tree, so a
-session must appear at most once in a batch and must not be used by another thread meanwhile;
-frozen sources are only read.
+link-cut stack; one thread runs no parallel region at all. Expanding a live automaton restructures
+that automaton's link-cut tree, so a session must appear at most once in a batch and must not be
+used by another thread meanwhile; frozen sources are only read.
 """
 
 import numpy as np
