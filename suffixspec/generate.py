@@ -346,9 +346,12 @@ class RankCalibration:
     def factors(self, n: int) -> np.ndarray:
         """Multipliers for the scores of ranks 1..n."""
         if self._factors is None:
-            ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
-            self._factors = np.clip(ratio, self.low, self.high)
+            self._factors = np.clip(self._ratio(), self.low, self.high)
         return self._factors[self.buckets(n)]
+
+    def _ratio(self) -> np.ndarray:
+        """Accepted nodes over their scores per bucket, prior included (before clipping)."""
+        return (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
 
     def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """Calibrated acceptance estimates of a tree's scores sorted best first (times `scale`), each at most 1."""
@@ -371,9 +374,8 @@ class RankCalibration:
                 np.add.at(self.accepted, bucket[rank[np.asarray(acc, np.int64)]], 1.0)
 
     def to_dict(self) -> dict:
-        ratio = (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
         edges = [1, *(int(e) + 1 for e in self.EDGES)]
-        return {f"rank>={lo}": round(float(r), 3) for lo, r, w in zip(edges, ratio, self.scored) if w > 0}
+        return {f"rank>={lo}": round(float(r), 3) for lo, r, w in zip(edges, self._ratio(), self.scored) if w > 0}
 
 
 def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
@@ -456,7 +458,8 @@ class SpeculativeGenerator:
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
-                 cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.01, prefill_margin: float = 2.0,
+                 cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.01,
+                 prefill_margin: float = 2.0,
                  **proposer_options):
         self.model = model
         self.tokenizer = tokenizer

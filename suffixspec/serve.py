@@ -262,7 +262,6 @@ class Server:
         stats.plain_rounds += all(len(tr) == 0 for tr in trees)
         stats.budgets.extend(len(tr) for tr in trees)
         now = self.now()
-        expected = 0.0
         keep = []
         committed = []
         for i, (lv, res, tree) in enumerate(zip(lives, results, trees)):
@@ -293,7 +292,6 @@ class Server:
                 rs.accepted_by_position[d] += 1
             rs.new_tokens = len(lv.output)
             rs.e2e_s = now - self._added_s[lv.index]
-            expected += float(tree.scores.sum()) if len(tree) else 0.0
             lv.context.extend(tokens)
             lv.pending = [tokens[-1]]
             self.outputs[lv.index] = lv.output
@@ -329,7 +327,7 @@ class Server:
                         else:
                             pending.append(sh)
                     lv.shadows = pending
-            if expected > 0:
+            if any(len(tr) and float(tr.scores.sum()) > 0 for tr in trees):
                 gen.calibration.observe(trees, [res.accepted_nodes for res in results])
         if len(keep) < len(lives):
             state.select_rows(keep)
