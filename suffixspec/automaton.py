@@ -145,6 +145,8 @@ class SuffixAutomaton(_Queries):
         self._stack = np.empty(64, np.int32)
         self._docs = np.zeros(4, np.int64)  # document start positions, first _n_docs used
         self._n_docs = 1
+        self._live = np.zeros(sk.LIVE_LEN, np.int64)  # invariant: names the current S, E, L, M, stack
+        self._relink()
         if tokens is not None:
             self.extend(tokens)
 
@@ -160,7 +162,13 @@ class SuffixAutomaton(_Queries):
         if self._mode == MODE_SETTLED:
             self._start_online()
         S, E, H, T, L, st = sk.extend(self._S, self._E, self._H, self._T, self._L, self._M, toks, self._stack)
+        replaced = S is not self._S or E is not self._E or L is not self._L or st is not self._stack
         self._S, self._E, self._H, self._T, self._L, self._stack = S, E, H, T, L, st
+        if replaced:
+            self._relink()
+
+    def _relink(self) -> None:
+        sk.write_live(self._live, self._S, self._E, self._L, self._M, self._stack)
 
     def append(self, token: int) -> None:
         self.extend([token])
@@ -191,6 +199,7 @@ class SuffixAutomaton(_Queries):
         sk.init_lct(self._S, self._L, self._M)
         self._M[sk.MODE] = sk.MODE_ONLINE
         self._mode = sk.MODE_ONLINE
+        self._relink()
 
     # -- primitives for _Queries --------------------------------------------------------
     def _advance(self, state, length, toks):
@@ -215,7 +224,10 @@ class SuffixAutomaton(_Queries):
 
     def _values(self, states: np.ndarray) -> np.ndarray:
         self._settle_counts()
-        out, self._stack = sk.true_values(self._S, self._L, self._M, states, self._stack)
+        out, stack = sk.true_values(self._S, self._L, self._M, states, self._stack)
+        if stack is not self._stack:
+            self._stack = stack
+            self._relink()
         return out
 
     def state_count(self, state) -> int:
@@ -319,6 +331,8 @@ class SuffixAutomaton(_Queries):
         # values were settled before pickling: an online automaton restarts its link-cut tree
         self._mode = MODE_SETTLED if mode == sk.MODE_ONLINE else mode
         self._M[sk.MODE] = sk.MODE_BULK
+        self._live = np.zeros(sk.LIVE_LEN, np.int64)
+        self._relink()
 
     def __repr__(self):
         return f"SuffixAutomaton(tokens={len(self)}, states={self.n_states}, edges={self.n_edges})"

@@ -353,7 +353,8 @@ class Proposer:
         ws = getattr(self._local, "ws", None)
         if ws is None or ws[0] < budget or ws[1] < n_sources:
             budget, n_sources = max(budget, 64), max(n_sources, 4)
-            ws = self._local.ws = (budget, n_sources, *dk.workspace_buffers(budget, int(self.params[dk.P_MAX_CHILDREN]), n_sources))
+            bufs = dk.workspace_buffers(budget, int(self.params[dk.P_MAX_CHILDREN]), n_sources)
+            ws = self._local.ws = (budget, n_sources, *bufs, dk.workspace_frame(*bufs))
         return ws
 
     def _current_sources(self) -> _Sources:
@@ -473,6 +474,7 @@ class Session:
             else:
                 self._cur[j] = fa._advance(0, 0, prompt)
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
+        self._frame = None  # pk.session_frame of the current _sam, _cur, _src; None: to rebuild
 
     @property
     def output(self) -> list[int]:
@@ -493,6 +495,7 @@ class Session:
         if len(self._sam) > self.proposer.max_session_tokens:
             keep = self.proposer.max_session_tokens // 2
             self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
+            self._frame = None
         cur = self._cur
         for j, fa in enumerate(self._automata):
             if cur[j, 0] >= 0:
@@ -531,6 +534,7 @@ class Session:
         self._cur = cur
         self._automata = src.automata
         self._src = src
+        self._frame = None
 
     def propose(self, budget=None) -> DraftTree:
         p = self.proposer
@@ -540,25 +544,28 @@ class Session:
         src = p._sources  # the hot path: sources unchanged since the last call
         if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
             self._sync()
-        sam = self._sam
-        if sam._mode != _ONLINE:
-            sam._start_online()
+        if self._sam._mode != _ONLINE:
+            self._sam._start_online()
         if self._restricted:
             return self._propose_restricted(budget)
         return self._propose_sources(budget)
 
     def _propose_sources(self, budget: int) -> DraftTree:
         """The tree over the session's automaton sources (its own, corpora, past responses)."""
-        p, sam = self.proposer, self._sam
-        ws = p._workspace(budget, (1 + len(self._automata)) * p.match_levels)
-        out_tok, out_par = np.empty(budget, np.int32), np.empty(budget, np.int32)
-        out_depth, out_prob = np.empty(budget, np.int32), np.empty(budget, np.float64)
-        k, sam._stack = pk.propose_session(sam._S, sam._E, sam._L, sam._M, sam._stack, self._cur, self._src.table,
-                                           budget, p.params, p.min_match, p.match_levels, ws[2], ws[3], ws[4],
-                                           out_tok, out_par, out_depth, out_prob)
+        frame = self._frame
+        if frame is None:
+            p = self.proposer
+            frame = self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, p.params, p.min_match,
+                                                   p.match_levels)
+            self._n_sources = (1 + len(self._automata)) * p.match_levels
+        ws = getattr(self.proposer._local, "ws", None)
+        if ws is None or ws[0] < budget or ws[1] < self._n_sources:
+            ws = self.proposer._workspace(budget, self._n_sources)
+        out, prob = np.empty(3 * budget, np.int32), np.empty(budget, np.float64)
+        k = pk.propose_framed(frame, ws[5], budget, out, prob)
         if k == 0:
             return DraftTree.empty()
-        return DraftTree._trusted(out_tok[:k], out_par[:k], out_depth[:k], out_prob[:k])
+        return DraftTree._trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""
@@ -593,6 +600,7 @@ class Session:
             self._registered = None
         self._sam = None
         self._src = None
+        self._frame = None
 
     def __enter__(self):
         return self

@@ -10,8 +10,20 @@ import naive
 from suffixspec import BadInputError, BadInputTypeError, FrozenAutomaton, SuffixAutomaton
 
 
+def _check_live(sam):
+    """The live frame the proposal kernels read names the automaton's current arrays."""
+    from suffixspec._kernels import sam as sk
+
+    if not isinstance(sam, SuffixAutomaton):
+        return
+    want = np.zeros(sk.LIVE_LEN, np.int64)
+    sk.write_live(want, sam._S, sam._E, sam._L, sam._M, sam._stack)
+    assert sam._live.tolist() == want.tolist()
+
+
 def _check_queries(sam, docs, rng, n_queries=6):
     """Compare match lengths, counts and continuations on random and in-text patterns."""
+    _check_live(sam)
     flat = [t for d in docs for t in d]
     alphabet = sorted(set(flat)) or [0]
     assert len(sam) == len(flat)
@@ -32,6 +44,45 @@ def _check_queries(sam, docs, rng, n_queries=6):
         suffix = context[len(context) - length :]
         cont = sam.continuations(state).as_dict()
         assert cont == naive.continuations(docs, suffix), (context, suffix)
+    _check_live(sam)  # count queries may have grown the link-cut stack
+
+
+def test_live_frame_reads_back_the_arrays_through_growth_modes_and_pickling():
+    """Kernels view (S, E, L, M, stack) through the live frame's addresses: after bulk building,
+    online growth (arrays reallocated many times), count queries and a pickle round trip, reading
+    the frame must give back exactly the automaton's arrays."""
+    from numba import njit
+
+    from suffixspec._kernels import sam as sk
+
+    @njit
+    def read(live):
+        S, E, L, M, stack = sk.live_arrays(live)
+        return S.copy(), E.copy(), L.copy(), M.copy(), stack.shape[0]
+
+    def same(sam):
+        S, E, L, M, n_stack = read(sam._live)
+        assert np.array_equal(S, sam._S) and np.array_equal(E, sam._E) and np.array_equal(L, sam._L)
+        assert np.array_equal(M, sam._M) and n_stack == sam._stack.shape[0]
+
+    rng = np.random.default_rng(5)
+    sam = SuffixAutomaton(rng.integers(0, 7, 300))
+    same(sam)
+    sam.count([1, 2])  # settles counts, still bulk mode
+    same(sam)
+    for _ in range(40):
+        sam.extend(rng.integers(0, 7, int(rng.integers(1, 200))))  # online: S, E, L grow
+        same(sam)
+    sam.extend(np.zeros(20_000, np.int64))  # a long run: deep link-cut paths
+    toks = sam.tokens.tolist()
+    assert sam.count([0] * 5) == sum(toks[i : i + 5] == [0] * 5 for i in range(len(toks) - 4))
+    same(sam)
+    sam2 = pickle.loads(pickle.dumps(sam))
+    same(sam2)
+    sam2.extend([3, 4])
+    same(sam2)
+    with pytest.raises(ValueError, match="int32"):
+        sk.write_live(np.zeros(sk.LIVE_LEN, np.int64), sam._S.astype(np.int64), sam._E, sam._L, sam._M, sam._stack)
 
 
 @pytest.mark.parametrize("alphabet", [2, 3, 4, 5])

@@ -26,6 +26,7 @@ from numba import njit
 
 from . import lct
 from . import sam as sk
+from .address import address, view_f64, view_i32, view_i64
 
 P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
 N_PARAMS = 5
@@ -104,6 +105,27 @@ def workspace_views(i32, f64, i64):
     out_prob = f64[cap : cap + n_out]
     kids = i64[2 : 2 + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
     return (cand, keys, vals, kids, node_of, out_tok, out_par, out_prob, out_depth, deep)
+
+
+# A workspace frame (int64, see address.py): the addresses and lengths of the three buffers.
+WS_I32, WS_I32_LEN, WS_F64, WS_F64_LEN, WS_I64, WS_I64_LEN = range(6)
+WS_FRAME_LEN = 6
+
+
+def workspace_frame(i32, f64, i64) -> np.ndarray:
+    """The frame naming `workspace_buffers` (the caller keeps them alive)."""
+    wsf = np.empty(WS_FRAME_LEN, np.int64)
+    wsf[WS_I32], wsf[WS_I32_LEN] = address(i32, np.int32), i32.shape[0]
+    wsf[WS_F64], wsf[WS_F64_LEN] = address(f64, np.float64), f64.shape[0]
+    wsf[WS_I64], wsf[WS_I64_LEN] = address(i64, np.int64), i64.shape[0]
+    return wsf
+
+
+@njit(cache=True, nogil=True, inline="always")
+def framed_workspace(wsf):
+    """`workspace_views` of the buffers a workspace frame names."""
+    return workspace_views(view_i32(wsf[WS_I32], wsf[WS_I32_LEN]), view_f64(wsf[WS_F64], wsf[WS_F64_LEN]),
+                           view_i64(wsf[WS_I64], wsf[WS_I64_LEN]))
 
 
 @njit(cache=True, nogil=True)

@@ -26,12 +26,11 @@ used by another thread meanwhile; frozen sources are only read.
 """
 
 import numpy as np
-from llvmlite import ir
-from numba import carray, njit, prange, typed, types
-from numba.extending import intrinsic
+from numba import njit, prange, typed, types
 
 from . import draft as dk
 from . import sam as sk
+from .address import address, view_f64, view_i32, view_i64, view_i64_2d
 
 
 N_SOURCE_ARRAYS = 7
@@ -46,29 +45,41 @@ def source_table(arrays) -> np.ndarray:
         for k, a in enumerate(arrs):
             if a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
                 raise ValueError(f"source_table: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
-            table[j, k] = a.ctypes.data
+            table[j, k] = address(a, np.int32)
             table[j, N_SOURCE_ARRAYS + k] = a.shape[0]
     return table
-
-
-@intrinsic
-def _address_as_pointer(typingctx, address):
-    def codegen(context, builder, signature, args):
-        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
-    return types.voidptr(types.int64), codegen
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _source(table, j):
     """(offsets, etok, eto, counts, lasts, links, lens) of row j of a `source_table`."""
     n = N_SOURCE_ARRAYS
-    return (carray(_address_as_pointer(table[j, 0]), table[j, n], np.int32),
-            carray(_address_as_pointer(table[j, 1]), table[j, n + 1], np.int32),
-            carray(_address_as_pointer(table[j, 2]), table[j, n + 2], np.int32),
-            carray(_address_as_pointer(table[j, 3]), table[j, n + 3], np.int32),
-            carray(_address_as_pointer(table[j, 4]), table[j, n + 4], np.int32),
-            carray(_address_as_pointer(table[j, 5]), table[j, n + 5], np.int32),
-            carray(_address_as_pointer(table[j, 6]), table[j, n + 6], np.int32))
+    return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
+            view_i32(table[j, 2], table[j, n + 2]), view_i32(table[j, 3], table[j, n + 3]),
+            view_i32(table[j, 4], table[j, n + 4]), view_i32(table[j, 5], table[j, n + 5]),
+            view_i32(table[j, 6], table[j, n + 6]))
+
+
+# A session frame (int64, see address.py): everything one proposal reads besides its workspace.
+F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS = range(9)
+FRAME_LEN = 9
+
+
+def session_frame(live, cur, table, params, min_match, levels) -> np.ndarray:
+    """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
+    `source_table` they index, the proposer's params and knobs (the caller keeps them alive)."""
+    if cur.ndim != 2 or cur.shape[1] != 2 or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
+        raise ValueError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
+                         f"got {cur.shape} and {table.shape}")
+    if live.shape != (sk.LIVE_LEN,):
+        raise ValueError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
+    frame = np.empty(FRAME_LEN, np.int64)
+    frame[F_LIVE] = address(live, np.int64)
+    frame[F_CUR], frame[F_CUR_ROWS] = address(cur, np.int64), cur.shape[0]
+    frame[F_TABLE], frame[F_TABLE_ROWS] = address(table, np.int64), table.shape[0]
+    frame[F_PARAMS], frame[F_PARAMS_LEN] = address(params, np.float64), params.shape[0]
+    frame[F_MIN_MATCH], frame[F_LEVELS] = min_match, levels
+    return frame
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -140,12 +151,20 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
 
 
 @njit(cache=True, nogil=True)
-def propose_session(S, E, L, M, stack, cur, frozen, budget, params, min_match, levels, ws_i32, ws_f64, ws_i64,
-                    out_tok, out_par, out_depth, out_prob):
-    """`propose_one` for one session from Python, with its workspace as `dk.workspace_buffers`."""
-    ws = dk.workspace_views(ws_i32, ws_f64, ws_i64)
-    return propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, levels, ws,
-                       out_tok, out_par, out_depth, out_prob, 0)
+def propose_framed(frame, wsf, budget, out_i32, out_prob):
+    """`propose_one` for the session a `session_frame` names, in the workspace a
+    `dk.workspace_frame` names (sized for `budget` and the session's sources): tokens, parents and
+    depths go to out_i32[0:budget], [budget:2 budget], [2 budget:3 budget], probabilities to
+    out_prob; returns the node count. Four arguments where the arrays themselves were eighteen
+    (~0.5 us of dispatch per call). A link-cut stack outgrown here is dropped with the call."""
+    S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
+    cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], 2)
+    table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
+    params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
+    k, stack = propose_one(S, E, L, M, stack, cur, table, budget, params, frame[F_MIN_MATCH], frame[F_LEVELS],
+                           dk.framed_workspace(wsf), out_i32[:budget], out_i32[budget : 2 * budget],
+                           out_i32[2 * budget : 3 * budget], out_prob, 0)
+    return k
 
 
 @njit(cache=True, nogil=True, inline="always")

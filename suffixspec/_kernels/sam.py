@@ -34,6 +34,7 @@ import numpy as np
 from numba import njit
 
 from . import lct
+from .address import address, view_i32, view_i32_2d, view_i64
 
 LINK, LEN, HEAD, CNT, LAST, DEG = 0, 1, 2, 3, 4, 5
 STATE_COLS = 6
@@ -43,6 +44,33 @@ META = 6
 SMALL_DEG = 6
 MODE_BULK, MODE_ONLINE = 0, 1
 HASH_LOAD_NUM, HASH_LOAD_DEN = 7, 10
+E_COLS, L_COLS = 4, 5
+
+# The live frame (int64, see address.py): what a proposal reads of an automaton (S, E, L, M and
+# the link-cut stack) as addresses and row counts. Its owner rewrites it whenever an array is
+# replaced; a kernel that outgrows the stack works on a grown copy that it drops.
+LIVE_S, LIVE_S_ROWS, LIVE_E, LIVE_E_ROWS, LIVE_L, LIVE_L_ROWS, LIVE_M, LIVE_STACK, LIVE_STACK_LEN = range(9)
+LIVE_LEN = 9
+
+
+def write_live(live, S, E, L, M, stack) -> None:
+    if S.shape[1:] != (STATE_COLS,) or E.shape[1:] != (E_COLS,) or L.shape[1:] != (L_COLS,) or M.shape != (META,):
+        raise ValueError(f"write_live: unexpected shapes S {S.shape}, E {E.shape}, L {L.shape}, M {M.shape}")
+    live[LIVE_S], live[LIVE_S_ROWS] = address(S, np.int32), S.shape[0]
+    live[LIVE_E], live[LIVE_E_ROWS] = address(E, np.int32), E.shape[0]
+    live[LIVE_L], live[LIVE_L_ROWS] = address(L, np.int32), L.shape[0]
+    live[LIVE_M] = address(M, np.int64)
+    live[LIVE_STACK], live[LIVE_STACK_LEN] = address(stack, np.int32), stack.shape[0]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def live_arrays(live):
+    """(S, E, L, M, stack) named by a live frame."""
+    return (view_i32_2d(live[LIVE_S], live[LIVE_S_ROWS], STATE_COLS),
+            view_i32_2d(live[LIVE_E], live[LIVE_E_ROWS], E_COLS),
+            view_i32_2d(live[LIVE_L], live[LIVE_L_ROWS], L_COLS),
+            view_i64(live[LIVE_M], META),
+            view_i32(live[LIVE_STACK], live[LIVE_STACK_LEN]))
 
 
 @njit(cache=True, inline="always")

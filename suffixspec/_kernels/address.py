@@ -1,0 +1,53 @@
+"""Arrays passed to kernels as raw addresses in an int64 frame.
+
+Numba's dispatcher type-checks and unboxes every argument of a call (~35-50 ns each); a hot call
+that needs a dozen arrays takes instead one int64 array holding their addresses and lengths and
+views them again with `view_*`. Contract: whoever writes an address into a frame keeps that array
+alive, C-contiguous and of the dtype the reader expects for as long as the frame can be read, and
+rewrites the frame when the array is replaced. Kernels trust the addresses.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import carray, njit, types
+from numba.extending import intrinsic
+
+
+def address(a: np.ndarray, dtype) -> int:
+    """The data address of `a`, checked to be a C-contiguous array of `dtype`."""
+    if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
+        got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+        raise ValueError(f"address: expected a C-contiguous {np.dtype(dtype)} array, got {got}")
+    return a.__array_interface__["data"][0]
+
+
+@intrinsic
+def as_pointer(typingctx, addr):
+    def codegen(context, builder, signature, args):
+        return builder.inttoptr(args[0], ir.IntType(8).as_pointer())
+    return types.voidptr(types.int64), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def view_i32(addr, n):
+    return carray(as_pointer(addr), n, np.int32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def view_i32_2d(addr, rows, cols):
+    return carray(as_pointer(addr), (rows, cols), np.int32)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def view_i64(addr, n):
+    return carray(as_pointer(addr), n, np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def view_i64_2d(addr, rows, cols):
+    return carray(as_pointer(addr), (rows, cols), np.int64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def view_f64(addr, n):
+    return carray(as_pointer(addr), n, np.float64)
