@@ -198,6 +198,105 @@ def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet)
         assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial
 
 
+def _random_parts(rng, n_parts, alphabet, tie_levels):
+    """Expansion-like candidate lists: each best-first (probabilities never increase, parents
+    first, a child no more probable than its parent, sibling tokens distinct)."""
+    toks, pars, probs, bounds = [], [], [], [0]
+    for _ in range(n_parts):
+        n = int(rng.integers(1, 30))
+        used = set()
+        base = len(toks)
+        p_list = np.sort(rng.random(n))[::-1]
+        if tie_levels:
+            p_list = np.sort(np.ceil(p_list * tie_levels) / tie_levels)[::-1]
+        for i in range(n):
+            for _ in range(20):
+                parent = -1 if i == 0 or rng.random() < 0.3 else int(rng.integers(0, i))
+                tok = int(rng.integers(0, alphabet))
+                if (parent, tok) not in used:
+                    break
+            else:
+                parent, tok = -1, alphabet + i  # a fresh root token
+            used.add((parent, tok))
+            toks.append(tok)
+            pars.append(-1 if parent < 0 else base + parent)
+            probs.append(float(p_list[i]))
+        bounds.append(len(toks))
+    return np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs), np.array(bounds, np.int32)
+
+
+_MERGE_PARTS = []
+
+
+def _merge_parts(toks, pars, probs, bounds, budget, min_prob, at):
+    """`draft.merge_parts` (inline-only) run on hand-made parts, compiled once per session."""
+    if not _MERGE_PARTS:
+        _MERGE_PARTS.append(_compile_merge_parts())
+    return _MERGE_PARTS[0](toks, pars, probs, bounds, budget, min_prob, at)
+
+
+def _compile_merge_parts():
+    from numba import njit
+
+    from suffixspec._kernels import draft as dk
+
+    @njit
+    def run(toks, pars, probs, bounds, budget, min_prob, at):
+        n_parts = bounds.shape[0] - 1
+        ws = dk.make_workspace(64, 4, max(n_parts, 4))
+        wtok, wpar, wprob, wbounds = ws[5], ws[6], ws[7], ws[13]
+        ws[10][:] = -9  # stale scratch must not matter
+        ws[11][:] = 7
+        for i in range(toks.shape[0]):
+            wtok[i] = toks[i]
+            wpar[i] = pars[i]
+            wprob[i] = probs[i]
+        for i in range(n_parts + 1):
+            wbounds[i] = bounds[i]
+        out_tok = np.full(at + budget, -5, np.int32)
+        out_par = np.full(at + budget, -5, np.int32)
+        out_depth = np.full(at + budget, -5, np.int32)
+        out_prob = np.full(at + budget, -5.0)
+        k = dk.merge_parts(ws, n_parts, budget, min_prob, out_tok, out_par, out_depth, out_prob, at)
+        return out_tok[at : at + k], out_par[at : at + k], out_depth[at : at + k], out_prob[at : at + k]
+
+    return run
+
+
+@pytest.mark.parametrize("tie_levels", [0, 4])
+def test_k_way_merge_of_best_first_parts_equals_the_sorting_merge(tie_levels):
+    """The propose kernel merges its sources' best-first expansions by a k-way merge that stops
+    at the budget; `draft.merge` (concatenate, merge shared prefixes, sort, cut) is the reference.
+    Distinct probabilities: identical trees. Ties: the same scores and only paths of the union,
+    each with its best score."""
+    from suffixspec import DraftTree
+    from suffixspec._kernels import draft as dk
+
+    rng = np.random.default_rng(11 + tie_levels)
+    for trial in range(300):
+        n_parts = int(rng.integers(1, 6))
+        toks, pars, probs, bounds = _random_parts(rng, n_parts, int(rng.integers(2, 5)), tie_levels)
+        budget = int(rng.integers(1, 64))
+        min_prob = float(rng.choice([0.0, 0.3]))
+        got = DraftTree._trusted(*_merge_parts(toks, pars, probs, bounds, budget, min_prob, int(rng.integers(0, 5))))
+        want = DraftTree._trusted(*dk.merge(toks, pars, probs, budget, min_prob))
+        _check_tree_invariants(got)
+        if not tie_levels:
+            _same_tree(got, want)
+            continue
+        union = {}
+        for tree_part in range(n_parts):
+            lo, hi = bounds[tree_part], bounds[tree_part + 1]
+            part = DraftTree._trusted(toks[lo:hi], np.where(pars[lo:hi] >= 0, pars[lo:hi] - lo, -1).astype(np.int32),
+                                      np.ones(hi - lo, np.int32), probs[lo:hi])
+            for n in range(hi - lo):
+                path = tuple(int(part.tokens[i]) for i in part.path_to(n))
+                union[path] = max(union.get(path, 0.0), float(part.scores[n]))
+        paths = _tree_paths(got)
+        assert all(union[p] == score for p, score in paths.items()), trial
+        assert sorted(paths.values(), reverse=True) == sorted(want.scores.tolist(), reverse=True), trial
+
+
 def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     """The kernels read frozen sources through a table of addresses: each row must give back the
     very arrays (contents and lengths) it was built from, and only int32 1-D C arrays are taken."""

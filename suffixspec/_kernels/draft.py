@@ -72,17 +72,23 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
+WS_HEADER = 4  # the int64 buffer's header: cap, n_out, budget, n_sources
+
+
 @njit(cache=True, nogil=True)
 def workspace_buffers(budget, max_children, n_sources):
     """The flat buffers (int32, float64, int64) behind a workspace for up to `n_sources`
-    expansions of `budget` nodes: three array arguments, where the tuple of ten views cost ~0.5 us
-    per call to type-check and unbox. The int64 buffer starts with the two sizes of the layout."""
+    expansions of `budget` nodes: three array arguments, where the tuple of views cost ~0.5 us
+    per call to type-check and unbox. The int64 buffer starts with the sizes of the layout."""
     cap = budget * max_children + max_children + 1
     n_out = budget * n_sources
-    i64 = np.empty(2 + CHILD_BUF * 4, np.int64)
+    i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
     i64[0] = cap
     i64[1] = n_out
-    return np.empty(cap * 7 + n_out * 3 + DEEP_BUF, np.int32), np.empty(cap + n_out, np.float64), i64
+    i64[2] = budget
+    i64[3] = n_sources
+    n_i32 = cap * 7 + n_out * 3 + DEEP_BUF + n_out + 2 * budget + 1 + 2 * n_sources + 1
+    return np.empty(n_i32, np.int32), np.empty(cap + n_out, np.float64), i64
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -91,8 +97,10 @@ def workspace_views(i32, f64, i64):
     candidates (token, parent candidate, state, matched length, depth), the heap of candidate
     probabilities and their candidate indexes, the children of one state (token, state, count,
     last end), candidate -> output node; then the expansions' outputs (tokens, parents, probs,
-    depths; written one after another) and the states to splay after an expansion."""
-    cap, n_out = i64[0], i64[1]
+    depths; written one after another), the states to splay after an expansion, and the scratch of
+    `merge_parts` (output node -> merged node, first child and next sibling of merged nodes, the
+    bounds and read heads of the expansions)."""
+    cap, n_out, budget, n_sources = i64[0], i64[1], i64[2], i64[3]
     cand = i32[: cap * 5].reshape((cap, 5))
     vals = i32[cap * 5 : cap * 6]
     node_of = i32[cap * 6 : cap * 7]
@@ -100,11 +108,21 @@ def workspace_views(i32, f64, i64):
     out_tok = i32[o : o + n_out]
     out_par = i32[o + n_out : o + 2 * n_out]
     out_depth = i32[o + 2 * n_out : o + 3 * n_out]
-    deep = i32[o + 3 * n_out : o + 3 * n_out + DEEP_BUF]
+    o += 3 * n_out
+    deep = i32[o : o + DEEP_BUF]
+    o += DEEP_BUF
+    merged_of = i32[o : o + n_out]
+    o += n_out
+    first_child = i32[o : o + budget + 1]
+    next_sib = i32[o + budget + 1 : o + 2 * budget + 1]
+    o += 2 * budget + 1
+    bounds = i32[o : o + n_sources + 1]
+    heads = i32[o + n_sources + 1 : o + 2 * n_sources + 1]
     keys = f64[:cap]
     out_prob = f64[cap : cap + n_out]
-    kids = i64[2 : 2 + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
-    return (cand, keys, vals, kids, node_of, out_tok, out_par, out_prob, out_depth, deep)
+    kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
+    return (cand, keys, vals, kids, node_of, out_tok, out_par, out_prob, out_depth, deep,
+            merged_of, first_child, next_sib, bounds, heads)
 
 
 # A workspace frame (int64, see address.py): the addresses and lengths of the three buffers.
@@ -145,7 +163,7 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth, deep = ws
+    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth, deep = ws[:10]
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     budget = min(budget, out_tok.shape[0] - at)
     online = live and M[sk.MODE] == sk.MODE_ONLINE
@@ -288,6 +306,54 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
+
+
+@njit(cache=True, nogil=True, inline="always")
+def merge_parts(ws, n_parts, budget, min_prob, out_tok, out_par, out_depth, out_prob, at):
+    """Merge the expansions in the workspace outputs (part i at [bounds[i], bounds[i + 1]), parents
+    as workspace indexes) into one tree at `out_*[at:]`, parents local to the tree; returns its
+    node count, at most `budget`.
+
+    Each part is best-first: probabilities never increase along it and parents come first. A
+    k-way merge by probability (ties: lower part first) therefore meets every node of the union
+    at its highest probability first, after its parent: a merged node is written when first met
+    and scores the max over the parts that hold it (as `merge` does), and the merge stops at
+    `budget` nodes or below `min_prob` without reading the rest. No allocation, no sort."""
+    wtok, wpar, wprob = ws[5], ws[6], ws[7]
+    merged_of, first_child, next_sib, bounds, heads = ws[10], ws[11], ws[12], ws[13], ws[14]
+    for i in range(n_parts):
+        heads[i] = bounds[i]
+    for i in range(budget + 1):
+        first_child[i] = -1  # index budget stands for the root
+    m = 0
+    while m < budget:
+        best = -1
+        bp = 0.0
+        for i in range(n_parts):
+            h = heads[i]
+            if h < bounds[i + 1] and (best < 0 or wprob[h] > bp):
+                best = i
+                bp = wprob[h]
+        if best < 0 or bp < min_prob:
+            break
+        h = heads[best]
+        heads[best] = h + 1
+        mp = -1 if wpar[h] < 0 else merged_of[wpar[h]]
+        slot = budget if mp < 0 else mp
+        c = first_child[slot]
+        while c != -1 and out_tok[at + c] != wtok[h]:
+            c = next_sib[c]
+        if c == -1:
+            c = m
+            m += 1
+            out_tok[at + c] = wtok[h]
+            out_par[at + c] = mp
+            out_prob[at + c] = bp
+            out_depth[at + c] = 1 if mp < 0 else out_depth[at + mp] + 1
+            next_sib[c] = first_child[slot]
+            first_child[slot] = c
+        merged_of[h] = c
+    return m
 
 
 @njit(cache=True, nogil=True)

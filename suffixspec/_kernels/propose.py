@@ -88,7 +88,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j."""
-    wtok, wpar, wprob, wdepth = ws[5], ws[6], ws[7], ws[8]
+    wtok, wpar, wprob, wdepth, bounds = ws[5], ws[6], ws[7], ws[8], ws[13]
     no64 = np.empty(0, np.int64)
     no32 = np.empty(0, np.int32)
     n = 0
@@ -103,8 +103,10 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
                                   state, length, budget, params, floor, ws, n)
             if k >= budget:
                 floor = max(floor, wprob[n + k - 1])
+            if k > 0:
+                bounds[parts] = n
+                parts += 1
             n += k
-            parts += k > 0
             if level + 1 == levels:
                 break
             state = S[state, sk.LINK]
@@ -124,8 +126,10 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
                                   state, length, budget, params, floor, ws, n)
             if k >= budget:
                 floor = max(floor, wprob[n + k - 1])
+            if k > 0:
+                bounds[parts] = n
+                parts += 1
             n += k
-            parts += k > 0
             if level + 1 == levels or not 0 <= state < links.shape[0]:
                 break
             state = links[state]
@@ -141,13 +145,8 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
             out_depth[at + i] = wdepth[i]
             out_prob[at + i] = wprob[i]
         return n, stack
-    t, pa, d, s = dk.merge(wtok[:n], wpar[:n], wprob[:n], budget, params[dk.P_MIN_PROB])
-    for i in range(t.shape[0]):
-        out_tok[at + i] = t[i]
-        out_par[at + i] = pa[i]
-        out_depth[at + i] = d[i]
-        out_prob[at + i] = s[i]
-    return t.shape[0], stack
+    bounds[parts] = n
+    return dk.merge_parts(ws, parts, budget, params[dk.P_MIN_PROB], out_tok, out_par, out_depth, out_prob, at), stack
 
 
 @njit(cache=True, nogil=True)
@@ -167,10 +166,13 @@ def propose_framed(frame, wsf, budget, out_i32, out_prob):
     return k
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True)
 def _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, c, n_chunks, starts,
                  out_tok, out_par, out_depth, out_prob, counts):
-    """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack."""
+    """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
+    Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
+    and merge loops (some trees differed from the serial kernel's); a call per share costs
+    nothing."""
     n = slots.shape[0]
     bmax = 64
     for i in range(n):
