@@ -443,6 +443,14 @@ class Proposer:
         return trees
 
 
+class _NoCache:
+    _version = 0  # the version a proposer without a global cache syncs to
+
+
+_NO_CACHE = _NoCache()
+_trusted = DraftTree._trusted
+
+
 class Session:
     """One request: its own automaton, cursors into the shared frozen sources, and its output."""
 
@@ -474,7 +482,9 @@ class Session:
             else:
                 self._cur[j] = fa._advance(0, 0, prompt)
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
-        self._frame = None  # pk.session_frame of the current _sam, _cur, _src; None: to rebuild
+        # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: the same frame
+        # while propose may use it after checking only the cache version (unrestricted sessions)
+        self._frame = self._hot = None
 
     @property
     def output(self) -> list[int]:
@@ -495,7 +505,7 @@ class Session:
         if len(self._sam) > self.proposer.max_session_tokens:
             keep = self.proposer.max_session_tokens // 2
             self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
-            self._frame = None
+            self._frame = self._hot = None
         cur = self._cur
         for j, fa in enumerate(self._automata):
             if cur[j, 0] >= 0:
@@ -534,38 +544,56 @@ class Session:
         self._cur = cur
         self._automata = src.automata
         self._src = src
-        self._frame = None
+        self._frame = self._hot = None
 
     def propose(self, budget=None) -> DraftTree:
+        """The tree of at most `budget` nodes (default: the proposer's `max_nodes`)."""
+        hot = self._hot  # the frame, when nothing but the workspace needs checking
+        if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
+            ws = getattr(self._tls, "ws", None)
+            if ws is None or ws[0] < budget or ws[1] < self._n_sources:
+                ws = self.proposer._workspace(budget, self._n_sources)
+            out, prob = np.empty(3 * budget, np.int32), np.empty(budget, np.float64)
+            k = pk.propose_framed(hot, ws[5], budget, out, prob)
+            if k == 0:
+                return DraftTree.empty()
+            return _trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
         p = self.proposer
         budget = p.max_nodes if budget is None else int(budget)
         if budget <= 0 or self._closed:
             return DraftTree.empty()
-        src = p._sources  # the hot path: sources unchanged since the last call
+        src = p._sources
         if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
             self._sync()
         if self._sam._mode != _ONLINE:
             self._sam._start_online()
         if self._restricted:
             return self._propose_restricted(budget)
+        if self._frame is None:
+            self._build_frame()
+        self._hot = self._frame
         return self._propose_sources(budget)
+
+    def _build_frame(self) -> None:
+        """The kernel's frame of the current automaton, cursors and sources (see pk.session_frame)."""
+        p = self.proposer
+        self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, p.params, p.min_match,
+                                       p.match_levels)
+        self._n_sources = (1 + len(self._automata)) * p.match_levels
+        self._version = self._src.version
+        self._cache = p.cache if p.cache is not None else _NO_CACHE
+        self._tls = p._local
 
     def _propose_sources(self, budget: int) -> DraftTree:
         """The tree over the session's automaton sources (its own, corpora, past responses)."""
-        frame = self._frame
-        if frame is None:
-            p = self.proposer
-            frame = self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, p.params, p.min_match,
-                                                   p.match_levels)
-            self._n_sources = (1 + len(self._automata)) * p.match_levels
-        ws = getattr(self.proposer._local, "ws", None)
-        if ws is None or ws[0] < budget or ws[1] < self._n_sources:
-            ws = self.proposer._workspace(budget, self._n_sources)
+        if self._frame is None:
+            self._build_frame()
+        ws = self.proposer._workspace(budget, self._n_sources)
         out, prob = np.empty(3 * budget, np.int32), np.empty(budget, np.float64)
-        k = pk.propose_framed(frame, ws[5], budget, out, prob)
+        k = pk.propose_framed(self._frame, ws[5], budget, out, prob)
         if k == 0:
             return DraftTree.empty()
-        return DraftTree._trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
+        return _trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""
@@ -600,7 +628,7 @@ class Session:
             self._registered = None
         self._sam = None
         self._src = None
-        self._frame = None
+        self._frame = self._hot = None
 
     def __enter__(self):
         return self

@@ -56,7 +56,8 @@ class DraftTree:
 
     @classmethod
     def empty(cls) -> DraftTree:
-        return cls._trusted(np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.int32), np.empty(0, np.float64))
+        """The empty tree: one shared instance over read-only arrays (proposers return it often)."""
+        return _EMPTY
 
     @classmethod
     def from_paths(cls, paths, scores=None) -> DraftTree:
@@ -147,3 +148,11 @@ class DraftTree:
 
     def __repr__(self):
         return f"DraftTree(nodes={len(self)}, depth={self.max_depth}, expected_accepted={self.expected_accepted:.2f})"
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+_EMPTY = DraftTree._trusted(*(_read_only(np.empty(0, t)) for t in (np.int32, np.int32, np.int32, np.float64)))
