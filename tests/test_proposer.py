@@ -244,9 +244,9 @@ def _compile_merge_parts():
     def run(toks, pars, probs, bounds, budget, min_prob, at):
         n_parts = bounds.shape[0] - 1
         ws = dk.make_workspace(64, 4, max(n_parts, 4))
-        wtok, wpar, wprob, wbounds = ws[5], ws[6], ws[7], ws[13]
-        ws[10][:] = -9  # stale scratch must not matter
-        ws[11][:] = 7
+        wtok, wpar, wprob, wbounds = ws[4], ws[5], ws[6], ws[12]
+        ws[9][:] = -9  # stale scratch must not matter
+        ws[10][:] = 7
         for i in range(toks.shape[0]):
             wtok[i] = toks[i]
             wpar[i] = pars[i]

@@ -17,8 +17,9 @@ Layouts: `_expand(live=True, ...)` reads a growable automaton (counts through it
 which it may restructure: the automaton must not be used concurrently), `live=False` a frozen one
 (read-only, safe to share across threads). `_kernels/propose.py` runs the expansions of a session.
 
-Candidate output: tokens, parents (index among this source's candidates, -1 for the root),
-probs; parents come before children.
+An expansion's output: tokens, parents (workspace index of the parent node, -1 for children of
+the matched context), probs and depths, in pop order: best-first, so probabilities never
+increase along it and parents come before children. `merge_parts` merges several such outputs.
 """
 
 import numpy as np
@@ -87,24 +88,23 @@ def workspace_buffers(budget, max_children, n_sources):
     i64[1] = n_out
     i64[2] = budget
     i64[3] = n_sources
-    n_i32 = cap * 7 + n_out * 3 + DEEP_BUF + n_out + 2 * budget + 1 + 2 * n_sources + 1
+    n_i32 = cap * 6 + n_out * 3 + DEEP_BUF + n_out + 2 * budget + 1 + 2 * n_sources + 1
     return np.empty(n_i32, np.int32), np.empty(cap + n_out, np.float64), i64
 
 
 @njit(cache=True, nogil=True, inline="always")
 def workspace_views(i32, f64, i64):
     """The scratch arrays of one thread, carved out of `workspace_buffers`:
-    candidates (token, parent candidate, state, matched length, depth), the heap of candidate
+    candidates (token, parent's output index, state, matched length, depth), the heap of candidate
     probabilities and their candidate indexes, the children of one state (token, state, count,
-    last end), candidate -> output node; then the expansions' outputs (tokens, parents, probs,
+    last end); then the expansions' outputs (tokens, parents, probs,
     depths; written one after another), the states to splay after an expansion, and the scratch of
     `merge_parts` (output node -> merged node, first child and next sibling of merged nodes, the
     bounds and read heads of the expansions)."""
     cap, n_out, budget, n_sources = i64[0], i64[1], i64[2], i64[3]
     cand = i32[: cap * 5].reshape((cap, 5))
     vals = i32[cap * 5 : cap * 6]
-    node_of = i32[cap * 6 : cap * 7]
-    o = cap * 7
+    o = cap * 6
     out_tok = i32[o : o + n_out]
     out_par = i32[o + n_out : o + 2 * n_out]
     out_depth = i32[o + 2 * n_out : o + 3 * n_out]
@@ -121,7 +121,7 @@ def workspace_views(i32, f64, i64):
     keys = f64[:cap]
     out_prob = f64[cap : cap + n_out]
     kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
-    return (cand, keys, vals, kids, node_of, out_tok, out_par, out_prob, out_depth, deep,
+    return (cand, keys, vals, kids, out_tok, out_par, out_prob, out_depth, deep,
             merged_of, first_child, next_sib, bounds, heads)
 
 
@@ -163,7 +163,7 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, node_of, out_tok, out_par, out_prob, out_depth, deep = ws[:10]
+    cand, hkey, hval, kids, out_tok, out_par, out_prob, out_depth, deep = ws[:9]
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     budget = min(budget, out_tok.shape[0] - at)
     online = live and M[sk.MODE] == sk.MODE_ONLINE
@@ -183,7 +183,49 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
     v = state
     length = match_len
     depth = 0
+    here = -1  # output index of the node of state v (-1: the matched context itself)
     while True:
+        # -- a chain: while v has one child, more probable than every waiting candidate, that
+        # child is the next pop whatever happens; it goes to the output without candidate, heap
+        # or child-selection bookkeeping (the usual case along a copied block). Same formula as
+        # below, where a lone child's share is (cnt + rec cnt) / (cnt (1 + rec)).
+        while n_out < budget and not (max_depth > 0 and depth + 1 > max_depth):
+            if live:
+                e = S[v, sk.HEAD]
+                if e == -1 or E[e, sk.NEXT] != -1:
+                    break
+                tok = E[e, sk.TOK]
+                w = E[e, sk.TO]
+                cnt = 1  # a lone child's share is 1: no count read
+            else:
+                if not 0 <= v < n_frozen:
+                    break
+                lo = offsets[v]
+                if offsets[v + 1] != lo + 1 or not 0 <= lo < etok.shape[0]:
+                    break
+                w = eto[lo]
+                if w < 0 or w >= n_frozen:
+                    break
+                tok = etok[lo]
+                cnt = counts[w]
+            if cnt <= 0:
+                break
+            total = float(cnt)
+            prob = (cnt + rec * total) * (p * length / ((length + prior) * total * (1.0 + rec)))
+            if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
+                break
+            out_tok[at + n_out] = tok
+            out_par[at + n_out] = here
+            out_prob[at + n_out] = prob
+            out_depth[at + n_out] = depth + 1
+            here = at + n_out
+            n_out += 1
+            v = w
+            length += 1
+            depth += 1
+            p = prob
+        if n_out >= budget:
+            break
         # -- gather the children of state v
         k = 0
         if live:
@@ -269,7 +311,7 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                     if prob < min_prob or n_cand >= cand.shape[0]:
                         break
                     cand[n_cand, 0] = kids[taken, 0]
-                    cand[n_cand, 1] = c
+                    cand[n_cand, 1] = here
                     cand[n_cand, 2] = kids[taken, 1]
                     cand[n_cand, 3] = length + 1
                     cand[n_cand, 4] = depth + 1
@@ -293,10 +335,10 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
         else:
             p, c, n_heap = _heap_pop(hkey, hval, n_heap)
         out_tok[at + n_out] = cand[c, 0]
-        out_par[at + n_out] = -1 if cand[c, 1] < 0 else at + node_of[cand[c, 1]]
+        out_par[at + n_out] = cand[c, 1]
         out_prob[at + n_out] = p
         out_depth[at + n_out] = cand[c, 4]
-        node_of[c] = n_out
+        here = at + n_out
         n_out += 1
         if n_out >= budget:
             break
@@ -319,8 +361,8 @@ def merge_parts(ws, n_parts, budget, min_prob, out_tok, out_par, out_depth, out_
     at its highest probability first, after its parent: a merged node is written when first met
     and scores the max over the parts that hold it (as `merge` does), and the merge stops at
     `budget` nodes or below `min_prob` without reading the rest. No allocation, no sort."""
-    wtok, wpar, wprob = ws[5], ws[6], ws[7]
-    merged_of, first_child, next_sib, bounds, heads = ws[10], ws[11], ws[12], ws[13], ws[14]
+    wtok, wpar, wprob = ws[4], ws[5], ws[6]
+    merged_of, first_child, next_sib, bounds, heads = ws[9], ws[10], ws[11], ws[12], ws[13]
     for i in range(n_parts):
         heads[i] = bounds[i]
     for i in range(budget + 1):

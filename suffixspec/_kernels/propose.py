@@ -88,7 +88,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j."""
-    wtok, wpar, wprob, wdepth, bounds = ws[5], ws[6], ws[7], ws[8], ws[13]
+    wtok, wpar, wprob, wdepth, bounds = ws[4], ws[5], ws[6], ws[7], ws[12]
     no64 = np.empty(0, np.int64)
     no32 = np.empty(0, np.int32)
     n = 0
