@@ -354,7 +354,16 @@ class Proposer:
         if ws is None or ws[0] < budget or ws[1] < n_sources:
             budget, n_sources = max(budget, 64), max(n_sources, 4)
             bufs = dk.workspace_buffers(budget, int(self.params[dk.P_MAX_CHILDREN]), n_sources)
-            ws = self._local.ws = (budget, n_sources, *bufs, dk.workspace_frame(*bufs))
+            ws = self._local.ws = self._new_arena((budget, n_sources, *bufs, dk.workspace_frame(*bufs)), budget)
+        return ws
+
+    def _new_arena(self, ws: tuple, budget: int) -> tuple:
+        """`ws` with a fresh output arena (`pk.set_arena`) for at least 16 trees of `budget` nodes.
+        Trees are views into it: an arena lives while any of its trees does."""
+        cap = max(1024, 16 * budget)
+        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(cap, np.float64)
+        pk.set_arena(ws[5], out_i32, out_f64)
+        ws = self._local.ws = (*ws[:6], out_i32, out_f64, cap)
         return ws
 
     def _current_sources(self) -> _Sources:
@@ -548,16 +557,9 @@ class Session:
 
     def propose(self, budget=None) -> DraftTree:
         """The tree of at most `budget` nodes (default: the proposer's `max_nodes`)."""
-        hot = self._hot  # the frame, when nothing but the workspace needs checking
+        hot = self._hot  # the frame, when nothing but the cache version needs checking
         if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
-            ws = getattr(self._tls, "ws", None)
-            if ws is None or ws[0] < budget or ws[1] < self._n_sources:
-                ws = self.proposer._workspace(budget, self._n_sources)
-            out, prob = np.empty(3 * budget, np.int32), np.empty(budget, np.float64)
-            k = pk.propose_framed(hot, ws[5], budget, out, prob)
-            if k == 0:
-                return DraftTree.empty()
-            return _trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
+            return self._kernel_tree(hot, budget)
         p = self.proposer
         budget = p.max_nodes if budget is None else int(budget)
         if budget <= 0 or self._closed:
@@ -588,12 +590,24 @@ class Session:
         """The tree over the session's automaton sources (its own, corpora, past responses)."""
         if self._frame is None:
             self._build_frame()
-        ws = self.proposer._workspace(budget, self._n_sources)
-        out, prob = np.empty(3 * budget, np.int32), np.empty(budget, np.float64)
-        k = pk.propose_framed(self._frame, ws[5], budget, out, prob)
+        return self._kernel_tree(self._frame, budget)
+
+    def _kernel_tree(self, frame, budget: int) -> DraftTree:
+        """The propose kernel's tree, a view into this thread's output arena."""
+        ws = getattr(self._tls, "ws", None)
+        if ws is None or ws[0] < budget or ws[1] < self._n_sources:
+            ws = self.proposer._workspace(budget, self._n_sources)
+        r = pk.propose_framed(frame, ws[5], budget)
+        if r < 0:  # the arena is full
+            ws = self.proposer._new_arena(ws, budget)
+            r = pk.propose_framed(frame, ws[5], budget)
+        k = r & 0xFFFFFFFF
         if k == 0:
             return DraftTree.empty()
-        return _trusted(out[:k], out[budget : budget + k], out[2 * budget : 2 * budget + k], prob[:k])
+        a = r >> 32
+        e = a + k
+        out, cap = ws[6], ws[8]
+        return _trusted(out[a:e], out[cap + a : cap + e], out[2 * cap + a : 2 * cap + e], ws[7][a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""

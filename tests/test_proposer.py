@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import naive
-from suffixspec import BadInputError, Proposer, ResponseCache, SuffixAutomaton
+from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
 from suffixspec.cli import main as cli_main
 from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 
@@ -98,6 +98,41 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
                 assert path in ref and score == pytest.approx(ref[path]), (text[: i + 1], path)
             best = sorted(ref.values(), reverse=True)[:budget]
             assert sorted(got.values(), reverse=True) == pytest.approx(best)
+
+
+def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
+    """Trees are views into the thread's output arena: hundreds of later proposals (from several
+    sessions, arenas filled and replaced) must not change a tree already handed out, and the
+    empty tree is shared and read-only."""
+    from suffixspec._kernels import draft as dk
+    from suffixspec._kernels import propose as pk
+
+    rng = np.random.default_rng(21)
+    prop = Proposer(global_cache=True, cache_tokens=2000)
+    sessions = [prop.start(rng.integers(0, 5, 200)) for _ in range(3)]
+    kept = []
+    for step in range(400):
+        s = sessions[step % 3]
+        tree = s.propose(int(rng.choice([1, 8, 40, 64])))
+        kept.append((tree, tree.tokens.copy(), tree.parents.copy(), tree.depths.copy(), tree.scores.copy()))
+        s.extend(rng.integers(0, 5, int(rng.integers(1, 4))))
+        if step % 50 == 49:
+            s.close()
+            sessions[step % 3] = prop.start(rng.integers(0, 5, 100))
+    arenas = {id(t.tokens.base) for t, *_ in kept if len(t)}
+    assert len(arenas) > 3  # the arena was replaced several times
+    for tree, toks, pars, depths, scores in kept:
+        assert tree.tokens.tolist() == toks.tolist() and tree.parents.tolist() == pars.tolist()
+        assert tree.depths.tolist() == depths.tolist() and tree.scores.tolist() == scores.tolist()
+        _check_tree_invariants(tree)
+    empty = DraftTree.empty()
+    assert empty is DraftTree.empty() and len(empty) == 0
+    with pytest.raises(ValueError):
+        empty.tokens[...] = 1  # read-only, even though zero-sized
+    with pytest.raises(ValueError, match="int32"):
+        pk.set_arena(np.zeros(dk.WS_FRAME_LEN, np.int64), np.zeros(30, np.int64), np.zeros(10))
+    with pytest.raises(ValueError, match="beside"):
+        pk.set_arena(np.zeros(dk.WS_FRAME_LEN, np.int64), np.zeros(20, np.int32), np.zeros(10))
 
 
 def test_long_repeated_block_is_proposed_in_full():
@@ -269,7 +304,6 @@ def test_k_way_merge_of_best_first_parts_equals_the_sorting_merge(tie_levels):
     at the budget; `draft.merge` (concatenate, merge shared prefixes, sort, cut) is the reference.
     Distinct probabilities: identical trees. Ties: the same scores and only paths of the union,
     each with its best score."""
-    from suffixspec import DraftTree
     from suffixspec._kernels import draft as dk
 
     rng = np.random.default_rng(11 + tie_levels)

@@ -125,14 +125,15 @@ def workspace_views(i32, f64, i64):
             merged_of, first_child, next_sib, bounds, heads)
 
 
-# A workspace frame (int64, see address.py): the addresses and lengths of the three buffers.
-WS_I32, WS_I32_LEN, WS_F64, WS_F64_LEN, WS_I64, WS_I64_LEN = range(6)
-WS_FRAME_LEN = 6
+# A workspace frame (int64, see address.py): the addresses and lengths of the three buffers, then
+# the thread's output arena (see propose.py: `set_arena`, `propose_framed`).
+WS_I32, WS_I32_LEN, WS_F64, WS_F64_LEN, WS_I64, WS_I64_LEN, WS_OUT_I32, WS_OUT_F64, WS_OUT_CAP, WS_OUT_OFF = range(10)
+WS_FRAME_LEN = 10
 
 
 def workspace_frame(i32, f64, i64) -> np.ndarray:
-    """The frame naming `workspace_buffers` (the caller keeps them alive)."""
-    wsf = np.empty(WS_FRAME_LEN, np.int64)
+    """The frame naming `workspace_buffers` (the caller keeps them alive); no arena yet."""
+    wsf = np.zeros(WS_FRAME_LEN, np.int64)
     wsf[WS_I32], wsf[WS_I32_LEN] = address(i32, np.int32), i32.shape[0]
     wsf[WS_F64], wsf[WS_F64_LEN] = address(f64, np.float64), f64.shape[0]
     wsf[WS_I64], wsf[WS_I64_LEN] = address(i64, np.int64), i64.shape[0]

@@ -149,21 +149,41 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     return dk.merge_parts(ws, parts, budget, params[dk.P_MIN_PROB], out_tok, out_par, out_depth, out_prob, at), stack
 
 
+def set_arena(wsf, out_i32, out_f64) -> None:
+    """Give a workspace frame a fresh output arena: tokens, parents and depths of up to `cap`
+    nodes in out_i32 (int32[3 cap]: three blocks of cap), probabilities in out_f64 (float64[cap]).
+    Trees are written one after another and handed out as views, so the arrays must never be
+    written again by anyone else (the caller keeps them alive while the frame can be read)."""
+    cap = out_f64.shape[0]
+    if out_i32.shape != (3 * cap,):
+        raise ValueError(f"set_arena: expected int32[{3 * cap}] beside float64[{cap}], got {out_i32.shape}")
+    wsf[dk.WS_OUT_I32], wsf[dk.WS_OUT_F64] = address(out_i32, np.int32), address(out_f64, np.float64)
+    wsf[dk.WS_OUT_CAP], wsf[dk.WS_OUT_OFF] = cap, 0
+
+
 @njit(cache=True, nogil=True)
-def propose_framed(frame, wsf, budget, out_i32, out_prob):
+def propose_framed(frame, wsf, budget):
     """`propose_one` for the session a `session_frame` names, in the workspace a
-    `dk.workspace_frame` names (sized for `budget` and the session's sources): tokens, parents and
-    depths go to out_i32[0:budget], [budget:2 budget], [2 budget:3 budget], probabilities to
-    out_prob; returns the node count. Four arguments where the arrays themselves were eighteen
-    (~0.5 us of dispatch per call). A link-cut stack outgrown here is dropped with the call."""
+    `dk.workspace_frame` names (sized for `budget` and the session's sources), into the next
+    free nodes of its output arena. Returns (offset << 32) | count: the tree lies at
+    [offset, offset + count) of the arena's four blocks; -1 when the arena has no room for
+    `budget` nodes (nothing written). Three arguments and no output allocation, where the arrays
+    themselves were eighteen arguments (~0.5 us of dispatch per call). A link-cut stack outgrown
+    here is dropped with the call."""
+    cap = wsf[dk.WS_OUT_CAP]
+    off = wsf[dk.WS_OUT_OFF]
+    if budget < 0 or off + budget > cap:
+        return -1
+    out = view_i32(wsf[dk.WS_OUT_I32], 3 * cap)
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], 2)
     table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
     params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
     k, stack = propose_one(S, E, L, M, stack, cur, table, budget, params, frame[F_MIN_MATCH], frame[F_LEVELS],
-                           dk.framed_workspace(wsf), out_i32[:budget], out_i32[budget : 2 * budget],
-                           out_i32[2 * budget : 3 * budget], out_prob, 0)
-    return k
+                           dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap], out[2 * cap :],
+                           view_f64(wsf[dk.WS_OUT_F64], cap), off)
+    wsf[dk.WS_OUT_OFF] = off + k
+    return (off << 32) | k
 
 
 @njit(cache=True, nogil=True)
