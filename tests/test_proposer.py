@@ -233,133 +233,102 @@ def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet)
         assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial
 
 
-def _random_parts(rng, n_parts, alphabet, tie_levels):
-    """Expansion-like candidate lists: each best-first (probabilities never increase, parents
-    first, a child no more probable than its parent, sibling tokens distinct)."""
-    toks, pars, probs, bounds = [], [], [], [0]
-    for _ in range(n_parts):
-        n = int(rng.integers(1, 30))
-        used = set()
-        base = len(toks)
-        p_list = np.sort(rng.random(n))[::-1]
-        if tie_levels:
-            p_list = np.sort(np.ceil(p_list * tie_levels) / tie_levels)[::-1]
-        for i in range(n):
-            for _ in range(20):
-                parent = -1 if i == 0 or rng.random() < 0.3 else int(rng.integers(0, i))
-                tok = int(rng.integers(0, alphabet))
-                if (parent, tok) not in used:
-                    break
-            else:
-                parent, tok = -1, alphabet + i  # a fresh root token
-            used.add((parent, tok))
-            toks.append(tok)
-            pars.append(-1 if parent < 0 else base + parent)
-            probs.append(float(p_list[i]))
-        bounds.append(len(toks))
-    return np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs), np.array(bounds, np.int32)
+def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, max_depth):
+    """Every draft path of one source with its probability (exhaustive): from the longest suffix
+    of `text` occurring at least `min_count` times in `docs` (2 for the request's own text, whose
+    last occurrence is the text itself), then `levels - 1` shorter matches along suffix links
+    (the longest shorter suffix occurring more often); a path keeps its best score over them."""
+    n = max([0] + [k for k in range(1, len(text) + 1) if naive.count(docs, text[len(text) - k :]) >= min_count])
+    out = {}
+
+    def expand(ctx, path, prob, depth):
+        if depth >= max_depth:
+            return
+        cont = naive.continuations(docs, ctx)
+        if not cont:
+            return
+        total = sum(c for c, _ in cont.values())
+        recent = max(cont, key=lambda t: cont[t][1])
+        conf = len(ctx) / (len(ctx) + match_prior)
+        for tok, (c, _) in cont.items():
+            p = prob * conf * (c + (recency * total if tok == recent else 0)) / (total * (1 + recency))
+            key = tuple(path + [tok])
+            out[key] = max(out.get(key, 0.0), p)
+            expand(ctx + [tok], path + [tok], p, depth + 1)
+
+    for _ in range(levels):
+        if n < 1:
+            break
+        expand(text[len(text) - n :], [], 1.0, 0)
+        here = naive.count(docs, text[len(text) - n :])
+        n = max([0] + [k for k in range(1, n) if naive.count(docs, text[len(text) - k :]) > here])
+    return out
 
 
-_MERGE_PARTS = []
-
-
-def _merge_parts(toks, pars, probs, bounds, budget, min_prob, at):
-    """`draft.merge_parts` (inline-only) run on hand-made parts, compiled once per session."""
-    if not _MERGE_PARTS:
-        _MERGE_PARTS.append(_compile_merge_parts())
-    return _MERGE_PARTS[0](toks, pars, probs, bounds, budget, min_prob, at)
-
-
-def _compile_merge_parts():
-    from numba import njit
-
-    from suffixspec._kernels import draft as dk
-
-    @njit
-    def run(toks, pars, probs, bounds, budget, min_prob, at):
-        n_parts = bounds.shape[0] - 1
-        ws = dk.make_workspace(64, 4, max(n_parts, 4))
-        wtok, wpar, wprob, wbounds = ws[4], ws[5], ws[6], ws[12]
-        ws[9][:] = -9  # stale scratch must not matter
-        ws[10][:] = 7
-        for i in range(toks.shape[0]):
-            wtok[i] = toks[i]
-            wpar[i] = pars[i]
-            wprob[i] = probs[i]
-        for i in range(n_parts + 1):
-            wbounds[i] = bounds[i]
-        out_tok = np.full(at + budget, -5, np.int32)
-        out_par = np.full(at + budget, -5, np.int32)
-        out_depth = np.full(at + budget, -5, np.int32)
-        out_prob = np.full(at + budget, -5.0)
-        k = dk.merge_parts(ws, n_parts, budget, min_prob, out_tok, out_par, out_depth, out_prob, at)
-        return out_tok[at : at + k], out_par[at : at + k], out_depth[at : at + k], out_prob[at : at + k]
-
-    return run
-
-
-@pytest.mark.parametrize("tie_levels", [0, 4])
-def test_k_way_merge_of_best_first_parts_equals_the_sorting_merge(tie_levels):
-    """The propose kernel merges its sources' best-first expansions by a k-way merge that stops
-    at the budget; `draft.merge` (concatenate, merge shared prefixes, sort, cut) is the reference.
-    Distinct probabilities: identical trees. Ties: the same scores and only paths of the union,
-    each with its best score."""
-    from suffixspec._kernels import draft as dk
-
-    rng = np.random.default_rng(11 + tie_levels)
-    for trial in range(300):
-        n_parts = int(rng.integers(1, 6))
-        toks, pars, probs, bounds = _random_parts(rng, n_parts, int(rng.integers(2, 5)), tie_levels)
-        budget = int(rng.integers(1, 64))
-        min_prob = float(rng.choice([0.0, 0.3]))
-        got = DraftTree._trusted(*_merge_parts(toks, pars, probs, bounds, budget, min_prob, int(rng.integers(0, 5))))
-        want = DraftTree._trusted(*dk.merge(toks, pars, probs, budget, min_prob))
-        _check_tree_invariants(got)
-        if not tie_levels:
-            _same_tree(got, want)
-            continue
-        union = {}
-        for tree_part in range(n_parts):
-            lo, hi = bounds[tree_part], bounds[tree_part + 1]
-            part = DraftTree._trusted(toks[lo:hi], np.where(pars[lo:hi] >= 0, pars[lo:hi] - lo, -1).astype(np.int32),
-                                      np.ones(hi - lo, np.int32), probs[lo:hi])
-            for n in range(hi - lo):
-                path = tuple(int(part.tokens[i]) for i in part.path_to(n))
-                union[path] = max(union.get(path, 0.0), float(part.scores[n]))
-        paths = _tree_paths(got)
-        assert all(union[p] == score for p, score in paths.items()), trial
-        assert sorted(paths.values(), reverse=True) == sorted(want.scores.tolist(), reverse=True), trial
+@pytest.mark.parametrize("match_levels", [1, 2])
+def test_tree_over_several_sources_equals_brute_force_union(match_levels):
+    """The one-heap expansion over all parts (request, corpora; several match levels) gives the
+    `budget` best paths of the union of every part's exhaustive candidates, a path shared by
+    parts scoring its best, computed here by brute force over the documents."""
+    rng = random.Random(31 + match_levels)
+    for trial in range(60):
+        alphabet = rng.choice([2, 3, 4])
+        corpora, corpus_docs = [], []
+        for _ in range(rng.randrange(1, 4)):
+            sam = SuffixAutomaton()
+            docs = [[rng.randrange(alphabet) for _ in range(rng.randrange(2, 25))] for _ in range(rng.randrange(1, 3))]
+            for d in docs:
+                sam.add_document(d)
+            corpora.append(sam.freeze())
+            corpus_docs.append(docs)
+        text = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 25))]
+        budget = rng.randrange(1, 20)
+        prop = Proposer(corpus=corpora, global_cache=False, max_children=64, max_depth=5, match_prior=1.0,
+                        recency=0.5, match_levels=match_levels)
+        session = prop.start(text[: len(text) // 2])
+        session.extend(text[len(text) // 2 :])
+        tree = session.propose(budget)
+        _check_tree_invariants(tree)
+        union = _naive_part_candidates([text], text, 2, match_levels, 1.0, 0.5, 5)
+        for docs in corpus_docs:
+            for path, score in _naive_part_candidates(docs, text, 1, match_levels, 1.0, 0.5, 5).items():
+                union[path] = max(union.get(path, 0.0), score)
+        got = _tree_paths(tree)
+        for path, score in got.items():
+            assert path in union and score == pytest.approx(union[path]), (trial, path)
+        best = sorted(union.values(), reverse=True)[:budget]
+        assert sorted(got.values(), reverse=True) == pytest.approx(best), trial
 
 
 def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     """The kernels read frozen sources through a table of addresses: each row must give back the
     very arrays (contents and lengths) it was built from, and only int32 1-D C arrays are taken."""
-    from suffixspec._kernels import propose as pk
+    from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(3)
     sources = [tuple(rng.integers(-5, 1000, int(rng.integers(0, 40))).astype(np.int32) for _ in range(7)) for _ in range(5)]
-    table = pk.source_table(sources)
+    table = fk.source_table(sources)
     assert table.shape == (5, 14)
     for j, arrs in enumerate(sources):
         got = _read_source(table, j)
         for a, b in zip(arrs, got):
             assert b.tolist() == a.tolist()
     with pytest.raises(ValueError, match="int32"):
-        pk.source_table([tuple(np.zeros(3, np.int64) for _ in range(7))])
+        fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(7))])
     with pytest.raises(ValueError, match="C-contiguous"):
-        pk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(7))])
+        fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(7))])
     with pytest.raises(ValueError, match="7 arrays"):
-        pk.source_table([(np.zeros(3, np.int32),)])
+        fk.source_table([(np.zeros(3, np.int32),)])
 
 
 def _read_source(table, j):
     from numba import njit
 
-    from suffixspec._kernels import propose as pk
+    from suffixspec._kernels import frozen as fk
 
     @njit
     def read(table, j):
-        offsets, etok, eto, counts, lasts, links, lens = pk._source(table, j)
+        offsets, etok, eto, counts, lasts, links, lens = fk.source_arrays(table, j)
         return offsets.copy(), etok.copy(), eto.copy(), counts.copy(), lasts.copy(), links.copy(), lens.copy()
 
     return read(table, j)

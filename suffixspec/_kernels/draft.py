@@ -28,6 +28,7 @@ from numba import njit
 from . import lct
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64
+from .frozen import source_arrays
 
 P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
 N_PARAMS = 5
@@ -73,56 +74,49 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
-WS_HEADER = 4  # the int64 buffer's header: cap, n_out, budget, n_sources
+WS_HEADER = 4  # the int64 buffer's header: cap, budget, n_sources, (unused)
+CAND_COLS = 6  # token, parent (output node, -1: the context), state, matched length, depth, part
 
 
 @njit(cache=True, nogil=True)
 def workspace_buffers(budget, max_children, n_sources):
-    """The flat buffers (int32, float64, int64) behind a workspace for up to `n_sources`
-    expansions of `budget` nodes: three array arguments, where the tuple of views cost ~0.5 us
-    per call to type-check and unbox. The int64 buffer starts with the sizes of the layout."""
-    cap = budget * max_children + max_children + 1
-    n_out = budget * n_sources
+    """The flat buffers (int32, float64, int64) behind a workspace for trees of up to `budget`
+    nodes from up to `n_sources` parts: three array arguments, where the tuple of views cost
+    ~0.5 us per call to type-check and unbox. The int64 buffer starts with the layout's sizes.
+    Candidates: each output node is expanded at most once per part, max_children each."""
+    cap = (budget + 1) * n_sources * max_children + 1
     i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
     i64[0] = cap
-    i64[1] = n_out
-    i64[2] = budget
-    i64[3] = n_sources
-    n_i32 = cap * 6 + n_out * 3 + DEEP_BUF + n_out + 2 * budget + 1 + 2 * n_sources + 1
-    return np.empty(n_i32, np.int32), np.empty(cap + n_out, np.float64), i64
+    i64[1] = budget
+    i64[2] = n_sources
+    i64[3] = 0
+    n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 2 * budget + 1 + 3 * n_sources
+    return np.empty(n_i32, np.int32), np.empty(cap, np.float64), i64
 
 
 @njit(cache=True, nogil=True, inline="always")
 def workspace_views(i32, f64, i64):
-    """The scratch arrays of one thread, carved out of `workspace_buffers`:
-    candidates (token, parent's output index, state, matched length, depth), the heap of candidate
-    probabilities and their candidate indexes, the children of one state (token, state, count,
-    last end); then the expansions' outputs (tokens, parents, probs,
-    depths; written one after another), the states to splay after an expansion, and the scratch of
-    `merge_parts` (output node -> merged node, first child and next sibling of merged nodes, the
-    bounds and read heads of the expansions)."""
-    cap, n_out, budget, n_sources = i64[0], i64[1], i64[2], i64[3]
-    cand = i32[: cap * 5].reshape((cap, 5))
-    vals = i32[cap * 5 : cap * 6]
-    o = cap * 6
-    out_tok = i32[o : o + n_out]
-    out_par = i32[o + n_out : o + 2 * n_out]
-    out_depth = i32[o + 2 * n_out : o + 3 * n_out]
-    o += 3 * n_out
+    """The scratch arrays of one thread, carved out of `workspace_buffers`: candidates (CAND_COLS),
+    the heap of candidate probabilities and their candidate indexes, the children of one state
+    (token, state, count, last end), the states to splay after an expansion, the first child and
+    next sibling of output nodes (index budget: the context), and the parts (source, -1 for the
+    live automaton; state; matched length)."""
+    cap, budget, n_sources = i64[0], i64[1], i64[2]
+    cand = i32[: cap * CAND_COLS].reshape((cap, CAND_COLS))
+    o = cap * CAND_COLS
+    vals = i32[o : o + cap]
+    o += cap
     deep = i32[o : o + DEEP_BUF]
     o += DEEP_BUF
-    merged_of = i32[o : o + n_out]
-    o += n_out
     first_child = i32[o : o + budget + 1]
     next_sib = i32[o + budget + 1 : o + 2 * budget + 1]
     o += 2 * budget + 1
-    bounds = i32[o : o + n_sources + 1]
-    heads = i32[o + n_sources + 1 : o + 2 * n_sources + 1]
+    part_src = i32[o : o + n_sources]
+    part_state = i32[o + n_sources : o + 2 * n_sources]
+    part_len = i32[o + 2 * n_sources : o + 3 * n_sources]
     keys = f64[:cap]
-    out_prob = f64[cap : cap + n_out]
     kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
-    return (cand, keys, vals, kids, out_tok, out_par, out_prob, out_depth, deep,
-            merged_of, first_child, next_sib, bounds, heads)
+    return (cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len)
 
 
 # A workspace frame (int64, see address.py): the addresses and lengths of the three buffers, then
@@ -155,42 +149,98 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, match_len, budget, params, floor, ws,
-            at):
-    """Best-first expansion from (state, match_len); `live` picks the layout read. Writes its
-    nodes into the workspace outputs from index `at` (parents offset accordingly) and returns
-    how many it wrote. Candidates less probable than `floor` (or the min_prob knob) are not kept.
+def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at):
+    """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
+    the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
+    context in a source: the live automaton (source -1, counts through its link-cut tree, which
+    this may restructure) or row `source` of the `frozen` table (read only).
+
+    One heap serves every part: a candidate is a child of (output node, part) scored by that
+    part's path probability. Popped, it becomes the output node of its path (found among the
+    node's children, or created next: pop order is best-first, so a node is created at its
+    highest probability over the parts, after its parent) and is expanded again through its part.
+    The tree is the `budget` most probable paths of the union of every part's own tree, a shared
+    path scoring the max over parts, and the work stops there: no part is expanded past what the
+    merged tree keeps.
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, out_tok, out_par, out_prob, out_depth, deep = ws[:9]
+    cand, hkey, hval, kids, deep, first_child, next_sib, part_src, part_state, part_len = ws
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
-    budget = min(budget, out_tok.shape[0] - at)
-    online = live and M[sk.MODE] == sk.MODE_ONLINE
-    n_frozen = offsets.shape[0] - 1
+    budget = min(budget, out_tok.shape[0] - at, first_child.shape[0] - 1)
+    online = M[sk.MODE] == sk.MODE_ONLINE
     max_children = int(params[P_MAX_CHILDREN])
     max_depth = params[P_MAX_DEPTH]
     rec = params[P_RECENCY]
     prior = params[P_MATCH_PRIOR]
-    min_prob = max(params[P_MIN_PROB], floor)
+    min_prob = params[P_MIN_PROB]
+    for i in range(budget + 1):
+        first_child[i] = -1
+    offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
+    etok, eto, counts, lasts = offsets, offsets, offsets, offsets
+    n_frozen = 0
     n_cand = 0
     n_heap = 0
     n_out = 0
-    direct = -1  # a candidate to output next without going through the heap
+    seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
+    direct = -1  # a candidate to pop next without going through the heap
     direct_p = 0.0
-    c = -1
-    p = 1.0
-    v = state
-    length = match_len
+    here = -1  # the expansion at hand: output node `here` (-1: the context) through part q
+    q = 0
+    v = 0
+    length = 0
     depth = 0
-    here = -1  # output index of the node of state v (-1: the matched context itself)
-    while True:
+    p = 1.0
+    while budget > 0:
+        if seeded < n_parts:
+            q = seeded
+            seeded += 1
+            here = -1
+            v = part_state[q]
+            length = part_len[q]
+            depth = 0
+            p = 1.0
+        else:
+            if direct >= 0:
+                c = direct
+                p = direct_p
+                direct = -1
+            elif n_heap == 0:
+                break
+            else:
+                p, c, n_heap = _heap_pop(hkey, hval, n_heap)
+            parent = cand[c, 1]
+            tok = cand[c, 0]
+            slot = budget if parent < 0 else parent
+            x = first_child[slot]
+            while x != -1 and out_tok[at + x] != tok:
+                x = next_sib[x]
+            if x == -1:
+                x = n_out
+                out_tok[at + x] = tok
+                out_par[at + x] = parent
+                out_prob[at + x] = p
+                out_depth[at + x] = cand[c, 4]
+                next_sib[x] = first_child[slot]
+                first_child[slot] = x
+                n_out += 1
+                if n_out >= budget:
+                    break
+            here = x
+            v = cand[c, 2]
+            length = cand[c, 3]
+            depth = cand[c, 4]
+            q = cand[c, 5]
+        live = part_src[q] < 0
+        if not live:
+            offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
+            n_frozen = offsets.shape[0] - 1
         # -- a chain: while v has one child, more probable than every waiting candidate, that
-        # child is the next pop whatever happens; it goes to the output without candidate, heap
-        # or child-selection bookkeeping (the usual case along a copied block). Same formula as
+        # child is the next pop whatever happens; it is taken without candidate, heap or
+        # child-selection bookkeeping (the usual case along a copied block). Same formula as
         # below, where a lone child's share is (cnt + rec cnt) / (cnt (1 + rec)).
-        while n_out < budget and not (max_depth > 0 and depth + 1 > max_depth):
+        while seeded >= n_parts and not (max_depth > 0 and depth + 1 > max_depth):
             if live:
                 e = S[v, sk.HEAD]
                 if e == -1 or E[e, sk.NEXT] != -1:
@@ -215,25 +265,36 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
             prob = (cnt + rec * total) * (p * length / ((length + prior) * total * (1.0 + rec)))
             if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
                 break
-            out_tok[at + n_out] = tok
-            out_par[at + n_out] = here
-            out_prob[at + n_out] = prob
-            out_depth[at + n_out] = depth + 1
-            here = at + n_out
-            n_out += 1
+            slot = budget if here < 0 else here
+            x = first_child[slot]
+            while x != -1 and out_tok[at + x] != tok:
+                x = next_sib[x]
+            if x == -1:
+                x = n_out
+                out_tok[at + x] = tok
+                out_par[at + x] = here
+                out_prob[at + x] = prob
+                out_depth[at + x] = depth + 1
+                next_sib[x] = first_child[slot]
+                first_child[slot] = x
+                n_out += 1
+                if n_out >= budget:
+                    break
+            here = x
             v = w
             length += 1
             depth += 1
             p = prob
         if n_out >= budget:
             break
-        # -- gather the children of state v
+        if max_depth > 0 and depth + 1 > max_depth:
+            continue
+        # -- gather the children of state v in part q
         k = 0
         if live:
             e = S[v, sk.HEAD]
             if e != -1 and E[e, sk.NEXT] == -1:
-                # one child: its share is 1 whatever its count, so no count read (a link-cut
-                # walk) is needed; the usual case along a long copied block
+                # one child: its share is 1 whatever its count, so no count read is needed
                 kids[0, 0] = E[e, sk.TOK]
                 kids[0, 1] = E[e, sk.TO]
                 kids[0, 2] = 1
@@ -283,120 +344,53 @@ def _expand(live, S, E, L, M, stack, offsets, etok, eto, counts, lasts, state, m
                     kids[k, 2] = counts[w]
                     kids[k, 3] = lasts[w]
                     k += 1
+        if k == 0:
+            continue
         # -- score them and push the best max_children
-        if k > 0 and not (max_depth > 0 and depth + 1 > max_depth):
-            total = 0.0
-            recent = 0
-            for i in range(k):
-                total += kids[i, 2]
-                if kids[i, 3] > kids[recent, 3]:
-                    recent = i
-            if total > 0:
-                scale = p * length / ((length + prior) * total * (1.0 + rec))
-                for taken in range(min(max_children, k)):
-                    best = taken
-                    best_w = kids[taken, 2] + (rec * total if taken == recent else 0.0)
-                    for i in range(taken + 1, k):
-                        wgt = kids[i, 2] + (rec * total if i == recent else 0.0)
-                        if wgt > best_w:
-                            best_w = wgt
-                            best = i
-                    if best != taken:
-                        for col in range(4):
-                            kids[best, col], kids[taken, col] = kids[taken, col], kids[best, col]
-                        if recent == taken:
-                            recent = best
-                        elif recent == best:
-                            recent = taken
-                    prob = best_w * scale
-                    if prob < min_prob or n_cand >= cand.shape[0]:
-                        break
-                    cand[n_cand, 0] = kids[taken, 0]
-                    cand[n_cand, 1] = here
-                    cand[n_cand, 2] = kids[taken, 1]
-                    cand[n_cand, 3] = length + 1
-                    cand[n_cand, 4] = depth + 1
-                    if taken == 0 and (n_heap == 0 or prob > hkey[0]):
-                        # the best child, more probable than every waiting candidate, is the
-                        # next pop: it skips the heap (its siblings score no higher)
-                        direct = n_cand
-                        direct_p = prob
-                    else:
-                        n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
-                    n_cand += 1
-        # -- pop the most probable candidate into the output
-        if n_out >= budget:
-            break
-        if direct >= 0:
-            c = direct
-            p = direct_p
-            direct = -1
-        elif n_heap == 0:
-            break
-        else:
-            p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-        out_tok[at + n_out] = cand[c, 0]
-        out_par[at + n_out] = cand[c, 1]
-        out_prob[at + n_out] = p
-        out_depth[at + n_out] = cand[c, 4]
-        here = at + n_out
-        n_out += 1
-        if n_out >= budget:
-            break
-        v = cand[c, 2]
-        length = cand[c, 3]
-        depth = cand[c, 4]
+        total = 0.0
+        recent = 0
+        for i in range(k):
+            total += kids[i, 2]
+            if kids[i, 3] > kids[recent, 3]:
+                recent = i
+        if total <= 0:
+            continue
+        scale = p * length / ((length + prior) * total * (1.0 + rec))
+        for taken in range(min(max_children, k)):
+            best = taken
+            best_w = kids[taken, 2] + (rec * total if taken == recent else 0.0)
+            for i in range(taken + 1, k):
+                wgt = kids[i, 2] + (rec * total if i == recent else 0.0)
+                if wgt > best_w:
+                    best_w = wgt
+                    best = i
+            if best != taken:
+                for col in range(4):
+                    kids[best, col], kids[taken, col] = kids[taken, col], kids[best, col]
+                if recent == taken:
+                    recent = best
+                elif recent == best:
+                    recent = taken
+            prob = best_w * scale
+            if prob < min_prob or n_cand >= cand.shape[0]:
+                break
+            cand[n_cand, 0] = kids[taken, 0]
+            cand[n_cand, 1] = here
+            cand[n_cand, 2] = kids[taken, 1]
+            cand[n_cand, 3] = length + 1
+            cand[n_cand, 4] = depth + 1
+            cand[n_cand, 5] = q
+            if taken == 0 and seeded >= n_parts and (n_heap == 0 or prob > hkey[0]):
+                # the best child, more probable than every waiting candidate, is the next pop:
+                # it skips the heap (its siblings score no higher)
+                direct = n_cand
+                direct_p = prob
+            else:
+                n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
+            n_cand += 1
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
-
-
-@njit(cache=True, nogil=True, inline="always")
-def merge_parts(ws, n_parts, budget, min_prob, out_tok, out_par, out_depth, out_prob, at):
-    """Merge the expansions in the workspace outputs (part i at [bounds[i], bounds[i + 1]), parents
-    as workspace indexes) into one tree at `out_*[at:]`, parents local to the tree; returns its
-    node count, at most `budget`.
-
-    Each part is best-first: probabilities never increase along it and parents come first. A
-    k-way merge by probability (ties: lower part first) therefore meets every node of the union
-    at its highest probability first, after its parent: a merged node is written when first met
-    and scores the max over the parts that hold it (as `merge` does), and the merge stops at
-    `budget` nodes or below `min_prob` without reading the rest. No allocation, no sort."""
-    wtok, wpar, wprob = ws[4], ws[5], ws[6]
-    merged_of, first_child, next_sib, bounds, heads = ws[9], ws[10], ws[11], ws[12], ws[13]
-    for i in range(n_parts):
-        heads[i] = bounds[i]
-    for i in range(budget + 1):
-        first_child[i] = -1  # index budget stands for the root
-    m = 0
-    while m < budget:
-        best = -1
-        bp = 0.0
-        for i in range(n_parts):
-            h = heads[i]
-            if h < bounds[i + 1] and (best < 0 or wprob[h] > bp):
-                best = i
-                bp = wprob[h]
-        if best < 0 or bp < min_prob:
-            break
-        h = heads[best]
-        heads[best] = h + 1
-        mp = -1 if wpar[h] < 0 else merged_of[wpar[h]]
-        slot = budget if mp < 0 else mp
-        c = first_child[slot]
-        while c != -1 and out_tok[at + c] != wtok[h]:
-            c = next_sib[c]
-        if c == -1:
-            c = m
-            m += 1
-            out_tok[at + c] = wtok[h]
-            out_par[at + c] = mp
-            out_prob[at + c] = bp
-            out_depth[at + c] = 1 if mp < 0 else out_depth[at + mp] + 1
-            next_sib[c] = first_child[slot]
-            first_child[slot] = c
-        merged_of[h] = c
-    return m
 
 
 @njit(cache=True, nogil=True)

@@ -1,23 +1,17 @@
 """Whole proposals: one session's draft tree from all its sources, and a batch of sessions in
 parallel.
 
-A session's sources, in this order (the order fixes ties in the merged tree):
+A session's parts (matched contexts), in this order (the order fixes ties in the tree):
 
-- its live automaton (prompt + output): `match_levels` expansions from the longest earlier
-  match of the whole text and then along suffix links;
+- its live automaton (prompt + output): `match_levels` parts, the longest earlier match of the
+  whole text and then the next shorter ones along suffix links;
 - frozen automata (corpora, past-response generations): one cursor row `(state, length)` each,
-  `state < 0` for a source the session does not use; `match_levels` expansions each. Their arrays
-  come as one table, row j = the addresses of source j's seven int32 arrays (offsets, etok, eto,
-  counts, lasts, links, lens), then their lengths (`source_table`): one array argument, where a
-  typed list of tuples cost ~0.9 us per call to type-check and unbox. The caller keeps the arrays
-  alive while a kernel runs; the kernels only read them.
+  `state < 0` for a source the session does not use; `match_levels` parts each. Their arrays come
+  as one table (`frozen.source_table`); the caller keeps them alive while a kernel runs, the
+  kernels only read them.
 
-One expansion that wrote nodes is already a best-first tree and is copied out as is; several are
-merged (`draft.merge`). Once an expansion filled the budget, later ones skip candidates less
-probable than its last (least probable) node: the merged tree keeps the `budget` most probable
-paths, and at least `budget` paths already score that much (a shared path scores the max over
-sources), so such candidates could not be kept. The tree is written into `out_*` from index `at`
-with parents local to the tree (0-based), at most `budget` nodes.
+`draft.expand` grows the merged tree of all parts best-first with one heap, written into `out_*`
+from index `at` with parents local to the tree (0-based), at most `budget` nodes.
 
 The batch kernels give each thread a strided share of the sessions, its own workspace and its own
 link-cut stack; one thread runs no parallel region at all. Expanding a live automaton restructures
@@ -31,33 +25,7 @@ from numba import njit, prange, typed, types
 from . import draft as dk
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64, view_i64_2d
-
-
-N_SOURCE_ARRAYS = 7
-
-
-def source_table(arrays) -> np.ndarray:
-    """The kernels' table of frozen sources from their arrays (7 C-contiguous int32 arrays each)."""
-    table = np.zeros((len(arrays), 2 * N_SOURCE_ARRAYS), np.int64)
-    for j, arrs in enumerate(arrays):
-        if len(arrs) != N_SOURCE_ARRAYS:
-            raise ValueError(f"source_table: expected {N_SOURCE_ARRAYS} arrays per source, got {len(arrs)}")
-        for k, a in enumerate(arrs):
-            if a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
-                raise ValueError(f"source_table: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
-            table[j, k] = address(a, np.int32)
-            table[j, N_SOURCE_ARRAYS + k] = a.shape[0]
-    return table
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _source(table, j):
-    """(offsets, etok, eto, counts, lasts, links, lens) of row j of a `source_table`."""
-    n = N_SOURCE_ARRAYS
-    return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
-            view_i32(table[j, 2], table[j, n + 2]), view_i32(table[j, 3], table[j, n + 3]),
-            view_i32(table[j, 4], table[j, n + 4]), view_i32(table[j, 5], table[j, n + 5]),
-            view_i32(table[j, 6], table[j, n + 6]))
+from .frozen import N_SOURCE_ARRAYS, source_arrays, source_table  # noqa: F401 (source_table: the kernels' API)
 
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
@@ -88,65 +56,42 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j."""
-    wtok, wpar, wprob, wdepth, bounds = ws[4], ws[5], ws[6], ws[7], ws[12]
-    no64 = np.empty(0, np.int64)
-    no32 = np.empty(0, np.int32)
-    n = 0
-    parts = 0
-    floor = 0.0
+    part_src, part_state, part_len = ws[7], ws[8], ws[9]
+    n_parts = 0
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
     length = S[state, sk.LEN] if state > 0 else 0
-    if length >= min_match:
-        for level in range(levels):
-            k, stack = dk._expand(True, S, E, L, M, stack, no64, no32, no32, no32, no32,
-                                  state, length, budget, params, floor, ws, n)
-            if k >= budget:
-                floor = max(floor, wprob[n + k - 1])
-            if k > 0:
-                bounds[parts] = n
-                parts += 1
-            n += k
-            if level + 1 == levels:
-                break
-            state = S[state, sk.LINK]
-            length = S[state, sk.LEN] if state > 0 else 0
-            if length < min_match:
-                break
+    for level in range(levels):
+        if length < min_match or n_parts >= part_src.shape[0]:
+            break
+        part_src[n_parts] = -1
+        part_state[n_parts] = state
+        part_len[n_parts] = length
+        n_parts += 1
+        state = S[state, sk.LINK]
+        length = S[state, sk.LEN] if state > 0 else 0
     for j in range(cur.shape[0]):
         state = cur[j, 0]
         length = cur[j, 1]
         if state < 0:
             continue
-        offsets, etok, eto, counts, lasts, links, lens = _source(frozen, j)
+        links, lens = source_arrays(frozen, j)[5:]
         for level in range(levels):
-            if length < min_match:
+            if length < min_match or n_parts >= part_src.shape[0]:
                 break
-            k, stack = dk._expand(False, S, E, L, M, stack, offsets, etok, eto, counts, lasts,
-                                  state, length, budget, params, floor, ws, n)
-            if k >= budget:
-                floor = max(floor, wprob[n + k - 1])
-            if k > 0:
-                bounds[parts] = n
-                parts += 1
-            n += k
-            if level + 1 == levels or not 0 <= state < links.shape[0]:
+            part_src[n_parts] = j
+            part_state[n_parts] = state
+            part_len[n_parts] = length
+            n_parts += 1
+            if not 0 <= state < links.shape[0]:
                 break
             state = links[state]
             if not 0 <= state < lens.shape[0]:
                 break  # damaged arrays: no shorter match
             length = lens[state] if state > 0 else 0
-    if parts == 0:
+    if n_parts == 0:
         return 0, stack
-    if parts == 1:  # parents are already 0-based: every earlier expansion wrote nothing
-        for i in range(n):
-            out_tok[at + i] = wtok[i]
-            out_par[at + i] = wpar[i]
-            out_depth[at + i] = wdepth[i]
-            out_prob[at + i] = wprob[i]
-        return n, stack
-    bounds[parts] = n
-    return dk.merge_parts(ws, parts, budget, params[dk.P_MIN_PROB], out_tok, out_par, out_depth, out_prob, at), stack
+    return dk.expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at)
 
 
 def set_arena(wsf, out_i32, out_f64) -> None:
