@@ -356,21 +356,28 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
         if total <= 0:
             continue
         scale = p * length / ((length + prior) * total * (1.0 + rec))
-        for taken in range(min(max_children, k)):
-            best = taken
-            best_w = kids[taken, 2] + (rec * total if taken == recent else 0.0)
-            for i in range(taken + 1, k):
-                wgt = kids[i, 2] + (rec * total if i == recent else 0.0)
-                if wgt > best_w:
-                    best_w = wgt
-                    best = i
-            if best != taken:
+        bonus = rec * total
+        for i in range(k):
+            kids[i, 3] = 1 if i == recent else 0  # from here: whether child i is the most recent
+        # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
+        # recent one), ties in gather order: one pass over the k children, inserting into the
+        # top m (a state may have thousands of children; most are not compared twice)
+        m = min(max_children, k)
+        for i in range(1, k):
+            wi = kids[i, 2] + (bonus if kids[i, 3] else 0.0)
+            j = i
+            if i >= m:
+                if not wi > kids[m - 1, 2] + (bonus if kids[m - 1, 3] else 0.0):
+                    continue
                 for col in range(4):
-                    kids[best, col], kids[taken, col] = kids[taken, col], kids[best, col]
-                if recent == taken:
-                    recent = best
-                elif recent == best:
-                    recent = taken
+                    kids[i, col], kids[m - 1, col] = kids[m - 1, col], kids[i, col]
+                j = m - 1
+            while j > 0 and wi > kids[j - 1, 2] + (bonus if kids[j - 1, 3] else 0.0):
+                for col in range(4):
+                    kids[j, col], kids[j - 1, col] = kids[j - 1, col], kids[j, col]
+                j -= 1
+        for taken in range(m):
+            best_w = kids[taken, 2] + (bonus if kids[taken, 3] else 0.0)
             prob = best_w * scale
             if prob < min_prob or n_cand >= cand.shape[0]:
                 break
