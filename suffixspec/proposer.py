@@ -17,8 +17,15 @@ Sources, each giving the longest suffix of the request's context it contains:
   a match into past responses restarts at most that long and then grows token by token.
 - corpora: any number of frozen automata or corpus indexes.
 
-Each source expands a best-first candidate tree (see `_kernels/draft.py` for the scores), and
-the candidates are merged into one tree of at most `budget` nodes.
+The tree is grown best-first over every source at once (see `_kernels/draft.py` for the scores):
+the `budget` most probable paths of the union of the sources' continuations, a path proposed by
+several sources scoring its best.
+
+Calls: a session hands the kernel one int64 frame of array addresses (its automaton's live
+frame, its cursors, the sources' table, the knobs) and its thread's workspace frame, where the
+arrays themselves were eighteen arguments to type-check; trees are written into the thread's
+output arena and returned as views of it (an arena is replaced when full and lives while any of
+its trees does). The empty tree is one shared, read-only instance.
 
 Threads: one session must not be used from two threads at once. Different sessions may propose
 concurrently from several threads (`propose` runs one nogil kernel call over the session's own
@@ -29,8 +36,8 @@ is a plain loop, with no parallel region: the proposer then never touches the Op
 that torch uses (after a numba OpenMP region, torch passes were measured 4-20x slower here) nor
 competes with the model for cores. With more threads it is a prange over sessions; parallel
 launches are serialised process-wide and use numba's workqueue pool unless the process chose a
-threading layer (the pool takes one launch at a time). On this project's 2-core CPU a batch of 64 sessions took 0.16 ms at budget 64 on
-one thread; two threads gained ~20% when the second core was idle and cost ~16 ms whenever a busy
+threading layer (the pool takes one launch at a time). On this project's 2-core CPU a batch of
+64 sessions took 0.13 ms at budget 64 on one thread; two threads gained ~20% when the second core was idle and cost ~16 ms whenever a busy
 process held it.
 """
 
@@ -46,6 +53,7 @@ import numba
 import numpy as np
 
 from ._kernels import draft as dk
+from ._kernels import frozen as fk
 from ._kernels import propose as pk
 from ._kernels import sam as sk
 from ._tokens import as_tokens
@@ -266,7 +274,7 @@ class _Sources:
         self.generations = [None] * len(static) + [g for g, _ in cached]
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
         self.held = [_kernel_arrays(fa) for fa in self.automata]
-        self.table = pk.source_table(self.held)
+        self.table = fk.source_table(self.held)
 
 
 class _LiveSlots:

@@ -1,25 +1,24 @@
-"""Best-first draft-tree building over one source, and merging of several sources' candidates.
+"""Best-first draft-tree building over a session's parts, and merging of candidate lists.
 
-A source is an automaton and a matched context: (state, length) of the longest suffix of the
-request's context found in it. Expanding a candidate node follows the automaton forward: the
+A part is an automaton and a matched context: (state, length) of a suffix of the request's
+context found in it. Expanding a node through a part follows that automaton forward: the
 children of state v are its outgoing edges, with their occurrence counts and most recent end
-positions. A child's path probability is
+positions. A child's path probability in that part is
 
     p(child) = p(parent) * conf(L) * (count + recency * C * [most recent]) / (C * (1 + recency))
 
 where L is the matched length at the parent (it grows by one per level), C the sum of the
 children's counts, conf(L) = L / (L + match_prior) the chance that a copy continues at all, and
 [most recent] marks the continuation of the most recent occurrence (recency matters for text
-being edited). Each expansion pushes at most `max_children` children on a max-heap; the
-`budget` most probable candidates are popped. Probabilities never increase down a path.
+being edited). Each expansion pushes at most `max_children` children on a max-heap shared by all
+parts (`expand`); a path's node scores the max over the parts that propose it, and the `budget`
+most probable nodes are kept. Probabilities never increase down a path.
 
-Layouts: `_expand(live=True, ...)` reads a growable automaton (counts through its link-cut tree,
-which it may restructure: the automaton must not be used concurrently), `live=False` a frozen one
-(read-only, safe to share across threads). `_kernels/propose.py` runs the expansions of a session.
-
-An expansion's output: tokens, parents (workspace index of the parent node, -1 for children of
-the matched context), probs and depths, in pop order: best-first, so probabilities never
-increase along it and parents come before children. `merge_parts` merges several such outputs.
+Layouts: the live automaton (source -1) is read through its growable arrays, counts through its
+link-cut tree, which expanding may restructure (the automaton must not be used concurrently);
+frozen automata through `frozen.source_table` (read-only, safe to share across threads).
+`_kernels/propose.py` lists the parts of a session. `merge` merges candidate lists that are not
+best-first (a session's document-restricted corpus chains).
 """
 
 import numpy as np

@@ -25,7 +25,7 @@ from numba import njit, prange, typed, types
 from . import draft as dk
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64, view_i64_2d
-from .frozen import N_SOURCE_ARRAYS, source_arrays, source_table  # noqa: F401 (source_table: the kernels' API)
+from .frozen import N_SOURCE_ARRAYS, source_arrays
 
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
