@@ -366,12 +366,13 @@ class Proposer:
         return ws
 
     def _new_arena(self, ws: tuple, budget: int) -> tuple:
-        """`ws` with a fresh output arena (`pk.set_arena`) for at least 16 trees of `budget` nodes.
-        Trees are views into it: an arena lives while any of its trees does."""
-        cap = max(1024, 16 * budget)
+        """`ws` with a fresh output arena (`pk.set_arena`) for at least 64 trees of `budget` nodes,
+        and its token, parent, depth and score blocks (`_ARENA_BLOCKS`). Trees are views into it:
+        an arena lives while any of its trees does."""
+        cap = max(4096, 64 * budget)
         out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(cap, np.float64)
         pk.set_arena(ws[5], out_i32, out_f64)
-        ws = self._local.ws = (*ws[:6], out_i32, out_f64, cap)
+        ws = self._local.ws = (*ws[:6], out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :], out_f64)
         return ws
 
     def _current_sources(self) -> _Sources:
@@ -465,7 +466,9 @@ class _NoCache:
 
 
 _NO_CACHE = _NoCache()
-_trusted = DraftTree._trusted
+_tree = DraftTree._trusted
+_EMPTY = DraftTree.empty()
+_propose_framed = pk.propose_framed
 
 
 class Session:
@@ -567,6 +570,18 @@ class Session:
         """The tree of at most `budget` nodes (default: the proposer's `max_nodes`)."""
         hot = self._hot  # the frame, when nothing but the cache version needs checking
         if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
+            # the hot path, inlined (each call or attribute lookup here shows in the p50): what
+            # _kernel_tree does when the workspace fits and the arena has room
+            ws = getattr(self._tls, "ws", None)
+            if ws is not None and ws[0] >= budget and ws[1] >= self._n_sources:
+                r = _propose_framed(hot, ws[5], budget)
+                if r >= 0:  # else the arena is full: _kernel_tree replaces it
+                    k = r & 0xFFFFFFFF
+                    if k == 0:
+                        return _EMPTY
+                    a = r >> 32
+                    e = a + k
+                    return _tree(ws[6][a:e], ws[7][a:e], ws[8][a:e], ws[9][a:e])
             return self._kernel_tree(hot, budget)
         p = self.proposer
         budget = p.max_nodes if budget is None else int(budget)
@@ -611,11 +626,10 @@ class Session:
             r = pk.propose_framed(frame, ws[5], budget)
         k = r & 0xFFFFFFFF
         if k == 0:
-            return DraftTree.empty()
+            return _EMPTY
         a = r >> 32
         e = a + k
-        out, cap = ws[6], ws[8]
-        return _trusted(out[a:e], out[cap + a : cap + e], out[2 * cap + a : 2 * cap + e], ws[7][a:e])
+        return _tree(ws[6][a:e], ws[7][a:e], ws[8][a:e], ws[9][a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""
@@ -634,7 +648,7 @@ class Session:
         if len(toks) == 1:
             return tree
         t, pa, d, s = dk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
-        return DraftTree._trusted(t, pa, d, s)
+        return _tree(t, pa, d, s)
 
     def close(self) -> None:
         """End the request; its output joins the global cache of past responses."""

@@ -47,11 +47,14 @@ class DraftTree:
         self.depths = depths                      # int32[n]
         self.scores = scores                      # float64[n]
 
-    @classmethod
-    def _trusted(cls, tokens, parents, depths, scores) -> DraftTree:
+    @staticmethod
+    def _trusted(tokens, parents, depths, scores) -> DraftTree:
         """Wrap arrays the proposer kernels already built valid (no checks: hot path)."""
-        tree = cls.__new__(cls)
-        tree.tokens, tree.parents, tree.depths, tree.scores = tokens, parents, depths, scores
+        tree = _new(DraftTree)
+        tree.tokens = tokens
+        tree.parents = parents
+        tree.depths = depths
+        tree.scores = scores
         return tree
 
     @classmethod
@@ -148,6 +151,9 @@ class DraftTree:
 
     def __repr__(self):
         return f"DraftTree(nodes={len(self)}, depth={self.max_depth}, expected_accepted={self.expected_accepted:.2f})"
+
+
+_new = object.__new__
 
 
 def _read_only(a: np.ndarray) -> np.ndarray:

@@ -101,7 +101,7 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
 
 
 def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
-    """Trees are views into the thread's output arena: hundreds of later proposals (from several
+    """Trees are views into the thread's output arena: a thousand later proposals (from several
     sessions, arenas filled and replaced) must not change a tree already handed out, and the
     empty tree is shared and read-only."""
     from suffixspec._kernels import draft as dk
@@ -111,7 +111,7 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     prop = Proposer(global_cache=True, cache_tokens=2000)
     sessions = [prop.start(rng.integers(0, 5, 200)) for _ in range(3)]
     kept = []
-    for step in range(400):
+    for step in range(1500):
         s = sessions[step % 3]
         tree = s.propose(int(rng.choice([1, 8, 40, 64])))
         kept.append((tree, tree.tokens.copy(), tree.parents.copy(), tree.depths.copy(), tree.scores.copy()))
@@ -120,7 +120,7 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
             s.close()
             sessions[step % 3] = prop.start(rng.integers(0, 5, 100))
     arenas = {id(t.tokens.base) for t, *_ in kept if len(t)}
-    assert len(arenas) > 3  # the arena was replaced several times
+    assert len(arenas) > 5  # the arena was replaced several times
     for tree, toks, pars, depths, scores in kept:
         assert tree.tokens.tolist() == toks.tolist() and tree.parents.tolist() == pars.tolist()
         assert tree.depths.tolist() == depths.tolist() and tree.scores.tolist() == scores.tolist()
