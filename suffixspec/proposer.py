@@ -56,6 +56,7 @@ from ._kernels import draft as dk
 from ._kernels import frozen as fk
 from ._kernels import propose as pk
 from ._kernels import sam as sk
+from ._kernels.address import address
 from ._tokens import as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .errors import BadInputError, IndexFormatError
@@ -303,6 +304,29 @@ class _LiveSlots:
         self._free.append(slot)
 
 
+class _Workspace:
+    """One thread's kernel scratch (`dk.workspace_buffers`) and output arena (`pk.set_arena`),
+    named by the int64 frame at `addr`; `tokens`, `parents`, `depths`, `scores` are the arena's
+    blocks, which trees are views of. An arena is replaced when full (`new_arena`) and lives
+    while any of its trees does."""
+
+    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores")
+
+    def __init__(self, budget: int, n_sources: int, max_children: int):
+        self.budget, self.n_sources = budget, n_sources
+        self.buffers = dk.workspace_buffers(budget, max_children, n_sources)
+        self.frame = dk.workspace_frame(*self.buffers)
+        self.addr = address(self.frame, np.int64)
+        self.new_arena()
+
+    def new_arena(self) -> None:
+        """A fresh arena for at least 64 trees of the workspace's budget."""
+        cap = max(4096, 64 * self.budget)
+        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(cap, np.float64)
+        pk.set_arena(self.frame, out_i32, out_f64)
+        self.tokens, self.parents, self.depths, self.scores = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :], out_f64
+
+
 class Proposer:
     """Draft-tree proposer over the request, past responses and corpora.
 
@@ -356,23 +380,11 @@ class Proposer:
         self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
 
-    def _workspace(self, budget: int, n_sources: int):
-        """This thread's workspace buffers (`dk.workspace_buffers`), grown to fit."""
+    def _workspace(self, budget: int, n_sources: int) -> _Workspace:
+        """This thread's workspace, grown to fit `budget` nodes from `n_sources` parts."""
         ws = getattr(self._local, "ws", None)
-        if ws is None or ws[0] < budget or ws[1] < n_sources:
-            budget, n_sources = max(budget, 64), max(n_sources, 4)
-            bufs = dk.workspace_buffers(budget, int(self.params[dk.P_MAX_CHILDREN]), n_sources)
-            ws = self._local.ws = self._new_arena((budget, n_sources, *bufs, dk.workspace_frame(*bufs)), budget)
-        return ws
-
-    def _new_arena(self, ws: tuple, budget: int) -> tuple:
-        """`ws` with a fresh output arena (`pk.set_arena`) for at least 64 trees of `budget` nodes,
-        and its token, parent, depth and score blocks (`_ARENA_BLOCKS`). Trees are views into it:
-        an arena lives while any of its trees does."""
-        cap = max(4096, 64 * budget)
-        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(cap, np.float64)
-        pk.set_arena(ws[5], out_i32, out_f64)
-        ws = self._local.ws = (*ws[:6], out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :], out_f64)
+        if ws is None or ws.budget < budget or ws.n_sources < n_sources:
+            ws = self._local.ws = _Workspace(max(budget, 64), max(n_sources, 4), int(self.params[dk.P_MAX_CHILDREN]))
         return ws
 
     def _current_sources(self) -> _Sources:
@@ -502,7 +514,7 @@ class Session:
             else:
                 self._cur[j] = fa._advance(0, 0, prompt)
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
-        # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: the same frame
+        # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
         # while propose may use it after checking only the cache version (unrestricted sessions)
         self._frame = self._hot = None
 
@@ -568,21 +580,21 @@ class Session:
 
     def propose(self, budget=None) -> DraftTree:
         """The tree of at most `budget` nodes (default: the proposer's `max_nodes`)."""
-        hot = self._hot  # the frame, when nothing but the cache version needs checking
+        hot = self._hot  # the frame's address, when nothing but the cache version needs checking
         if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
             # the hot path, inlined (each call or attribute lookup here shows in the p50): what
             # _kernel_tree does when the workspace fits and the arena has room
             ws = getattr(self._tls, "ws", None)
-            if ws is not None and ws[0] >= budget and ws[1] >= self._n_sources:
-                r = _propose_framed(hot, ws[5], budget)
-                if r >= 0:  # else the arena is full: _kernel_tree replaces it
+            if ws is not None:
+                r = _propose_framed(hot, ws.addr, budget)
+                if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
                     k = r & 0xFFFFFFFF
                     if k == 0:
                         return _EMPTY
                     a = r >> 32
                     e = a + k
-                    return _tree(ws[6][a:e], ws[7][a:e], ws[8][a:e], ws[9][a:e])
-            return self._kernel_tree(hot, budget)
+                    return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
+            return self._kernel_tree(budget)
         p = self.proposer
         budget = p.max_nodes if budget is None else int(budget)
         if budget <= 0 or self._closed:
@@ -596,7 +608,7 @@ class Session:
             return self._propose_restricted(budget)
         if self._frame is None:
             self._build_frame()
-        self._hot = self._frame
+        self._hot = self._frame_addr
         return self._propose_sources(budget)
 
     def _build_frame(self) -> None:
@@ -604,6 +616,7 @@ class Session:
         p = self.proposer
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, p.params, p.min_match,
                                        p.match_levels)
+        self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version
         self._cache = p.cache if p.cache is not None else _NO_CACHE
@@ -613,23 +626,21 @@ class Session:
         """The tree over the session's automaton sources (its own, corpora, past responses)."""
         if self._frame is None:
             self._build_frame()
-        return self._kernel_tree(self._frame, budget)
+        return self._kernel_tree(budget)
 
-    def _kernel_tree(self, frame, budget: int) -> DraftTree:
+    def _kernel_tree(self, budget: int) -> DraftTree:
         """The propose kernel's tree, a view into this thread's output arena."""
-        ws = getattr(self._tls, "ws", None)
-        if ws is None or ws[0] < budget or ws[1] < self._n_sources:
-            ws = self.proposer._workspace(budget, self._n_sources)
-        r = pk.propose_framed(frame, ws[5], budget)
+        ws = self.proposer._workspace(budget, self._n_sources)
+        r = pk.propose_framed(self._frame_addr, ws.addr, budget)
         if r < 0:  # the arena is full
-            ws = self.proposer._new_arena(ws, budget)
-            r = pk.propose_framed(frame, ws[5], budget)
+            ws.new_arena()
+            r = pk.propose_framed(self._frame_addr, ws.addr, budget)
         k = r & 0xFFFFFFFF
         if k == 0:
             return _EMPTY
         a = r >> 32
         e = a + k
-        return _tree(ws[6][a:e], ws[7][a:e], ws[8][a:e], ws[9][a:e])
+        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""

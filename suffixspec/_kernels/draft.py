@@ -74,6 +74,7 @@ def _heap_pop(hkey, hval, n):
 
 
 WS_HEADER = 4  # the int64 buffer's header: cap, budget, n_sources, (unused)
+WS_CAP, WS_BUDGET, WS_SOURCES = 0, 1, 2
 CAND_COLS = 6  # token, parent (output node, -1: the context), state, matched length, depth, part
 
 
@@ -85,9 +86,9 @@ def workspace_buffers(budget, max_children, n_sources):
     Candidates: each output node is expanded at most once per part, max_children each."""
     cap = (budget + 1) * n_sources * max_children + 1
     i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
-    i64[0] = cap
-    i64[1] = budget
-    i64[2] = n_sources
+    i64[WS_CAP] = cap
+    i64[WS_BUDGET] = budget
+    i64[WS_SOURCES] = n_sources
     i64[3] = 0
     n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 2 * budget + 1 + 3 * n_sources
     return np.empty(n_i32, np.int32), np.empty(cap, np.float64), i64
@@ -100,7 +101,7 @@ def workspace_views(i32, f64, i64):
     (token, state, count, last end), the states to splay after an expansion, the first child and
     next sibling of output nodes (index budget: the context), and the parts (source, -1 for the
     live automaton; state; matched length)."""
-    cap, budget, n_sources = i64[0], i64[1], i64[2]
+    cap, budget, n_sources = i64[WS_CAP], i64[WS_BUDGET], i64[WS_SOURCES]
     cand = i32[: cap * CAND_COLS].reshape((cap, CAND_COLS))
     o = cap * CAND_COLS
     vals = i32[o : o + cap]

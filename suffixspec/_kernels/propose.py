@@ -107,17 +107,22 @@ def set_arena(wsf, out_i32, out_f64) -> None:
 
 
 @njit(cache=True, nogil=True)
-def propose_framed(frame, wsf, budget):
-    """`propose_one` for the session a `session_frame` names, in the workspace a
-    `dk.workspace_frame` names (sized for `budget` and the session's sources), into the next
-    free nodes of its output arena. Returns (offset << 32) | count: the tree lies at
-    [offset, offset + count) of the arena's four blocks; -1 when the arena has no room for
-    `budget` nodes (nothing written). Three arguments and no output allocation, where the arrays
-    themselves were eighteen arguments (~0.5 us of dispatch per call). A link-cut stack outgrown
-    here is dropped with the call."""
+def propose_framed(frame_addr, wsf_addr, budget):
+    """`propose_one` for the session whose `session_frame` lies at `frame_addr`, in the workspace
+    whose `dk.workspace_frame` lies at `wsf_addr`, into the next free nodes of its output arena.
+    Returns (offset << 32) | count: the tree lies at [offset, offset + count) of the arena's four
+    blocks; -1 (nothing written) when the workspace is too small for `budget` nodes from the
+    session's parts or the arena has no room for them. Three integer arguments and no output
+    allocation, where the arrays themselves were eighteen arguments (~0.5 us of dispatch per
+    call); the addresses must come from `address.address` of live frames (see address.py). A
+    link-cut stack outgrown here is dropped with the call."""
+    frame = view_i64(frame_addr, FRAME_LEN)
+    wsf = view_i64(wsf_addr, dk.WS_FRAME_LEN)
+    header = view_i64(wsf[dk.WS_I64], dk.WS_HEADER)
     cap = wsf[dk.WS_OUT_CAP]
     off = wsf[dk.WS_OUT_OFF]
-    if budget < 0 or off + budget > cap:
+    n_parts = (1 + frame[F_CUR_ROWS]) * frame[F_LEVELS]
+    if budget < 1 or budget > header[dk.WS_BUDGET] or n_parts > header[dk.WS_SOURCES] or off + budget > cap:
         return -1
     out = view_i32(wsf[dk.WS_OUT_I32], 3 * cap)
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
