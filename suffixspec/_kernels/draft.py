@@ -289,8 +289,11 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             break
         if max_depth > 0 and depth + 1 > max_depth:
             continue
-        # -- gather the children of state v in part q
+        # -- gather the children of state v in part q, their count total and the last end of the
+        # most recent one (ends of different children are distinct positions)
         k = 0
+        total = 0.0
+        top = -1
         if live:
             e = S[v, sk.HEAD]
             if e != -1 and E[e, sk.NEXT] == -1:
@@ -300,6 +303,8 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 kids[0, 2] = 1
                 kids[0, 3] = 0
                 k = 1
+                total = 1.0
+                top = 0
                 e = -1
             while e != -1 and k < CHILD_BUF:
                 w = E[e, sk.TO]
@@ -328,6 +333,9 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 kids[k, 1] = w
                 kids[k, 2] = cnt
                 kids[k, 3] = lst
+                total += cnt
+                if k == 0 or lst > top:
+                    top = lst
                 k += 1
                 e = E[e, sk.NEXT]
         elif 0 <= v < n_frozen:
@@ -343,41 +351,34 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                     kids[k, 1] = w
                     kids[k, 2] = counts[w]
                     kids[k, 3] = lasts[w]
+                    total += counts[w]
+                    if k == 0 or lasts[w] > top:
+                        top = lasts[w]
                     k += 1
-        if k == 0:
-            continue
         # -- score them and push the best max_children
-        total = 0.0
-        recent = 0
-        for i in range(k):
-            total += kids[i, 2]
-            if kids[i, 3] > kids[recent, 3]:
-                recent = i
-        if total <= 0:
+        if k == 0 or total <= 0:
             continue
         scale = p * length / ((length + prior) * total * (1.0 + rec))
-        bonus = rec * total
-        for i in range(k):
-            kids[i, 3] = 1 if i == recent else 0  # from here: whether child i is the most recent
+        bonus = rec * total  # the most recent child's (kids[i, 3] == top)
         # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
         # recent one), ties in gather order: one pass over the k children, inserting into the
         # top m (a state may have thousands of children; most are not compared twice)
         m = min(max_children, k)
         for i in range(1, k):
-            wi = kids[i, 2] + (bonus if kids[i, 3] else 0.0)
+            wi = kids[i, 2] + (bonus if kids[i, 3] == top else 0.0)
             j = i
             if i >= m:
-                if not wi > kids[m - 1, 2] + (bonus if kids[m - 1, 3] else 0.0):
+                if not wi > kids[m - 1, 2] + (bonus if kids[m - 1, 3] == top else 0.0):
                     continue
                 for col in range(4):
                     kids[i, col], kids[m - 1, col] = kids[m - 1, col], kids[i, col]
                 j = m - 1
-            while j > 0 and wi > kids[j - 1, 2] + (bonus if kids[j - 1, 3] else 0.0):
+            while j > 0 and wi > kids[j - 1, 2] + (bonus if kids[j - 1, 3] == top else 0.0):
                 for col in range(4):
                     kids[j, col], kids[j - 1, col] = kids[j - 1, col], kids[j, col]
                 j -= 1
         for taken in range(m):
-            best_w = kids[taken, 2] + (bonus if kids[taken, 3] else 0.0)
+            best_w = kids[taken, 2] + (bonus if kids[taken, 3] == top else 0.0)
             prob = best_w * scale
             if prob < min_prob or n_cand >= cand.shape[0]:
                 break
