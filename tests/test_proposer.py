@@ -14,30 +14,7 @@ from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simula
 
 def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12):
     """All draft paths from the request's own text with their probabilities (exhaustive)."""
-    L = 0
-    for length in range(1, len(text)):
-        if naive.count([text], text[len(text) - length :]) >= 2:
-            L = length
-    if L == 0:
-        return {}
-    out = {}
-
-    def expand(ctx, path, prob, depth):
-        if depth >= max_depth:
-            return
-        cont = naive.continuations([text], ctx)
-        if not cont:
-            return
-        total = sum(c for c, _ in cont.values())
-        recent = max(cont, key=lambda t: cont[t][1])
-        conf = len(ctx) / (len(ctx) + match_prior)
-        for tok, (c, _) in cont.items():
-            p = prob * conf * (c + (recency * total if tok == recent else 0)) / (total * (1 + recency))
-            out[tuple(path + [tok])] = p
-            expand(ctx + [tok], path + [tok], p, depth + 1)
-
-    expand(text[len(text) - L :], [], 1.0, 0)
-    return out
+    return _naive_part_candidates([text], text, 2, 1, match_prior, recency, max_depth)
 
 
 def _tree_paths(tree):
