@@ -21,11 +21,13 @@ The tree is grown best-first over every source at once (see `_kernels/draft.py` 
 the `budget` most probable paths of the union of the sources' continuations, a path proposed by
 several sources scoring its best.
 
-Calls: a session hands the kernel one int64 frame of array addresses (its automaton's live
-frame, its cursors, the sources' table, the knobs) and its thread's workspace frame, where the
-arrays themselves were eighteen arguments to type-check; trees are written into the thread's
-output arena and returned as views of it (an arena is replaced when full and lives while any of
-its trees does). The empty tree is one shared, read-only instance.
+Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live
+frame, its cursors, the sources' table, the knobs) and of its thread's workspace frame: three
+integer arguments, where passing the arrays themselves cost ~0.5 us per call to type-check.
+Trees are written into the thread's output arena and returned as views of it (an arena holds
+at least 64 trees of the budget, is replaced when full, and lives while any of its trees does).
+The empty tree is one shared, read-only instance. The knobs are fixed at construction
+(`params` is read-only): frames name them.
 
 Threads: one session must not be used from two threads at once. Different sessions may propose
 concurrently from several threads (`propose` runs one nogil kernel call over the session's own
@@ -244,8 +246,8 @@ def _prefer_workqueue() -> None:
 
 
 def _kernel_arrays(fa: FrozenAutomaton) -> tuple:
-    """offsets, etok, eto, counts, lasts, links, lens of `fa` as read-only C int32 arrays (the
-    element type of the kernels' typed lists); converted copies are kept on the automaton."""
+    """offsets, etok, eto, counts, lasts, links, lens of `fa` as read-only C int32 arrays (a row of
+    `frozen.source_table`); converted copies are kept on the automaton."""
     got = fa.__dict__.get("_kernel_arrays")
     if got is None:
         out = []
@@ -365,6 +367,7 @@ class Proposer:
         self.params[dk.P_MIN_PROB] = min_prob
         self.params[dk.P_MAX_DEPTH] = max_depth
         self.params[dk.P_MAX_CHILDREN] = max_children
+        self.params.flags.writeable = False  # the knobs are fixed: sessions' kernel frames name this array
         self.corpora = _corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
         self._static: list[FrozenAutomaton] = []
@@ -467,7 +470,7 @@ class Proposer:
             trusted = DraftTree._trusted
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
                 e = a + k
-                trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e])
+                trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees
@@ -606,15 +609,15 @@ class Session:
             self._sam._start_online()
         if self._restricted:
             return self._propose_restricted(budget)
-        if self._frame is None:
-            self._build_frame()
+        tree = self._propose_sources(budget)
         self._hot = self._frame_addr
-        return self._propose_sources(budget)
+        return tree
 
     def _build_frame(self) -> None:
         """The kernel's frame of the current automaton, cursors and sources (see pk.session_frame)."""
         p = self.proposer
-        self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, p.params, p.min_match,
+        self._params = p.params  # kept alive while the frame names it
+        self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
                                        p.match_levels)
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
@@ -635,6 +638,8 @@ class Session:
         if r < 0:  # the arena is full
             ws.new_arena()
             r = pk.propose_framed(self._frame_addr, ws.addr, budget)
+            if r < 0:
+                raise RuntimeError(f"propose: the kernel refused a fitted workspace (budget {budget})")
         k = r & 0xFFFFFFFF
         if k == 0:
             return _EMPTY

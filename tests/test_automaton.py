@@ -68,7 +68,7 @@ def test_live_frame_reads_back_the_arrays_through_growth_modes_and_pickling():
     rng = np.random.default_rng(5)
     sam = SuffixAutomaton(rng.integers(0, 7, 300))
     same(sam)
-    sam.count([1, 2])  # settles counts, still bulk mode
+    sam.count([1, 2])  # settles counts, not yet online
     same(sam)
     for _ in range(40):
         sam.extend(rng.integers(0, 7, int(rng.integers(1, 200))))  # online: S, E, L grow

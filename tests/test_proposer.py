@@ -79,8 +79,9 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
 
 def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     """Trees are views into the thread's output arena: a thousand later proposals (from several
-    sessions, arenas filled and replaced) must not change a tree already handed out, and the
-    empty tree is shared and read-only."""
+    sessions whose cache sources grow, arenas filled and replaced, the workspace regrown for
+    larger budgets) must not change a tree already handed out; the empty tree is shared and
+    read-only, and so are the knobs the sessions' frames name."""
     from suffixspec._kernels import draft as dk
     from suffixspec._kernels import propose as pk
 
@@ -90,7 +91,7 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     kept = []
     for step in range(1500):
         s = sessions[step % 3]
-        tree = s.propose(int(rng.choice([1, 8, 40, 64])))
+        tree = s.propose(int(rng.choice([1, 8, 40, 64])) if step < 1000 or step % 7 else 100 + step // 2)
         kept.append((tree, tree.tokens.copy(), tree.parents.copy(), tree.depths.copy(), tree.scores.copy()))
         s.extend(rng.integers(0, 5, int(rng.integers(1, 4))))
         if step % 50 == 49:
@@ -102,8 +103,11 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
         assert tree.tokens.tolist() == toks.tolist() and tree.parents.tolist() == pars.tolist()
         assert tree.depths.tolist() == depths.tolist() and tree.scores.tolist() == scores.tolist()
         _check_tree_invariants(tree)
+    assert prop._local.ws.budget >= 100 + 1499 // 2  # regrown while earlier trees were held
     empty = DraftTree.empty()
-    assert empty is DraftTree.empty() and len(empty) == 0
+    assert empty is DraftTree.empty() and len(empty) == 0 and prop.propose_batch([sessions[0]], 0)[0] is empty
+    with pytest.raises(ValueError):
+        prop.params[0] = 5.0
     with pytest.raises(ValueError):
         empty.tokens[...] = 1  # read-only, even though zero-sized
     with pytest.raises(ValueError, match="int32"):

@@ -73,7 +73,7 @@ def _heap_pop(hkey, hval, n):
     return key, val, n
 
 
-WS_HEADER = 4  # the int64 buffer's header: cap, budget, n_sources, (unused)
+WS_HEADER = 3  # the int64 buffer's header: cap, budget, n_sources
 WS_CAP, WS_BUDGET, WS_SOURCES = 0, 1, 2
 CAND_COLS = 6  # token, parent (output node, -1: the context), state, matched length, depth, part
 
@@ -81,15 +81,15 @@ CAND_COLS = 6  # token, parent (output node, -1: the context), state, matched le
 @njit(cache=True, nogil=True)
 def workspace_buffers(budget, max_children, n_sources):
     """The flat buffers (int32, float64, int64) behind a workspace for trees of up to `budget`
-    nodes from up to `n_sources` parts: three array arguments, where the tuple of views cost
-    ~0.5 us per call to type-check and unbox. The int64 buffer starts with the layout's sizes.
-    Candidates: each output node is expanded at most once per part, max_children each."""
+    nodes from up to `n_sources` parts (named by a `workspace_frame`, carved by
+    `workspace_views`). The int64 buffer starts with the layout's sizes. Candidates: each output
+    node is expanded at most once per part, max_children each (the memory grows with the parts:
+    ~28 (budget + 1) n_sources max_children bytes)."""
     cap = (budget + 1) * n_sources * max_children + 1
     i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
     i64[WS_CAP] = cap
     i64[WS_BUDGET] = budget
     i64[WS_SOURCES] = n_sources
-    i64[3] = 0
     n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 2 * budget + 1 + 3 * n_sources
     return np.empty(n_i32, np.int32), np.empty(cap, np.float64), i64
 
@@ -200,6 +200,7 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
     offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
     etok, eto, counts, lasts = offsets, offsets, offsets, offsets
     n_frozen = 0
+    n_edges = 0
     n_cand = 0
     n_heap = 0
     n_out = 0
@@ -240,8 +241,10 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             q = cand[c, 5]
         live = part_src[q] < 0
         if not live:
-            offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
-            n_frozen = offsets.shape[0] - 1
+            offsets, etok, eto, counts, lasts = source_arrays(frozen, part_src[q])[:5]
+            # every index read below is checked against these (a damaged source drafts nothing)
+            n_frozen = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
+            n_edges = min(etok.shape[0], eto.shape[0])
         # -- a chain: while v has one child, more probable than every waiting candidate, that
         # child is the next pop whatever happens; it is taken without candidate, heap or
         # child-selection bookkeeping (the usual case along a copied block). Same formula as
@@ -258,7 +261,7 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 if not 0 <= v < n_frozen:
                     break
                 lo = offsets[v]
-                if offsets[v + 1] != lo + 1 or not 0 <= lo < etok.shape[0]:
+                if offsets[v + 1] != lo + 1 or not 0 <= lo < n_edges:
                     break
                 w = eto[lo]
                 if w < 0 or w >= n_frozen:
@@ -335,7 +338,7 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
         elif 0 <= v < n_frozen:
             lo = offsets[v]
             hi = offsets[v + 1]
-            if 0 <= lo <= hi <= etok.shape[0]:
+            if 0 <= lo <= hi <= n_edges:
                 for e in range(lo, min(hi, lo + CHILD_BUF)):
                     w = eto[e]
                     if w < 0 or w >= n_frozen:

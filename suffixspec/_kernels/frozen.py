@@ -1,10 +1,10 @@
 """Queries over the frozen (read-only, CSR) automaton layout.
 
-Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1]
-(edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges], sorted by token
-within each state. They may be memory-mapped from a file that was damaged after its header
-was checked, so every index read from an array is range-checked before it is followed:
-a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
+Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1], int32
+in a `source_table` (edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges],
+sorted by token within each state. They may be memory-mapped from a file that was damaged after
+its header was checked, so every index read from an array is range-checked before it is
+followed: a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
 """
 
 import numpy as np

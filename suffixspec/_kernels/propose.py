@@ -1,7 +1,7 @@
 """Whole proposals: one session's draft tree from all its sources, and a batch of sessions in
 parallel.
 
-A session's parts (matched contexts), in this order (the order fixes ties in the tree):
+A session's parts (matched contexts), in this order:
 
 - its live automaton (prompt + output): `match_levels` parts, the longest earlier match of the
   whole text and then the next shorter ones along suffix links;
@@ -113,9 +113,9 @@ def propose_framed(frame_addr, wsf_addr, budget):
     Returns (offset << 32) | count: the tree lies at [offset, offset + count) of the arena's four
     blocks; -1 (nothing written) when the workspace is too small for `budget` nodes from the
     session's parts or the arena has no room for them. Three integer arguments and no output
-    allocation, where the arrays themselves were eighteen arguments (~0.5 us of dispatch per
-    call); the addresses must come from `address.address` of live frames (see address.py). A
-    link-cut stack outgrown here is dropped with the call."""
+    allocation (passing the arrays themselves cost ~0.5 us of dispatch per call); the addresses
+    must come from `address.address` of live frames (see address.py). A link-cut stack outgrown
+    here is dropped with the call (the automaton's own operations grow its stack as they need)."""
     frame = view_i64(frame_addr, FRAME_LEN)
     wsf = view_i64(wsf_addr, dk.WS_FRAME_LEN)
     header = view_i64(wsf[dk.WS_I64], dk.WS_HEADER)
@@ -141,8 +141,7 @@ def _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, 
                  out_tok, out_par, out_depth, out_prob, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
-    and merge loops (some trees differed from the serial kernel's); a call per share costs
-    nothing."""
+    loops (some trees differed from the serial kernel's); a call per share costs nothing."""
     n = slots.shape[0]
     bmax = 64
     for i in range(n):
@@ -188,8 +187,9 @@ def normalize_frozen(links, lens, state, length):
     return state
 
 
-# The typed lists the kernels take: built and filled through these cached functions, because typed
-# List's own methods are compiled afresh in every process on first use (~0.5 s on a first request).
+# The batch kernels' typed list of live automata: built and filled through these cached functions,
+# because typed List's own methods are compiled afresh in every process on first use (~0.5 s on a
+# first request).
 LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))  # S, E, L, M
 
 
