@@ -149,26 +149,6 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _node(out_tok, out_par, out_prob, out_depth, first_child, next_sib, at, budget, parent, tok, prob, depth, n_out):
-    """The output node of `parent`'s child `tok` (parent -1: the context), created as node n_out
-    (scoring `prob`, at `depth`) when it does not exist yet; returns (node, node count)."""
-    slot = budget if parent < 0 else parent
-    x = first_child[slot]
-    while x != -1 and out_tok[at + x] != tok:
-        x = next_sib[x]
-    if x == -1:
-        x = n_out
-        out_tok[at + x] = tok
-        out_par[at + x] = parent
-        out_prob[at + x] = prob
-        out_depth[at + x] = depth
-        next_sib[x] = first_child[slot]
-        first_child[slot] = x
-        n_out += 1
-    return x, n_out
-
-
-@njit(cache=True, nogil=True, inline="always")
 def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at):
     """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
     the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
@@ -231,10 +211,26 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 break
             else:
                 p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-            here, n_out = _node(out_tok, out_par, out_prob, out_depth, first_child, next_sib, at, budget,
-                                cand[c, 1], cand[c, 0], p, cand[c, 4], n_out)
-            if n_out >= budget:
-                break
+            # the candidate's output node, found or created (written out again in the chain
+            # below: as an inline helper it made the batch kernel 2.7x slower)
+            parent = cand[c, 1]
+            tok = cand[c, 0]
+            slot = budget if parent < 0 else parent
+            x = first_child[slot]
+            while x != -1 and out_tok[at + x] != tok:
+                x = next_sib[x]
+            if x == -1:
+                x = n_out
+                out_tok[at + x] = tok
+                out_par[at + x] = parent
+                out_prob[at + x] = p
+                out_depth[at + x] = cand[c, 4]
+                next_sib[x] = first_child[slot]
+                first_child[slot] = x
+                n_out += 1
+                if n_out >= budget:
+                    break
+            here = x
             v = cand[c, 2]
             length = cand[c, 3]
             depth = cand[c, 4]
@@ -274,10 +270,22 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             prob = (cnt + rec * total) * (p * length / ((length + prior) * total * (1.0 + rec)))
             if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
                 break
-            here, n_out = _node(out_tok, out_par, out_prob, out_depth, first_child, next_sib, at, budget,
-                                here, tok, prob, depth + 1, n_out)
-            if n_out >= budget:
-                break
+            slot = budget if here < 0 else here
+            x = first_child[slot]
+            while x != -1 and out_tok[at + x] != tok:
+                x = next_sib[x]
+            if x == -1:
+                x = n_out
+                out_tok[at + x] = tok
+                out_par[at + x] = here
+                out_prob[at + x] = prob
+                out_depth[at + x] = depth + 1
+                next_sib[x] = first_child[slot]
+                first_child[slot] = x
+                n_out += 1
+                if n_out >= budget:
+                    break
+            here = x
             v = w
             length += 1
             depth += 1
