@@ -387,6 +387,8 @@ class Proposer:
         """This thread's workspace, grown to fit `budget` nodes from `n_sources` parts."""
         ws = getattr(self._local, "ws", None)
         if ws is None or ws.budget < budget or ws.n_sources < n_sources:
+            if ws is not None:  # grow, never shrink, either dimension
+                budget, n_sources = max(budget, ws.budget), max(n_sources, ws.n_sources)
             ws = self._local.ws = _Workspace(max(budget, 64), max(n_sources, 4), int(self.params[dk.P_MAX_CHILDREN]))
         return ws
 
