@@ -355,12 +355,11 @@ class Proposer:
         if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
             raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
         self.max_nodes = int(max_nodes)
-        self.min_match = int(min_match)
-        self.min_prob = float(min_prob)
+        self._min_match = int(min_match)
         self.max_session_tokens = int(max_session_tokens)
         self.resync_tokens = int(resync_tokens)
         self.threads = int(threads)
-        self.match_levels = int(match_levels)
+        self._match_levels = int(match_levels)
         self.params = np.zeros(dk.N_PARAMS, np.float64)
         self.params[dk.P_MATCH_PRIOR] = match_prior
         self.params[dk.P_RECENCY] = recency
@@ -382,6 +381,19 @@ class Proposer:
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
+
+    # knobs the sessions' kernel frames copy: fixed at construction, like `params`
+    @property
+    def min_match(self) -> int:
+        return self._min_match
+
+    @property
+    def match_levels(self) -> int:
+        return self._match_levels
+
+    @property
+    def min_prob(self) -> float:
+        return float(self.params[dk.P_MIN_PROB])
 
     def _workspace(self, budget: int, n_sources: int) -> _Workspace:
         """This thread's workspace, grown to fit `budget` nodes from `n_sources` parts."""

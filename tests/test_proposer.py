@@ -109,6 +109,9 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     assert empty is DraftTree.empty() and len(empty) == 0 and prop.propose_batch([sessions[0]], 0)[0] is empty
     with pytest.raises(ValueError):
         prop.params[0] = 5.0
+    for knob in ("min_match", "match_levels", "min_prob"):
+        with pytest.raises(AttributeError):
+            setattr(prop, knob, 2)
     with pytest.raises(ValueError):
         empty.tokens[...] = 1  # read-only, even though zero-sized
     with pytest.raises(ValueError, match="int32"):
