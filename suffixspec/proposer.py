@@ -39,8 +39,8 @@ that torch uses (after a numba OpenMP region, torch passes were measured 4-20x s
 competes with the model for cores. With more threads it is a prange over sessions; parallel
 launches are serialised process-wide and use numba's workqueue pool unless the process chose a
 threading layer (the pool takes one launch at a time). On this project's 2-core CPU a batch of
-64 sessions took 0.13 ms at budget 64 on one thread; two threads gained ~20% when the second core was idle and cost ~16 ms whenever a busy
-process held it.
+64 sessions took 0.12 ms at budget 64 on one thread; two threads gained ~20% when the second
+core was idle and cost ~16 ms whenever a busy process held it.
 """
 
 from __future__ import annotations
@@ -229,7 +229,6 @@ class _RestrictedSource:
 
 
 _PARALLEL_LAUNCH = threading.Lock()
-_ONLINE = sk.MODE_ONLINE
 
 
 def _prefer_workqueue() -> None:
@@ -619,7 +618,7 @@ class Session:
         src = p._sources
         if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
             self._sync()
-        if self._sam._mode != _ONLINE:
+        if self._sam._mode != sk.MODE_ONLINE:
             self._sam._start_online()
         if self._restricted:
             return self._propose_restricted(budget)

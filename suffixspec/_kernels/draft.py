@@ -84,7 +84,7 @@ def workspace_buffers(budget, max_children, n_sources):
     nodes from up to `n_sources` parts (named by a `workspace_frame`, carved by
     `workspace_views`). The int64 buffer starts with the layout's sizes. Candidates: each output
     node is expanded at most once per part, max_children each (the memory grows with the parts:
-    ~28 (budget + 1) n_sources max_children bytes)."""
+    ~36 (budget + 1) n_sources max_children bytes)."""
     cap = (budget + 1) * n_sources * max_children + 1
     i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
     i64[WS_CAP] = cap
