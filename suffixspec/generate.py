@@ -287,7 +287,7 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         dev = next(model.parameters()).device
         ident = json.dumps([
-            "cost-v4",  # bump when `measure` or the model layers change: older curves are then re-measured
+            "cost-v5",  # bump when `measure` or the model layers change: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
             sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
             str(next(model.parameters()).dtype), str(dev),

@@ -13,12 +13,15 @@ Contract:
 * The tokenizer returned is a ``suffixspec.Tokenizer`` (for GGUF and for directories holding a
   ``tokenizer.json``), else ``None``.
 * ``prepack`` (default: on for a float32 model on the CPU when oneDNN is available) replaces the
-  linear layers by `PackedLinear` layers whose weights are laid out for oneDNN once
-  (`prepack_linear_layers`); a dense multi-token pass (a draft tree) re-packs every weight matrix
-  on every call. The tied output projection gets a packed copy of its own (+113 MB for
-  SmolLM2-135M). Measured on SmolLM2-135M, two threads, 300-token past: one-token step
-  38.5 -> 27.0 ms, 2-token pass 50.0 -> 31.9 ms, 4 tokens 49.3 -> 33.1 ms, 16 tokens 60.5 ->
-  42.5 ms; logits equal to the dense layers' within float32 rounding.
+  linear layers by `PackedLinear` layers whose weights are laid out once in oneDNN's blocked
+  layout for linear layers (`prepack_linear_layers`); a dense multi-token pass (a draft tree)
+  re-packs every weight matrix on every call. The tied output projection gets a packed copy of
+  its own (+113 MB for SmolLM2-135M). Measured on SmolLM2-135M, two threads, 256-token past
+  (`KVState` passes, medians of 15): dense layers one-token step 38.5 ms, 4 tokens 49.3 ms; packed
+  (blocked) 22.1 ms, 2 tokens 22.4 ms, 4 tokens 22.0 ms, 8 tokens 25.6 ms, 16 tokens 29.9 ms,
+  64 tokens 69.3 ms (a plain oneDNN weight: 25.2, 30.5, 31.5, 35.3, 42.5, 95.0 ms), so a pass of
+  up to 4 tokens costs what a one-token step does; logits equal to the dense layers' within float32
+  rounding.
 * A model on the CPU with ``"sdpa"`` attention and grouped key/value heads is switched to
   `suffixspec.attention.NAME` (same kernel, the grouped heads fed as they are; see that module).
 """
@@ -110,6 +113,28 @@ def prepack_linear_layers(model) -> int:
     return replaced
 
 
+# The row count oneDNN lays a packed weight out for. Any hint gives the blocked layout that makes
+# small passes cheap (all the linear layers of SmolLM2-135M in a row, 2 threads, cold weights:
+# 1 row 18.2 -> 14.2-15.4 ms, 2-8 rows 20.6-23.6 -> 15.0-16.8 ms, 64 rows 64.4 -> 47.5 ms against a
+# plain `to_mkldnn` weight, which oneDNN re-lays out on every call); 8 and above also keep prompt
+# passes fast (256 rows 156 ms, hint 2: 220 ms).
+PACK_ROWS_HINT = 16
+
+
+def _pack_weight(weight):
+    """`weight` [out, in] float32 in oneDNN's blocked layout for linear layers (plain oneDNN layout
+    where this torch lacks the reorder operator)."""
+    import torch
+
+    reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
+    if reorder is not None:
+        try:
+            return reorder(weight, PACK_ROWS_HINT)
+        except RuntimeError:  # an operator stub without a kernel for this build
+            pass
+    return weight.to_mkldnn()
+
+
 @functools.lru_cache(maxsize=None)
 def _packed_linear_class():
     """`PackedLinear`, defined on first use so that importing this module does not import torch."""
@@ -122,7 +147,7 @@ def _packed_linear_class():
         def __init__(self, dense):
             super().__init__()
             self.in_features, self.out_features = dense.in_features, dense.out_features
-            self.packed = dense.weight.detach().to_mkldnn()  # [out, in], oneDNN layout
+            self.packed = _pack_weight(dense.weight.detach())  # [out, in], oneDNN's blocked layout
             self.bias = None if dense.bias is None else dense.bias.detach().clone()  # [out]
 
         def forward(self, x):  # [..., in] -> [..., out]
