@@ -243,7 +243,7 @@ class CostModel:
         return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
 
     @classmethod
-    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 5) -> CostModel:
+    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 7) -> CostModel:
         """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix."""
         import torch
 
@@ -259,22 +259,36 @@ class CostModel:
         for size in sizes:
             chain = rng.integers(0, vocab, size - 1)
             trees[size] = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
-        times = {size: [] for size in sizes}
-        # sizes interleaved round by round and the median kept: a load spike hits one sample of one
-        # size, not a whole size's measurement, and the curve is the typical pass, not the luckiest
-        # (the minimum made 2-token passes look 1.10x a step where rounds saw 1.2x)
+
+        def timed(size: int) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            state.forward([[int(rng.integers(0, vocab))]], [trees[size]])
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t
+            state.commit([[]])
+            return seconds
+
+        # Each size is timed right after a one-token step and kept as the ratio of the pair, the
+        # curve being the median one-token step times the median ratio per size. The machine's speed
+        # drifts by 20-40% within seconds on a shared host (one-token steps of SmolLM2-135M moved
+        # between 18 and 26 ms in 0.5 s windows), and a curve of absolute medians taken through such
+        # a drift made 4-token passes look 1.01x a step where generation rounds saw 1.10x; adjacent
+        # pairs see the same machine. Sizes are interleaved round by round, so a load spike hits one
+        # sample of one size; the first round warms up.
+        steps: list[float] = []
+        ratios: dict[int, list[float]] = {size: [] for size in sizes}
         for rep in range(repeats + 1):
             for size in sizes:
-                if cuda:
-                    torch.cuda.synchronize()
-                t = time.perf_counter()
-                state.forward([[int(rng.integers(0, vocab))]], [trees[size]])
-                if cuda:
-                    torch.cuda.synchronize()
-                if rep:  # the first round warms up
-                    times[size].append(time.perf_counter() - t)
-                state.commit([[]])
-        seconds = [float(np.median(times[size])) for size in sizes]
+                step = timed(1)
+                pass_s = timed(size)
+                if rep:
+                    steps.append(step)
+                    ratios[size].append(pass_s / step if size > 1 else 1.0)
+        step = float(np.median(steps))
+        seconds = [step * float(np.median(ratios[size])) for size in sizes]
         return cls(list(sizes), seconds)
 
     @classmethod
@@ -287,7 +301,7 @@ class CostModel:
         params = sum(p.numel() for p in model.parameters())
         dev = next(model.parameters()).device
         ident = json.dumps([
-            "cost-v5",  # bump when `measure` or the model layers change: older curves are then re-measured
+            "cost-v6",  # bump when `measure` or the model layers change: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
             sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
             str(next(model.parameters()).dtype), str(dev),
