@@ -179,7 +179,12 @@ class CostModel:
     included), interpolated linearly between measured sizes and extrapolated proportionally beyond.
 
     The measured curve is corrected online per batch size (`observe`), so passes of one batch size
-    (longer contexts, more rows) never distort the relative costs another batch size decides on."""
+    (longer contexts, more rows) never distort the relative costs another batch size decides on.
+    Within a batch size the correction is one speed factor for every size times a shape factor per
+    observed size, the shape factors' geometric mean over the observed sizes held at 1: a size never
+    observed moves with the batch's speed. (Per-size factors alone had let the many one-token rounds
+    of 16 rows raise that size's cost by 45% while the rarely seen 2-token size kept its measured
+    cost, so a 2-token pass looked 1.26x a step where it took 1.49x, and speculation lost 5%.)"""
 
     SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
 
@@ -189,7 +194,9 @@ class CostModel:
         self._measured = np.asarray(seconds, np.float64)[order]
         self._size_list = self.sizes.tolist()
         self._log_sizes = np.log(self.sizes).tolist()
-        self._factors: dict[int, list[float]] = {}  # batch size -> observed / measured, per size
+        self._speed: dict[int, float] = {}  # batch size -> observed / measured, every size
+        self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
+        self._seen: dict[int, list[bool]] = {}  # batch size -> which sizes were observed
         self._curves: dict[int, np.ndarray] = {}
         self.seconds = self._curve(1)
 
@@ -197,22 +204,9 @@ class CostModel:
         curve = self._curves.get(batch)
         if curve is None:
             factors = self._factors.get(batch)
-            raw = self._measured if factors is None else self._measured * np.asarray(factors)
+            raw = self._measured if factors is None else self._measured * (self._speed[batch] * np.asarray(factors))
             curve = self._curves[batch] = np.maximum.accumulate(raw)  # never cheaper when bigger
         return curve
-
-    def _at(self, tokens: float, batch: int) -> float:
-        """`self(tokens, batch)` for one size, in plain floats (observe runs every round)."""
-        curve, sizes = self._curve(batch), self._size_list
-        if tokens >= sizes[-1]:
-            return float(curve[-1]) * tokens / sizes[-1]
-        if tokens <= sizes[0]:
-            return float(curve[0])
-        j = 1
-        while sizes[j] < tokens:
-            j += 1
-        a, b = float(curve[j - 1]), float(curve[j])
-        return a + (b - a) * (tokens - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
 
     def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
         """Blend a pass time of `batch` rows seen while generating into the nearest measured size, so
@@ -220,11 +214,25 @@ class CostModel:
         batch = int(batch)
         log_t = math.log(max(tokens, 1))
         i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
-        expected = self._at(float(tokens), batch)
+        factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
+        seen = self._seen.setdefault(batch, [False] * len(self._size_list))
+        speed = self._speed.setdefault(batch, 1.0)
+        # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
+        # its own factor instead of driving it (and through the mean, the speed) down without end
+        sizes, raw = self._size_list, self._measured * (speed * np.asarray(factors))
+        t = float(tokens)
+        expected = float(raw[-1]) * t / sizes[-1] if t >= sizes[-1] else float(np.interp(t, self.sizes, raw))
         if expected > 0 and seconds > 0:
-            factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
             # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
             factors[i] *= (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
+            seen[i] = True
+            # the observed sizes' shape factors keep a geometric mean of 1; the rest is the speed, which
+            # leaves every observed size's cost as it is and moves the unobserved ones with the batch
+            mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(seen))
+            self._speed[batch] = speed * mean
+            for k, o in enumerate(seen):
+                if o:
+                    factors[k] /= mean
             self._curves.pop(batch, None)
             if batch == 1:
                 self.seconds = self._curve(1)

@@ -2,6 +2,7 @@
 stopping, statistics, budgets and fallbacks."""
 
 import importlib.util
+import math
 import warnings
 
 import numpy as np
@@ -398,17 +399,44 @@ def test_cost_model_follows_observed_pass_times():
 
     cm = CostModel([1, 8, 64], [1.0, 2.0, 4.0])
     for _ in range(200):
-        cm.observe(8, 3.0)  # the machine got slower for 8-token passes
+        cm.observe(8, 3.0)  # the machine got slower: seen on 8-token passes only
+    # every size moves with the batch's speed, so the relative costs the budget decides on stay measured
     assert cm(8) == pytest.approx(3.0, rel=0.01)
-    assert cm(1) == pytest.approx(1.0) and cm(64) == pytest.approx(4.0)
+    assert cm(1) == pytest.approx(1.5, rel=0.01) and cm(64) == pytest.approx(6.0, rel=0.01)
     for _ in range(200):
         cm.observe(64, 2.0)  # cheaper than a smaller pass: the curve stays monotone
-    assert cm(64) >= cm(8)
+    assert cm(64) >= cm(8) == pytest.approx(3.0, rel=0.01)  # an observed size keeps its own cost
+    # the unobserved size moves with the geometric mean of the observed sizes' corrections (1.5x, 0.5x)
+    assert cm(1) == pytest.approx(math.sqrt(1.5 * 0.5), rel=0.02)
+    for _ in range(400):
+        cm.observe(1, 1.0)
+    assert cm(1) == pytest.approx(1.0, rel=0.01) and cm(8) == pytest.approx(3.0, rel=0.01)
+
+
+def test_cost_model_converges_to_every_observed_size():
+    """Observed sizes converge to what they were seen to cost, unobserved ones to the measured cost times
+    the geometric mean of the observed corrections, in any order of observations; always monotone."""
+    from suffixspec.generate import CostModel
+
     rng = np.random.default_rng(5)
-    for _ in range(300):  # the scalar path observe uses agrees with the array one
-        cm.observe(int(rng.integers(1, 100)), float(rng.uniform(0.5, 5)), batch=int(rng.integers(1, 4)))
-        tokens, batch = float(rng.uniform(0.5, 150)), int(rng.integers(1, 4))
-        assert cm._at(tokens, batch) == pytest.approx(float(cm(tokens, batch)), rel=1e-12)
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    for case in range(20):
+        measured = np.cumsum(rng.uniform(0.1, 1.0, len(sizes)))
+        cm = CostModel(sizes, measured)
+        observed = rng.choice(len(sizes), size=int(rng.integers(1, 4)), replace=False)
+        truth = {int(i): measured[i] * rng.uniform(0.6, 1.6) for i in observed}
+        for _ in range(600):
+            i = int(rng.choice(observed))
+            cm.observe(sizes[i], truth[i] * rng.uniform(0.98, 1.02), batch=1 + case % 3)
+        raw = measured * np.exp(np.mean([np.log(truth[i] / measured[i]) for i in observed]))
+        for i in observed:
+            raw[i] = truth[i]
+        expect = np.maximum.accumulate(raw)
+        got = cm(np.asarray(sizes, np.float64), batch=1 + case % 3)
+        assert np.all(np.diff(got) >= 0)
+        np.testing.assert_allclose(got, expect, rtol=0.03)
+        if case % 3:
+            np.testing.assert_allclose(cm(np.asarray(sizes, np.float64)), measured)  # batch 1 untouched
 
 
 # ------------------------------------------------------------------------------------ continuous batching
@@ -690,7 +718,8 @@ def test_failing_drafts_lower_the_request_factor():
         def close(self):
             pass
 
-    gen = SpeculativeGenerator(model, proposer=Wrong(), cost_model=CostModel([1, 64], [1.0, 1.2]))
+    # a draft costs its pass 30% (the curve's shape holds whatever speed the tiny model runs at)
+    gen = SpeculativeGenerator(model, proposer=Wrong(), cost_model=CostModel([1, 2, 4, 64], [1.0, 1.3, 1.35, 2.0]))
     out = gen.generate([[5, 6, 7]], max_new_tokens=40)
     assert out.sequences == [ref]
     drafted_rounds = [b > 0 for b in out.stats.budgets]

@@ -110,6 +110,7 @@ def run(args) -> int:
           f"model loaded in {load_s:.1f} s; warming up", file=sys.stderr)
     for mode, backend in backends.items():
         bench.warm_up(backend, prompts[0], budget=0 if mode == "plain" else settings.budget)
+    bench.warm_up_rows(spec, prompts[: max(settings.concurrency)])
     settings.warmup = False  # done above, with the whole first prompt
 
     t_bench = time.perf_counter()
