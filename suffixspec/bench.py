@@ -487,10 +487,12 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
                         seed=settings.seed)
             except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
                 pass
-        try:
-            warm_up_rows(backends[configs[0][0]], prompts[: max(c for _, c in configs)], seed=settings.seed)
-        except Exception:  # noqa: BLE001 - as above
-            pass
+        if configs:
+            mode, c = max(configs, key=lambda mc: mc[1])  # a backend that runs at the largest concurrency
+            try:
+                warm_up_rows(backends[mode], prompts[:c], seed=settings.seed)
+            except Exception:  # noqa: BLE001 - as above
+                pass
     bar = _progress(n * len(configs) * settings.repeat, progress)
     runs: list[Run] = []
     try:
@@ -531,7 +533,7 @@ def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0) -> 
     first pass of a process over that many rows pays for its memory (16 code-edit prompts took 7.1 s
     to prefill the first time, 4.2 s afterwards), which would otherwise fall on whichever mode runs
     first at that concurrency."""
-    if len(prompts) <= 2:
+    if len(prompts) <= 2:  # `warm_up` has served two rows together already
         return
     backend = backend.fresh() if hasattr(backend, "fresh") else backend
     engine = backend.serve(max_batch=len(prompts), max_new_tokens=2, do_sample=False, temperature=1.0,

@@ -180,13 +180,13 @@ class CostModel:
 
     The measured curve is corrected online per batch size (`observe`), so passes of one batch size
     (longer contexts, more rows) never distort the relative costs another batch size decides on.
-    Within a batch size the correction is one speed factor for every size times a shape factor per
-    observed size, the shape factors' geometric mean over the observed sizes held at 1: a size never
-    observed moves with the batch's speed. (Per-size factors alone had let the many one-token rounds
-    of 16 rows raise that size's cost by 45% while the rarely seen 2-token size kept its measured
-    cost, so a 2-token pass looked 1.26x a step where it took 1.49x, and speculation lost 5%.)"""
+    Within a batch size the correction is a speed factor common to every size, which every observed
+    pass moves, times a shape factor per observed size, which moves `SHAPE_RATE` times slower and
+    keeps a geometric mean of 1 over the observed sizes: the machine's speed shows at once in every
+    size, including sizes seldom or never observed, and only a lasting difference in shape stays per size."""
 
     SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+    SHAPE_RATE = 0.2
 
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
@@ -194,48 +194,57 @@ class CostModel:
         self._measured = np.asarray(seconds, np.float64)[order]
         self._size_list = self.sizes.tolist()
         self._log_sizes = np.log(self.sizes).tolist()
-        self._speed: dict[int, float] = {}  # batch size -> observed / measured, every size
+        self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
         self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
         self._seen: dict[int, list[bool]] = {}  # batch size -> which sizes were observed
         self._curves: dict[int, np.ndarray] = {}
         self.seconds = self._curve(1)
 
+    def _raw(self, batch: int) -> np.ndarray:
+        """The corrected curve of `batch` rows before it is made monotone."""
+        factors = self._factors.get(batch)
+        return self._measured if factors is None else self._measured * (self._speed[batch] * np.asarray(factors))
+
     def _curve(self, batch: int) -> np.ndarray:
         curve = self._curves.get(batch)
         if curve is None:
-            factors = self._factors.get(batch)
-            raw = self._measured if factors is None else self._measured * (self._speed[batch] * np.asarray(factors))
-            curve = self._curves[batch] = np.maximum.accumulate(raw)  # never cheaper when bigger
+            curve = self._curves[batch] = np.maximum.accumulate(self._raw(batch))  # never cheaper when bigger
         return curve
 
     def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
-        """Blend a pass time of `batch` rows seen while generating into the nearest measured size, so
-        the curve follows the machine as it is now (load, threads) rather than when it was measured."""
+        """A pass of `batch` rows feeding `tokens` took `seconds`: the batch's speed moves by at most
+        `weight` toward it, the nearest measured size's shape by `weight * SHAPE_RATE` toward what is
+        left, so the curve follows the machine as it is now (load, threads). Sizes observed alike
+        converge to what they cost, the others to their measured cost times the batch's speed."""
         batch = int(batch)
+        if not (tokens > 0 and seconds > 0):
+            return
         log_t = math.log(max(tokens, 1))
         i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
         factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
         seen = self._seen.setdefault(batch, [False] * len(self._size_list))
         speed = self._speed.setdefault(batch, 1.0)
         # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
-        # its own factor instead of driving it (and through the mean, the speed) down without end
-        sizes, raw = self._size_list, self._measured * (speed * np.asarray(factors))
+        # its own shape factor instead of driving it (and through the mean, the speed) down without end
+        sizes, raw = self._size_list, self._raw(batch)
         t = float(tokens)
         expected = float(raw[-1]) * t / sizes[-1] if t >= sizes[-1] else float(np.interp(t, self.sizes, raw))
-        if expected > 0 and seconds > 0:
-            # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
-            factors[i] *= (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
-            seen[i] = True
-            # the observed sizes' shape factors keep a geometric mean of 1; the rest is the speed, which
-            # leaves every observed size's cost as it is and moves the unobserved ones with the batch
-            mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(seen))
-            self._speed[batch] = speed * mean
-            for k, o in enumerate(seen):
-                if o:
-                    factors[k] /= mean
-            self._curves.pop(batch, None)
-            if batch == 1:
-                self.seconds = self._curve(1)
+        # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
+        step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
+        speed *= step
+        rate = weight * self.SHAPE_RATE
+        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 0.5), 2.0)
+        seen[i] = True
+        # the observed shape factors' geometric mean goes into the speed: an observation of one size
+        # leaves the other observed sizes' costs as they are
+        mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(seen))
+        self._speed[batch] = speed * mean
+        for k, o in enumerate(seen):
+            if o:
+                factors[k] /= mean
+        self._curves.pop(batch, None)
+        if batch == 1:
+            self.seconds = self._curve(1)
 
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
         curve = self._curve(int(batch))
@@ -252,7 +261,8 @@ class CostModel:
 
     @classmethod
     def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 7) -> CostModel:
-        """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix."""
+        """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix (each pass
+        keeps its first token, so the context grows by two tokens per size and repeat)."""
         import torch
 
         from .verify import KVState
@@ -263,7 +273,7 @@ class CostModel:
         state.forward([rng.integers(0, vocab, past).tolist()], [DraftTree.empty()])
         state.commit([[]])
         cuda = state.device.type == "cuda"
-        trees = {}
+        trees = {1: DraftTree.empty()}  # the one-token step every size is paired with
         for size in sizes:
             chain = rng.integers(0, vocab, size - 1)
             trees[size] = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
@@ -312,6 +322,7 @@ class CostModel:
             "cost-v6",  # bump when `measure` or the model layers change: older curves are then re-measured
             getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
             sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
+            sorted({str(getattr(m, "layout", "")) for m in model.modules()}), torch.__version__,  # their layout
             str(next(model.parameters()).dtype), str(dev),
             torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
             getattr(model.config, "_attn_implementation", None),

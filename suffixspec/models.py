@@ -16,12 +16,11 @@ Contract:
   linear layers by `PackedLinear` layers whose weights are laid out once in oneDNN's blocked
   layout for linear layers (`prepack_linear_layers`); a dense multi-token pass (a draft tree)
   re-packs every weight matrix on every call. The tied output projection gets a packed copy of
-  its own (+113 MB for SmolLM2-135M). Measured on SmolLM2-135M, two threads, 256-token past
-  (`KVState` passes, medians of 15): dense layers one-token step 38.5 ms, 4 tokens 49.3 ms; packed
-  (blocked) 22.1 ms, 2 tokens 22.4 ms, 4 tokens 22.0 ms, 8 tokens 25.6 ms, 16 tokens 29.9 ms,
-  64 tokens 69.3 ms (a plain oneDNN weight: 25.2, 30.5, 31.5, 35.3, 42.5, 95.0 ms), so a pass of
-  up to 4 tokens costs what a one-token step does; logits equal to the dense layers' within float32
-  rounding.
+  its own (+113 MB for SmolLM2-135M). Measured on SmolLM2-135M, two threads, 256-token past:
+  dense layers one-token step 38.5 ms, 4 tokens 49.3 ms; blocked layout 18-22 ms for a step, and
+  passes of 2 / 4 / 16 / 64 tokens 1.05x / 1.1x / 1.7x / 3.9x a step (`CostModel.measure`, 4 runs;
+  plain oneDNN layout 1.22x / 1.25x / 1.69x / 3.66x); logits equal to the dense layers' within
+  float32 rounding.
 * A model on the CPU with ``"sdpa"`` attention and grouped key/value heads is switched to
   `suffixspec.attention.NAME` (same kernel, the grouped heads fed as they are; see that module).
 """
@@ -122,17 +121,18 @@ PACK_ROWS_HINT = 16
 
 
 def _pack_weight(weight):
-    """`weight` [out, in] float32 in oneDNN's blocked layout for linear layers (plain oneDNN layout
-    where this torch lacks the reorder operator)."""
+    """(`weight` [out, in] float32 laid out for oneDNN, layout name): ``"blocked"`` (oneDNN's layout for
+    linear layers), or ``"plain"`` where this torch lacks the reorder operator or it fails (logged)."""
     import torch
 
     reorder = getattr(torch.ops.mkldnn, "_reorder_linear_weight", None)
     if reorder is not None:
         try:
-            return reorder(weight, PACK_ROWS_HINT)
-        except RuntimeError:  # an operator stub without a kernel for this build
-            pass
-    return weight.to_mkldnn()
+            return reorder(weight, PACK_ROWS_HINT), "blocked"
+        except RuntimeError as exc:  # NotImplementedError included: an operator stub without a kernel
+            log.warning("oneDNN could not reorder a %s linear weight (%s); using its plain layout, slower "
+                        "for multi-token passes", tuple(weight.shape), exc)
+    return weight.to_mkldnn(), "plain"
 
 
 @functools.lru_cache(maxsize=None)
@@ -147,14 +147,15 @@ def _packed_linear_class():
         def __init__(self, dense):
             super().__init__()
             self.in_features, self.out_features = dense.in_features, dense.out_features
-            self.packed = _pack_weight(dense.weight.detach())  # [out, in], oneDNN's blocked layout
+            self.packed, self.layout = _pack_weight(dense.weight.detach())  # [out, in] for oneDNN
             self.bias = None if dense.bias is None else dense.bias.detach().clone()  # [out]
 
         def forward(self, x):  # [..., in] -> [..., out]
             return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
         def extra_repr(self):
-            return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+            return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                    f"layout={self.layout}")
 
     return PackedLinear
 

@@ -34,6 +34,38 @@ def test_prepacked_layers_compute_what_the_dense_ones_do(kind, tied):
         assert torch.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("reorder", ["available", "fails", "missing"])
+def test_prepacked_layouts_compute_what_the_dense_ones_do(reorder, monkeypatch, caplog):
+    """The blocked layout where torch can reorder weights for linear layers, else oneDNN's plain layout
+    (a logged warning when the reorder operator fails): the same logits either way."""
+    import suffixspec.models as models
+
+    dense = tiny_model("llama").float()
+    packed = copy.deepcopy(dense)
+    if reorder != "available":
+        class Ops:  # torch.ops.mkldnn without the reorder operator, or with one that raises
+            _linear_pointwise = torch.ops.mkldnn._linear_pointwise
+
+            def __getattr__(self, name):
+                if name == "_reorder_linear_weight" and reorder == "fails":
+                    def fail(*args):
+                        raise RuntimeError("no kernel")
+
+                    return fail
+                raise AttributeError(name)
+
+        monkeypatch.setattr(torch.ops, "mkldnn", Ops())
+    with caplog.at_level("WARNING", logger="suffixspec.models"):
+        prepack_linear_layers(packed)
+    monkeypatch.undo()
+    layouts = {m.layout for m in packed.modules() if hasattr(m, "layout")}
+    assert layouts == ({"blocked"} if reorder == "available" else {"plain"})
+    assert ("could not reorder" in caplog.text) == (reorder == "fails")
+    ids = torch.randint(0, 97, (2, 6))
+    with torch.inference_mode():
+        assert torch.allclose(packed(ids).logits, dense(ids).logits, atol=1e-5, rtol=1e-5)
+
+
 def test_prepacked_model_speculates_to_plain_greedy_output():
     dense = tiny_model("llama", sharpen=4.0).float()
     packed = copy.deepcopy(dense)
