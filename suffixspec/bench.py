@@ -470,29 +470,9 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     also have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
     alternate inside it, so slow drifts of a shared machine hit every mode alike."""
     n = len(prompts)
-    configs = []
-    for c in settings.concurrency:
-        for mode in settings.modes:
-            if mode not in backends:
-                continue
-            if mode == "prompt_lookup" and c != 1:
-                continue  # transformers' prompt lookup decodes one sequence at a time
-            configs.append((mode, c))
+    configs = _configs(settings, backends)
     if settings.warmup and n:
-        # outside the timed runs: compiled kernels load, the cost curve is measured once (the
-        # speculative backends keep it), first-call work of the model happens
-        for mode in sorted({m for m, _ in configs}):
-            try:
-                warm_up(backends[mode], prompts[0][:64], budget=0 if mode == "plain" else settings.budget,
-                        seed=settings.seed)
-            except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
-                pass
-        if configs:
-            mode, c = max(configs, key=lambda mc: mc[1])  # a backend that runs at the largest concurrency
-            try:
-                warm_up_rows(backends[mode], prompts[:c], seed=settings.seed)
-            except Exception:  # noqa: BLE001 - as above
-                pass
+        warm_up_all(backends, prompts, settings, prompt_tokens=64)
     bar = _progress(n * len(configs) * settings.repeat, progress)
     runs: list[Run] = []
     try:
@@ -508,6 +488,40 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     finally:
         bar.close()
     return runs
+
+
+def _configs(settings: BenchSettings, backends: dict[str, Any]) -> list[tuple[str, int]]:
+    """(mode, concurrency) of every configuration that runs, concurrency-major."""
+    configs = []
+    for c in settings.concurrency:
+        for mode in settings.modes:
+            if mode not in backends:
+                continue
+            if mode == "prompt_lookup" and c != 1:
+                continue  # transformers' prompt lookup decodes one sequence at a time
+            configs.append((mode, c))
+    return configs
+
+
+def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: BenchSettings,
+                prompt_tokens: int | None = None) -> None:
+    """Outside the timed runs: every mode's paths (`warm_up` on the first `prompt_tokens` of the first
+    prompt, all of it when None: compiled kernels load, the cost curve is measured once and kept by
+    the speculative backends), then one batch at the largest concurrency (`warm_up_rows`)."""
+    configs = _configs(settings, backends)
+    if not configs or not prompts:
+        return
+    first = prompts[0] if prompt_tokens is None else prompts[0][:prompt_tokens]
+    for mode in sorted({m for m, _ in configs}):
+        try:
+            warm_up(backends[mode], first, budget=0 if mode == "plain" else settings.budget, seed=settings.seed)
+        except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
+            pass
+    mode, c = max(configs, key=lambda mc: mc[1])  # a backend that runs at the largest concurrency
+    try:
+        warm_up_rows(backends[mode], prompts[:c], seed=settings.seed)
+    except Exception:  # noqa: BLE001 - as above
+        pass
 
 
 def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: int = 8) -> None:

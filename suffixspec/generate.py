@@ -193,6 +193,7 @@ class CostModel:
         self.sizes = np.asarray(sizes, np.float64)[order]
         self._measured = np.asarray(seconds, np.float64)[order]
         self._size_list = self.sizes.tolist()
+        self._measured_list = self._measured.tolist()
         self._log_sizes = np.log(self.sizes).tolist()
         self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
         self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
@@ -226,9 +227,16 @@ class CostModel:
         speed = self._speed.setdefault(batch, 1.0)
         # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
         # its own shape factor instead of driving it (and through the mean, the speed) down without end
-        sizes, raw = self._size_list, self._raw(batch)
+        sizes, measured = self._size_list, self._measured_list
         t = float(tokens)
-        expected = float(raw[-1]) * t / sizes[-1] if t >= sizes[-1] else float(np.interp(t, self.sizes, raw))
+        j = next((k for k, size in enumerate(sizes) if size >= t), len(sizes))  # plain floats: every round
+        if j == len(sizes):
+            expected = measured[-1] * speed * factors[-1] * t / sizes[-1]
+        elif j == 0 or sizes[j] == t:
+            expected = measured[j] * speed * factors[j]
+        else:
+            a, b = measured[j - 1] * speed * factors[j - 1], measured[j] * speed * factors[j]
+            expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
         # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
         step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
         speed *= step
@@ -275,8 +283,8 @@ class CostModel:
         cuda = state.device.type == "cuda"
         trees = {1: DraftTree.empty()}  # the one-token step every size is paired with
         for size in sizes:
-            chain = rng.integers(0, vocab, size - 1)
-            trees[size] = DraftTree(chain, np.arange(size - 1) - 1) if size > 1 else DraftTree.empty()
+            if size > 1:
+                trees[size] = DraftTree(rng.integers(0, vocab, size - 1), np.arange(size - 1) - 1)
 
         def timed(size: int) -> float:
             if cuda:

@@ -108,10 +108,8 @@ def run(args) -> int:
     # warm up every path (and measure the cost curve once) on the first prompt
     print(f"suffixspec bench: {workload.name} ({len(prompts)} prompts, {sum(map(len, prompts))} prompt tokens), "
           f"model loaded in {load_s:.1f} s; warming up", file=sys.stderr)
-    for mode, backend in backends.items():
-        bench.warm_up(backend, prompts[0], budget=0 if mode == "plain" else settings.budget)
-    bench.warm_up_rows(spec, prompts[: max(settings.concurrency)])
-    settings.warmup = False  # done above, with the whole first prompt
+    bench.warm_up_all(backends, prompts, settings)  # with the whole first prompt
+    settings.warmup = False  # done above
 
     t_bench = time.perf_counter()
     runs = bench.run_benchmark(workload, prompts, backends, settings, progress=True)
