@@ -29,8 +29,10 @@ at least 64 trees of the budget, is replaced when full, and lives while any of i
 The empty tree is one shared, read-only instance. The knobs are fixed at construction
 (`params` is read-only): frames name them.
 
-Threads: one session must not be used from two threads at once. Different sessions may propose
-concurrently from several threads (`propose` runs one nogil kernel call over the session's own
+Threads: a session's calls (`propose`, `extend`, `close`, its part of a batch) are serialised by
+its own lock, so no kernel reads an automaton that another thread is growing or freeing (the
+kernels read raw addresses: without the lock, a session closed during another thread's proposal
+was a use-after-free). Different sessions may propose concurrently from several threads (`propose` runs one nogil kernel call over the session's own
 automaton and immutable snapshots of the shared sources; the cache is guarded by a lock).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
@@ -432,61 +434,74 @@ class Proposer:
             budgets = [budgets] * len(sessions)
         if len(budgets) != len(sessions):
             raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}")
+        if len({id(s) for s in sessions}) != len(sessions):
+            raise BadInputError("propose_batch: a session appears more than once")
+        for s in sessions:
+            if s.proposer is not self:
+                raise BadInputError("propose_batch: a session of another proposer")
         trees: list[DraftTree | None] = [None] * len(sessions)
         src = self._current_sources()
         fast, fast_budgets, slots, slow = [], [], [], []
+        held = []  # session locks, taken under the batch lock (never the other way round)
         with self._batch_lock:  # guards the live slots until the kernel has read them
-            for i, (s, b) in enumerate(zip(sessions, budgets)):
-                if s.proposer is not self:
-                    raise BadInputError("propose_batch: a session of another proposer")
-                b = self.max_nodes if b is None else int(b)
-                if b <= 0 or s._closed:
-                    trees[i] = DraftTree.empty()
-                    continue
-                if s._restricted:
-                    slow.append((i, b))
-                    continue
-                if s._src is not src:
-                    s._sync(src)
-                sam = s._sam
-                if sam._mode != sk.MODE_ONLINE:
-                    sam._start_online()
-                reg = s._registered
-                if reg is None or reg[0] is not sam._S or reg[1] is not sam._E or reg[2] is not sam._L or reg[3] is not sam._M:
-                    s._slot = self._slots.register(s._slot, sam)
-                    s._registered = (sam._S, sam._E, sam._L, sam._M)
-                fast.append(i)
-                fast_budgets.append(b)
-                slots.append(s._slot)
-            if len(set(slots)) != len(slots):
-                raise BadInputError("propose_batch: a session appears more than once")
-            if fast:
-                budget_arr = np.array(fast_budgets, np.int64)
-                starts = np.zeros(len(fast), np.int64)
-                np.cumsum(budget_arr[:-1], out=starts[1:])
-                total = int(starts[-1] + budget_arr[-1])
-                out_tok, out_par = np.empty(total, np.int32), np.empty(total, np.int32)
-                out_depth, out_prob = np.empty(total, np.int32), np.empty(total, np.float64)
-                curs = np.stack([sessions[i]._cur for i in fast])
-                threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-                args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, budget_arr, self.params,
-                        self.min_match, self.match_levels)
-                outs = (starts, out_tok, out_par, out_depth, out_prob)
-                if threads == 1:
-                    counts = pk.propose_batch_serial(*args, *outs)
-                else:
-                    with _PARALLEL_LAUNCH:  # numba's workqueue pool takes one launch at a time
-                        _prefer_workqueue()
-                        numba.set_num_threads(threads)
-                        counts = pk.propose_batch(*args, threads, *outs)
+            try:
+                for i, (s, b) in enumerate(zip(sessions, budgets)):
+                    s._guard.acquire()
+                    held.append(s._guard)
+                    b = self.max_nodes if b is None else int(b)
+                    if b <= 0 or s._closed:
+                        trees[i] = DraftTree.empty()
+                        continue
+                    if s._restricted:
+                        slow.append((i, b))
+                        continue
+                    if s._src is not src:
+                        s._sync(src)
+                    sam = s._sam
+                    if sam._mode != sk.MODE_ONLINE:
+                        sam._start_online()
+                    reg = s._registered
+                    if reg is None or reg[0] is not sam._S or reg[1] is not sam._E or reg[2] is not sam._L or reg[3] is not sam._M:
+                        s._slot = self._slots.register(s._slot, sam)
+                        s._registered = (sam._S, sam._E, sam._L, sam._M)
+                    fast.append(i)
+                    fast_budgets.append(b)
+                    slots.append(s._slot)
+                if fast:
+                    starts, outs, counts = self._batch_kernel(sessions, fast, fast_budgets, slots, src)
+            finally:
+                for g in held:
+                    g.release()
         if fast:
             trusted = DraftTree._trusted
+            out_tok, out_par, out_depth, out_prob = outs
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
                 e = a + k
                 trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees
+
+    def _batch_kernel(self, sessions, fast, budgets, slots, src):
+        """The batch kernel over sessions `fast` (registered in `slots`); under the batch lock.
+        Returns (starts, (tokens, parents, depths, scores), counts)."""
+        budget_arr = np.array(budgets, np.int64)
+        starts = np.zeros(len(fast), np.int64)
+        np.cumsum(budget_arr[:-1], out=starts[1:])
+        total = int(starts[-1] + budget_arr[-1])
+        outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64))
+        curs = np.stack([sessions[i]._cur for i in fast])
+        threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
+        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, budget_arr, self.params,
+                self.min_match, self.match_levels)
+        if threads == 1:
+            counts = pk.propose_batch_serial(*args, starts, *outs)
+        else:
+            with _PARALLEL_LAUNCH:  # numba's workqueue pool takes one launch at a time
+                _prefer_workqueue()
+                numba.set_num_threads(threads)
+                counts = pk.propose_batch(*args, threads, starts, *outs)
+        return starts, outs, counts
 
 
 class _NoCache:
@@ -533,6 +548,7 @@ class Session:
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
         # while propose may use it after checking only the cache version (unrestricted sessions)
         self._frame = self._hot = None
+        self._guard = threading.Lock()  # serialises this session's calls (module docstring, Threads)
 
     @property
     def output(self) -> list[int]:
@@ -543,21 +559,22 @@ class Session:
 
     def extend(self, tokens) -> None:
         """Commit tokens (accepted drafts and the target's own token)."""
-        if self._closed:
-            raise BadInputError("session is closed")
-        toks = as_tokens(tokens)
-        if toks.shape[0] == 0:
-            return
-        self._output.extend(toks.tolist())
-        self._sam._extend_valid(toks)
-        if len(self._sam) > self.proposer.max_session_tokens:
-            keep = self.proposer.max_session_tokens // 2
-            self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
-            self._frame = self._hot = None
-        cur = self._cur
-        for j, fa in enumerate(self._automata):
-            if cur[j, 0] >= 0:
-                cur[j] = fa._advance(int(cur[j, 0]), int(cur[j, 1]), toks)
+        with self._guard:
+            if self._closed:
+                raise BadInputError("session is closed")
+            toks = as_tokens(tokens)
+            if toks.shape[0] == 0:
+                return
+            self._output.extend(toks.tolist())
+            self._sam._extend_valid(toks)
+            if len(self._sam) > self.proposer.max_session_tokens:
+                keep = self.proposer.max_session_tokens // 2
+                self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
+                self._frame = self._hot = None
+            cur = self._cur
+            for j, fa in enumerate(self._automata):
+                if cur[j, 0] >= 0:
+                    cur[j] = fa._advance(int(cur[j, 0]), int(cur[j, 1]), toks)
 
     def _sync(self, src: _Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
@@ -596,35 +613,36 @@ class Session:
 
     def propose(self, budget=None) -> DraftTree:
         """The tree of at most `budget` nodes (default: the proposer's `max_nodes`)."""
-        hot = self._hot  # the frame's address, when nothing but the cache version needs checking
-        if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
-            # the hot path, inlined (each call or attribute lookup here shows in the p50): what
-            # _kernel_tree does when the workspace fits and the arena has room
-            ws = getattr(self._tls, "ws", None)
-            if ws is not None:
-                r = _propose_framed(hot, ws.addr, budget)
-                if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
-                    k = r & 0xFFFFFFFF
-                    if k == 0:
-                        return _EMPTY
-                    a = r >> 32
-                    e = a + k
-                    return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
-            return self._kernel_tree(budget)
-        p = self.proposer
-        budget = p.max_nodes if budget is None else int(budget)
-        if budget <= 0 or self._closed:
-            return DraftTree.empty()
-        src = p._sources
-        if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
-            self._sync()
-        if self._sam._mode != sk.MODE_ONLINE:
-            self._sam._start_online()
-        if self._restricted:
-            return self._propose_restricted(budget)
-        tree = self._propose_sources(budget)
-        self._hot = self._frame_addr
-        return tree
+        with self._guard:
+            hot = self._hot  # the frame's address, when nothing but the cache version needs checking
+            if hot is not None and type(budget) is int and budget > 0 and self._cache._version == self._version:
+                # the hot path, inlined (each call or attribute lookup here shows in the p50): what
+                # _kernel_tree does when the workspace fits and the arena has room
+                ws = getattr(self._tls, "ws", None)
+                if ws is not None:
+                    r = _propose_framed(hot, ws.addr, budget)
+                    if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
+                        k = r & 0xFFFFFFFF
+                        if k == 0:
+                            return _EMPTY
+                        a = r >> 32
+                        e = a + k
+                        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
+                return self._kernel_tree(budget)
+            p = self.proposer
+            budget = p.max_nodes if budget is None else int(budget)
+            if budget <= 0 or self._closed:
+                return DraftTree.empty()
+            src = p._sources
+            if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
+                self._sync()
+            if self._sam._mode != sk.MODE_ONLINE:
+                self._sam._start_online()
+            if self._restricted:
+                return self._propose_restricted(budget)
+            tree = self._propose_sources(budget)
+            self._hot = self._frame_addr
+            return tree
 
     def _build_frame(self) -> None:
         """The kernel's frame of the current automaton, cursors and sources (see pk.session_frame)."""
@@ -680,20 +698,24 @@ class Session:
         return _tree(t, pa, d, s)
 
     def close(self) -> None:
-        """End the request; its output joins the global cache of past responses."""
-        if self._closed:
-            return
-        self._closed = True
+        """End the request; its output joins the global cache of past responses. Waits for a
+        proposal or extension of this session running in another thread; later proposals are
+        empty and later extensions raise."""
+        with self._guard:
+            if self._closed:
+                return
+            self._closed = True
+            self._frame = self._hot = None
+            sam, self._sam = self._sam, None  # freed only once no batch kernel can read its slot
+            self._src = None
+            slot, self._slot = self._slot, -1
+            self._registered = None
+        if slot >= 0:
+            with self.proposer._batch_lock:  # after the lock: lock order is batch lock, then session
+                self.proposer._slots.release(slot)
+        del sam
         if self.proposer.cache is not None and self._output:
             self.proposer.cache.add(self._output)
-        if self._slot >= 0:
-            with self.proposer._batch_lock:
-                self.proposer._slots.release(self._slot)
-            self._slot = -1
-            self._registered = None
-        self._sam = None
-        self._src = None
-        self._frame = self._hot = None
 
     def __enter__(self):
         return self

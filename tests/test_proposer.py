@@ -2,6 +2,7 @@
 
 import json
 import random
+import time
 
 import numpy as np
 import pytest
@@ -420,6 +421,54 @@ def test_sessions_proposed_from_several_threads_at_once():
     for t in threads:
         t.join()
     assert got == want
+
+
+def test_one_session_used_from_several_threads_waits_for_itself():
+    """One session proposed (alone and in batches), extended and closed from different threads at
+    once: its calls wait for each other, so no kernel reads an automaton being grown or freed.
+    Every tree is well formed, a closed session proposes nothing and refuses tokens, and its output
+    reaches the cache."""
+    import threading
+
+    rng = np.random.default_rng(12)
+    prop = Proposer(cache_tokens=4000)
+    for trial in range(12):
+        text = rng.integers(0, 6, 400).tolist()
+        s = prop.start(text[:40])
+        bad = []
+
+        def proposing():
+            k = 0
+            while not s._closed or k < 3:
+                k += 1
+                t = prop.propose_batch([s], 24)[0] if k % 2 else s.propose(24)
+                try:
+                    DraftTree(t.tokens, t.parents, t.scores)  # validates the structure
+                    assert len(t) <= 24 and np.all((t.scores >= 0) & (t.scores <= 1))
+                    assert set(t.tokens.tolist()) <= set(range(6))
+                except (AssertionError, BadInputError) as exc:
+                    bad.append(exc)
+
+        def extending():
+            for a in range(40, 400, 3):
+                try:
+                    s.extend(text[a : a + 3])
+                except BadInputError:
+                    return
+
+        workers = [threading.Thread(target=proposing), threading.Thread(target=extending)]
+        for w in workers:
+            w.start()
+        time.sleep(0.002 * trial)
+        s.close()
+        for w in workers:
+            w.join()
+        assert not bad
+        assert len(s.propose(8)) == 0 and len(prop.propose_batch([s], 8)[0]) == 0
+        with pytest.raises(BadInputError, match="closed"):
+            s.extend([1])
+        assert 40 <= len(s) <= 400
+    assert len(prop.cache) > 0  # every closed session's output reached the cache
 
 
 def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
