@@ -246,7 +246,7 @@ class Server:
         t = time.perf_counter()
         width = max(len(lv.pending) for lv in lives)
         proposed = trees
-        if self.auto and self._speculate:
+        if self.auto and self._speculate and any(len(tr) for tr in trees):
             trees = gen._auto_prune(trees, limits, width=width, weights=self._tail_weights(lives),
                                     row_factors=[lv.draft_factor() for lv in lives])
         t_pass = time.perf_counter()
