@@ -10,7 +10,9 @@ vs transformers' prompt lookup (PLD), same run, same model, same prompts, warmed
 Workloads: `code-edit` (corpora/code_edit_traces.jsonl: "update this code" prompts whose answers
 copy heavily from the prompt), `copy-edit` (corpora/copy_edit_prompts.jsonl, made by
 corpora/make_copy_edit_prompts.py: stdlib functions under edit instructions the default model answers
-by rewriting the code; each kept prompt's greedy answer has a copy-oracle >= 8 tokens/round), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
+by rewriting the code; each kept prompt's greedy answer has a copy-oracle >= 8 tokens/round; the proposer
+and the automatic budget were tuned on these 12), `copy-edit-heldout` (corpora/copy_edit_heldout.jsonl: 41
+more made the same way with another seed, never tuned on), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
 or $SUFFIXSPEC_SPECBENCH). Prompts are wrapped as one ChatML user turn. The proposer runs without
 its global response cache, so repeats never learn from earlier repeats; the automatic budget's
 acceptance calibration starts afresh with each workload (as on a server dedicated to it). `--budget` and
@@ -38,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH", ROOT.parent / "shared" / "data" / "specbench-dev.jsonl"))
 CODE_EDITS = ROOT / "corpora" / "code_edit_traces.jsonl"
 COPY_EDITS = ROOT / "corpora" / "copy_edit_prompts.jsonl"
+COPY_EDITS_HELDOUT = ROOT / "corpora" / "copy_edit_heldout.jsonl"
 CHAT_CATEGORIES = ("roleplay", "reasoning", "coding", "extraction", "stem", "humanities", "writing", "math")
 
 
@@ -50,8 +53,9 @@ def load_prompts(workload: str, n: int) -> list[str]:
         rows = [json.loads(line) for line in CODE_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
         rows.sort(key=lambda r: len(r["prompt"]))
         return [chatml(r["prompt"]) for r in rows[:n]]
-    if workload == "copy-edit":
-        rows = [json.loads(line) for line in COPY_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if workload in ("copy-edit", "copy-edit-heldout"):
+        path = COPY_EDITS if workload == "copy-edit" else COPY_EDITS_HELDOUT
+        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [r["chatml"] for r in rows[:n]]
     rows = [json.loads(line) for line in SPECBENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
     cats = CHAT_CATEGORIES if workload == "chat" else (workload,)
@@ -245,27 +249,27 @@ def main(argv=None) -> int:
             }
 
     print()
-    head = f"{'workload':<11}{'oracle':>7}{'plain':>7}" + "".join(f"{m:>9}" for m in methods if m != "plain")
+    head = f"{'workload':<18}{'oracle':>7}{'plain':>7}" + "".join(f"{m:>9}" for m in methods if m != "plain")
     print(head + "   tok/s (median of repeats, summed over prompts)")
     for w, s in summary.items():
-        print(f"{w:<11}{s['mean_oracle']:7.2f}{s['plain_tps']:7.1f}" + "".join(f"{s[m + '_tps']:9.1f}" for m in methods if m != "plain"))
+        print(f"{w:<18}{s['mean_oracle']:7.2f}{s['plain_tps']:7.1f}" + "".join(f"{s[m + '_tps']:9.1f}" for m in methods if m != "plain"))
     print()
-    print(f"{'workload':<11}{'config':<9}{'vs plain':>9}{'vs best PLD':>13}{'tok/round':>11}{'identical':>11}")
+    print(f"{'workload':<18}{'config':<9}{'vs plain':>9}{'vs best PLD':>13}{'tok/round':>11}{'identical':>11}")
     for w, s in summary.items():
         for m in methods:
             if m == "plain":
                 continue
             ss = m.startswith("ss-")
-            print(f"{w:<11}{m:<9}{s[m + '_vs_plain']:8.2f}x" + (f"{s[m + '_vs_best_pld']:12.2f}x ({s['best_pld']})" if ss else " " * 13)
+            print(f"{w:<18}{m:<9}{s[m + '_vs_plain']:8.2f}x" + (f"{s[m + '_vs_best_pld']:12.2f}x ({s['best_pld']})" if ss else " " * 13)
                   + (f"{s[m + '_tokens_per_round']:11.2f}" if ss else "") + (f"{str(not any(x['config'] == m for x in s['mismatches'])):>11}" if ss else ""))
     print("pass cost relative to one token: " + ", ".join(f"{k}:{v:.2f}" for k, v in curve.items()))
     if args.diag:
         print()
-        print(f"{'workload':<11}{'config':<9}{'rounds':>7}{'plain r':>8}{'drafted/r':>10}{'accepted/r':>11}{'accept%':>8}"
+        print(f"{'workload':<18}{'config':<9}{'rounds':>7}{'plain r':>8}{'drafted/r':>10}{'accepted/r':>11}{'accept%':>8}"
               f"{'tree':>6}{'cost':>6}{'prop ms/r':>10}{'verify ms/r':>12}  tree sizes (by 8)")
         for w, d in diag.items():
             for m, x in d.items():
-                print(f"{w:<11}{m:<9}{x['rounds']:7d}{x['plain_rounds']:8d}{x['drafted_per_round']:10.1f}{x['accepted_per_round']:11.2f}"
+                print(f"{w:<18}{m:<9}{x['rounds']:7d}{x['plain_rounds']:8d}{x['drafted_per_round']:10.1f}{x['accepted_per_round']:11.2f}"
                       f"{100 * x['acceptance_rate']:7.1f}%{x['mean_tree']:6.1f}{x['rel_pass_cost_at_mean_tree']:6.2f}"
                       f"{x['proposer_ms_per_round']:10.2f}{x['verifier_ms_per_round']:12.2f}  {x['tree_size_hist_by8']}")
     print(json.dumps({"threads": args.threads, "proposer": args.proposer, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
