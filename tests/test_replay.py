@@ -1,5 +1,6 @@
 """bench/replay_generate.py: its prompt-lookup rule is transformers' own, its stand-in model makes
-the real generator reproduce recorded answers, and its clairvoyant budget never loses to plain."""
+the real generator reproduce recorded answers, its clairvoyant budget never loses to plain, and its
+clairvoyant copier charges what a verbatim copy costs."""
 
 import importlib.util
 import json
@@ -67,9 +68,14 @@ def test_clairvoyant_never_slower_than_plain_and_main_reports(replay, tmp_path, 
         steps = replay.clairvoyant_steps(row["prompt_ids"], answer, cost)
         assert steps <= (len(answer) - 1) * cost(1) + 1e-9  # every round at least plain's rate
         assert replay.lookup_steps(row["prompt_ids"], answer, cost, 10) < (len(answer) - 1) * cost(1)  # copies pay
+    prompt = np.random.default_rng(1).integers(0, 1000, 100).tolist()
+    answer = prompt[:70]  # a verbatim copy: one 64-token chain, then the last 3 of the 69 left
+    assert replay.copier_steps(prompt, answer, cost) == pytest.approx(cost(65) + cost(4))
+    assert replay.copier_steps(prompt, answer, cost) < replay.clairvoyant_steps(prompt, answer, cost) + 1e-9
     small = tmp_path / "two.jsonl"
     small.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert replay.main([str(small), "--max-new-tokens", "40", "--curve", json.dumps(CURVE)]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     got = report["sets"]["two.jsonl"]
     assert got["prompts"] == 2 and got["ours_vs_plain"] > 1.0 and got["clairvoyant_vs_pld"] > 0
+    assert got["copier_vs_pld"] >= got["clairvoyant_vs_pld"] * 0.95  # copies of any span beat our trees' paths
