@@ -11,16 +11,18 @@ of the embedded default model). Prompt lookup is replayed with transformers' rul
 is charged `--prefill-steps-per-token` per prompt token for every method (0.037: a 294-token prompt
 took 0.21 s against a 19 ms step here).
 
-Also reported: a clairvoyant budget, which knows which nodes of the proposer's 64-node tree the
-target accepts and keeps only those (the best any budget rule could do with these trees), and a
-clairvoyant copier, which drafts the longest span of the context that the answer continues with
-(the best any proposer copying from the request could do, 64 tokens a round at most).
+Also reported (both after a plain prefill): a clairvoyant budget, which knows the path of the
+proposer's 64-node tree that the target accepts and, each round, keeps the best-scored nodes up to
+the prefix of that path with the most tokens per charged step (about the best a budget rule could do
+with these trees, round by round), and a clairvoyant copier, which drafts the longest span of the
+context that the answer continues with (the best any proposer copying spans of the request could do
+round by round, 64 tokens a round at most).
 
     python bench/replay_generate.py                                    # both copy-edit sets
     python bench/replay_generate.py corpora/copy_edit_heldout.jsonl --max-new-tokens 96
 
-It ran the 12 shipped copy edits at 1.32x PLD (measured on the model: 1.30x) and the 41 held-out
-ones at 1.14x (measured: 1.17x); clairvoyant budget 1.59x / 1.29x, clairvoyant copier 1.73x / 1.62x. Not a timing: ratios of charged steps (per-round overhead is not charged).
+It ran the 12 shipped copy edits at 1.34x PLD (measured on the model: 1.30x) and the 41 held-out
+ones at 1.15x (measured: 1.17x); clairvoyant budget 1.62x / 1.30x, clairvoyant copier 1.76x / 1.63x. Not a timing: ratios of charged steps (per-round overhead is not charged).
 Prints a table, then one JSON line.
 """
 
@@ -83,8 +85,9 @@ def trace_model(vocab: int, eos: int):
     return TraceModel()
 
 
-def lookup_draft(context: list[int], n_out: int, max_ngram: int = 2) -> list[int]:
-    """transformers' prompt lookup: the last `max_ngram`..1 tokens at their first earlier occurrence."""
+def lookup_draft(context: list[int], n_out: int, max_ngram: int = 2, eos: int | None = None) -> list[int]:
+    """transformers' prompt lookup: the last `max_ngram`..1 tokens at their first earlier occurrence,
+    up to `n_out` tokens, cut before the first `eos`."""
     n = len(context)
     for size in range(max_ngram, 0, -1):
         if n <= size:
@@ -94,18 +97,23 @@ def lookup_draft(context: list[int], n_out: int, max_ngram: int = 2) -> list[int
             if context[s : s + size] == tail:
                 follow = context[s + size : s + size + n_out]
                 if follow:
+                    if eos is not None and eos in follow:
+                        follow = follow[: follow.index(eos)]
                     return follow
     return []
 
 
-def lookup_steps(prompt, answer, cost: StepCost, n_out: int) -> float:
-    context, pos, steps = list(prompt) + answer[:1], 1, 0.0
+def lookup_steps(prompt, answer, cost: StepCost, n_out: int, eos: int | None = None) -> float:
+    """Charged steps of transformers' prompt-lookup decoding, prefill included: like transformers it
+    drafts on the prompt's own pass too. Unlike it, drafts stop at the answer's end (what the target
+    would say past it is not recorded)."""
+    context, pos, steps = list(prompt), 0, 0.0
     while pos < len(answer):
-        draft = lookup_draft(context, n_out)[: len(answer) - pos - 1]
+        draft = lookup_draft(context, n_out, eos=eos)[: len(answer) - pos - 1]
         a = 0
         while a < len(draft) and draft[a] == answer[pos + a]:
             a += 1
-        steps += cost(1 + len(draft))
+        steps += cost((len(prompt) if pos == 0 else 1) + len(draft))
         context += answer[pos : pos + a + 1]
         pos += a + 1
     return steps
@@ -113,14 +121,17 @@ def lookup_steps(prompt, answer, cost: StepCost, n_out: int) -> float:
 
 def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=None) -> float:
     """Per round, the prefix of the accepted path of the proposer's tree (`options`: its knobs) with
-    the most tokens per charged step."""
+    the most tokens per charged step; the prefill is not charged."""
     from suffixspec.proposer import Proposer
 
     session = Proposer(**dict(options or {}, global_cache=False)).start(prompt)
     session.extend(answer[:1])
     pos, steps = 1, 0.0
     while pos < len(answer):
-        tree = session.propose(max(1, min(budget, len(answer) - pos - 1)))
+        if pos == len(answer) - 1:  # the last token: a plain step
+            steps += cost(1)
+            break
+        tree = session.propose(min(budget, len(answer) - pos - 1))
         par, tok = tree.parents.tolist(), tree.tokens.tolist()
         node, path = -1, []
         for t in answer[pos:]:
@@ -142,9 +153,12 @@ def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=
     return steps
 
 
-def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 10, proposer_options=None) -> dict:
-    """Charged steps of plain decoding, prompt lookup, suffixspec (auto budget) and the clairvoyant
-    budget over `records` (dicts with `prompt_ids` and `output_ids`), with their ratios."""
+def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 10, proposer_options=None,
+           eos: int | None = 2) -> dict:
+    """Charged steps of plain decoding, prompt lookup, suffixspec (auto budget), the clairvoyant
+    budget and the clairvoyant copier over `records` (dicts with `prompt_ids` and `output_ids`; those
+    with an empty answer are skipped), with their ratios. `eos`: the token prompt lookup never drafts
+    past (the default model's end of turn)."""
     from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.proposer import Proposer
 
@@ -160,6 +174,7 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
     gen._checked, gen._unsupported = True, None  # the stand-in has no attention to check
     tot = {"plain": 0.0, "pld": 0.0, "ours": 0.0, "clairvoyant": 0.0, "copier": 0.0}
     rounds = tokens = 0
+    records = [r for r in records if len(r["output_ids"][:max_new_tokens])]
     for rec in records:
         prompt, answer = list(rec["prompt_ids"]), list(rec["output_ids"][:max_new_tokens])
         prefill = cost(len(prompt))
@@ -170,7 +185,7 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
             raise RuntimeError(f"the replay diverged from the recorded answer of {rec.get('id')}")
         tot["ours"] += sum(cost(t) for t in model.charged)  # the first pass: the prompt (and drafts riding along)
         tot["plain"] += prefill + (len(answer) - 1) * cost(1)
-        tot["pld"] += prefill + lookup_steps(prompt, answer, cost, pld_tokens)
+        tot["pld"] += lookup_steps(prompt, answer, cost, pld_tokens, eos)
         tot["clairvoyant"] += prefill + clairvoyant_steps(prompt, answer, cost, options=options)
         tot["copier"] += prefill + copier_steps(prompt, answer, cost)
         rounds += res.stats.rounds

@@ -27,16 +27,19 @@ def test_lookup_draft_is_transformers_prompt_lookup(replay):
     from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
     rng = np.random.default_rng(0)
-    hf = PromptLookupCandidateGenerator(num_output_tokens=10, max_matching_ngram_size=2, max_length=10**6)
-    found = 0
+    plain = PromptLookupCandidateGenerator(num_output_tokens=10, max_matching_ngram_size=2, max_length=10**6)
+    with_eos = PromptLookupCandidateGenerator(eos_token_id=torch.tensor([2]), num_output_tokens=10,
+                                              max_matching_ngram_size=2, max_length=10**6)
+    found = cut = 0
     for _ in range(300):
         context = rng.integers(0, int(rng.integers(3, 30)), int(rng.integers(2, 80))).tolist()
-        ids = torch.tensor([context])
-        candidate, _ = hf.get_candidates(ids)
-        want = candidate[0, len(context) :].tolist()
-        assert replay.lookup_draft(context, 10) == want
-        found += bool(want)
-    assert found > 200  # most contexts of a small vocabulary repeat a token
+        for hf, eos in ((plain, None), (with_eos, 2)):
+            candidate, _ = hf.get_candidates(torch.tensor([context]))
+            want = candidate[0, len(context) :].tolist()
+            assert replay.lookup_draft(context, 10, eos=eos) == want
+            found += bool(want)
+        cut += len(replay.lookup_draft(context, 10)) > len(replay.lookup_draft(context, 10, eos=2))
+    assert found > 400 and cut > 20  # most contexts of a small vocabulary repeat a token; some drafts hold a 2
 
 
 def test_trace_model_reproduces_recorded_answers(replay):
@@ -53,9 +56,13 @@ def test_trace_model_reproduces_recorded_answers(replay):
     for row in rows:
         answer = row["output_ids"][:60]
         model.tokens = np.array(row["prompt_ids"] + answer + [0], np.int64)
+        model.charged = []
         res = gen.generate([row["prompt_ids"]], max_new_tokens=len(answer))
         assert res.sequences[0] == answer
         drafted += res.stats.accepted
+        # the prompt is fed once (with any drafts riding along), then one token plus a tree a round
+        assert len(row["prompt_ids"]) <= model.charged[0] <= len(row["prompt_ids"]) + 64
+        assert all(1 <= t <= 65 for t in model.charged[1:]) and len(model.charged) == res.stats.rounds
     assert drafted > 60  # copy edits: most tokens came from accepted drafts
 
 
@@ -68,9 +75,14 @@ def test_clairvoyant_never_slower_than_plain_and_main_reports(replay, tmp_path, 
         steps = replay.clairvoyant_steps(row["prompt_ids"], answer, cost)
         assert steps <= (len(answer) - 1) * cost(1) + 1e-9  # every round at least plain's rate
         assert replay.lookup_steps(row["prompt_ids"], answer, cost, 10) < (len(answer) - 1) * cost(1)  # copies pay
-    prompt = np.random.default_rng(1).integers(0, 1000, 100).tolist()
+    prompt = np.random.default_rng(1).integers(3, 1000, 100).tolist()
     answer = prompt[:70]  # a verbatim copy: one 64-token chain, then the last 3 of the 69 left
     assert replay.copier_steps(prompt, answer, cost) == pytest.approx(cost(65) + cost(4))
+    # prompt lookup: the prompt's pass drafts what follows its last token's first occurrence (none in
+    # a prompt of distinct tokens), then 10 a round from the copy: rounds of 11 tokens
+    distinct = list(range(3, 103))
+    steps = replay.lookup_steps(distinct, distinct[:45], cost, 10)
+    assert steps == pytest.approx(cost(100) + 4 * cost(11))  # 1 + 4 x 11 = 45 tokens
     assert replay.copier_steps(prompt, answer, cost) < replay.clairvoyant_steps(prompt, answer, cost) + 1e-9
     small = tmp_path / "two.jsonl"
     small.write_text("".join(json.dumps(r) + "\n" for r in rows))
