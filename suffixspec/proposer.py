@@ -32,8 +32,9 @@ The empty tree is one shared, read-only instance. The knobs are fixed at constru
 Threads: a session's calls (`propose`, `extend`, `close`, its part of a batch) are serialised by
 its own lock, so no kernel reads an automaton that another thread is growing or freeing (the
 kernels read raw addresses: without the lock, a session closed during another thread's proposal
-was a use-after-free). Different sessions may propose concurrently from several threads (`propose` runs one nogil kernel call over the session's own
-automaton and immutable snapshots of the shared sources; the cache is guarded by a lock).
+was a use-after-free). Different sessions may propose concurrently from several threads
+(`propose` runs one nogil kernel call over the session's own automaton and immutable snapshots of
+the shared sources; the cache is guarded by a lock).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
@@ -706,14 +707,13 @@ class Session:
                 return
             self._closed = True
             self._frame = self._hot = None
-            sam, self._sam = self._sam, None  # freed only once no batch kernel can read its slot
+            self._sam = None  # a batch slot keeps its arrays referenced until released below
             self._src = None
             slot, self._slot = self._slot, -1
             self._registered = None
         if slot >= 0:
             with self.proposer._batch_lock:  # after the lock: lock order is batch lock, then session
                 self.proposer._slots.release(slot)
-        del sam
         if self.proposer.cache is not None and self._output:
             self.proposer.cache.add(self._output)
 
