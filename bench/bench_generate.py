@@ -4,6 +4,7 @@ vs transformers' prompt lookup (PLD), same run, same model, same prompts, warmed
     python bench/bench_generate.py                       # all workloads, defaults below
     python bench/bench_generate.py --workloads code-edit --prompts 4 --max-new-tokens 128
     python bench/bench_generate.py --identity 24         # greedy identity check only
+    python bench/bench_generate.py --workloads copy-edit-heldout --prompts 41 --min-oracle 8   # the copy-edit target
     python bench/bench_generate.py --workloads copy-edit,chat --prompts 12 --max-new-tokens 128 \
         --budget auto,16,32 --pld-tokens 10,20 --diag      # several configurations side by side
 
@@ -95,6 +96,9 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", default="10", help="prompt_lookup_num_tokens of the PLD baseline (comma-separated list)")
     ap.add_argument("--budget", default="auto", help="suffixspec budget: auto or N, or a comma-separated list")
     ap.add_argument("--diag", action="store_true", help="print per-configuration round statistics")
+    ap.add_argument("--min-oracle", type=float, default=0.0, metavar="T",
+                    help="time only prompts whose copy-oracle (over the plain answer at --max-new-tokens) is >= T; "
+                         "the others are listed as skipped")
     ap.add_argument("--proposer", choices=("suffixspec", "lookup"), default="suffixspec",
                     help="suffixspec.Proposer (default) or the minimal prompt-lookup stand-in")
     ap.add_argument("--identity", type=int, default=0, metavar="N",
@@ -186,6 +190,12 @@ def main(argv=None) -> int:
         oracles = []
         for pi, text in enumerate(load_prompts(workload, args.prompts)):
             ids = tok.encode(text)
+            if args.min_oracle > 0:
+                first = oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(plain(model, ids, args.max_new_tokens),
+                                                                                          np.int32))], budget=64, use_history=False)
+                if first < args.min_oracle:
+                    print(f"  {workload:<10} #{pi:<2d} prompt {len(ids):4d} tok  oracle {first:5.2f}  skipped (< {args.min_oracle:g})")
+                    continue
             times = {m: [] for m in methods}
             outs, stats = {}, {}
             for _ in range(args.repeats):
@@ -224,6 +234,9 @@ def main(argv=None) -> int:
                     a["budgets"].extend(st.budgets)
                     line += f" ({st.tokens_per_round:.1f}/r{'' if same else ' DIFF'})"
             print(line + "  tok/s", flush=True)
+        if not oracles:
+            print(f"  {workload}: no prompt reached the copy-oracle of --min-oracle {args.min_oracle:g}")
+            continue
         tps = {m: tokens[m] / tot[m] for m in methods}
         best_pld = max((m for m in methods if m.startswith("pld-")), key=lambda m: tps[m])
         summary[workload] = {
@@ -273,7 +286,8 @@ def main(argv=None) -> int:
                       f"{100 * x['acceptance_rate']:7.1f}%{x['mean_tree']:6.1f}{x['rel_pass_cost_at_mean_tree']:6.2f}"
                       f"{x['proposer_ms_per_round']:10.2f}{x['verifier_ms_per_round']:12.2f}  {x['tree_size_hist_by8']}")
     print(json.dumps({"threads": args.threads, "proposer": args.proposer, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                      "budgets": args.budget, "pld_tokens": plds, "cost_curve": curve, "workloads": summary,
+                      "budgets": args.budget, "pld_tokens": plds, "min_oracle": args.min_oracle, "cost_curve": curve,
+                      "workloads": summary,
                       **({"diag": diag} if args.diag else {})}))
     ok = all(s["identical"] for s in summary.values())
     return 0 if ok else 1
