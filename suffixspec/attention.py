@@ -20,18 +20,18 @@ NAME = "suffixspec_sdpa"
 __all__ = ["NAME", "use_grouped_sdpa"]
 
 _registered = False
+_default_sdpa = None  # transformers' own sdpa attention, bound by _register (imported once, not per layer call)
 
 
 def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
     """query [b, heads, q, d], key/value [b, kv_heads, k, d], mask [b, 1, q, k] -> ([b, q, heads, d], None)."""
-    import torch
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     if (attention_mask is None or query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) <= 1
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or kwargs.get("output_attentions", False)):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return _default_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                             is_causal=is_causal, **kwargs)
+    import torch
+
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
     )  # [b, heads, q, d]
@@ -39,10 +39,13 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scalin
 
 
 def _register() -> None:
-    global _registered
+    global _registered, _default_sdpa
     if not _registered:
         from transformers import AttentionInterface, AttentionMaskInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
         from transformers.masking_utils import sdpa_mask
+
+        _default_sdpa = sdpa_attention_forward
 
         AttentionInterface.register(NAME, _grouped_sdpa)
         AttentionMaskInterface.register(NAME, sdpa_mask)
