@@ -238,6 +238,18 @@ def _growing_layer_class():
             self._grown = (kb[0], kb[1], kb[3], vb[3], self.keys.shape[2], min(kb[2], vb[2]))
             return self.keys, self.values
 
+        def crop_to(self, length: int) -> None:
+            """Keep the first `length` slots (a shorter cache is left as it is), staying on the fast path."""
+            if self.keys is None or self.keys is not self._klast or self.values is not self._vlast:
+                if self.keys is not None and self.keys.numel() and self.keys.shape[2] > length:
+                    self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
+                return
+            b, h, kd, vd, n, room = self._grown
+            if n > length:
+                self.keys = self._klast = self._kbuf[:, :, :length]
+                self.values = self._vlast = self._vbuf[:, :, :length]
+                self._grown = (b, h, kd, vd, length, room)
+
     return _GrowingLayer
 
 
@@ -470,7 +482,10 @@ class KVState:
 
     def _crop(self, length: int) -> None:
         for layer in self.cache.layers:
-            if getattr(layer, "keys", None) is not None and layer.keys.numel() and layer.keys.shape[2] > length:
+            crop = getattr(layer, "crop_to", None)
+            if crop is not None:
+                crop(length)
+            elif getattr(layer, "keys", None) is not None and layer.keys.numel() and layer.keys.shape[2] > length:
                 layer.keys = layer.keys[:, :, :length]
                 layer.values = layer.values[:, :, :length]
 

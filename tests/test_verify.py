@@ -108,6 +108,55 @@ def test_growing_cache_append_equals_concatenation():
     assert in_place > 50  # the point: most appends write into the existing buffer
 
 
+def test_growing_layer_fast_path_equals_concatenation():
+    """The cache layer's updates (fast path while its views are its own), crops, in-place tail
+    rewrites, regathers and row selections (new tensors: the checked path) against plain tensors,
+    keys and values of different widths."""
+    from suffixspec.verify import _growing_layer_class
+
+    rng = np.random.default_rng(12)
+    layer = _growing_layer_class()()
+    rows = 3
+    ref_k, ref_v = torch.zeros((rows, 2, 0, 4), dtype=torch.float64), torch.zeros((rows, 2, 0, 5), dtype=torch.float64)
+    fast = 0
+    for step in range(400):
+        op = rng.integers(0, 8)
+        n = ref_k.shape[2]
+        if op == 0 and n:  # crop, as KVState._crop does after acceptance
+            m = int(rng.integers(0, n + 1))
+            layer.crop_to(m)
+            ref_k, ref_v = ref_k[:, :, :m], ref_v[:, :, :m]
+        elif op == 1 and n > 1:  # rewrite a tail in place (KVState._rewrite_tail)
+            start = int(rng.integers(0, n))
+            fk, fv = torch.randn(rows, 2, n - start, 4, dtype=torch.float64), torch.randn(rows, 2, n - start, 5, dtype=torch.float64)
+            layer.keys[:, :, start:] = fk
+            layer.values[:, :, start:] = fv
+            ref_k, ref_v = torch.cat([ref_k[:, :, :start], fk], 2), torch.cat([ref_v[:, :, :start], fv], 2)
+        elif op == 2 and n:  # regather slots (compaction): new tensors
+            idx = torch.from_numpy(np.sort(rng.choice(n, int(rng.integers(1, n + 1)), replace=False)))
+            layer.keys, layer.values = layer.keys[:, :, idx], layer.values[:, :, idx]
+            ref_k, ref_v = ref_k[:, :, idx], ref_v[:, :, idx]
+        elif op == 3 and n and rows > 1:  # finished rows leave (select_rows): new tensors, fewer rows
+            keep = torch.tensor(sorted(rng.choice(rows, rows - 1, replace=False)))
+            layer.keys, layer.values = layer.keys.index_select(0, keep), layer.values.index_select(0, keep)
+            ref_k, ref_v = ref_k.index_select(0, keep), ref_v.index_select(0, keep)
+            rows -= 1
+        else:
+            k = int(rng.integers(1, 70))
+            nk, nv = torch.randn(rows, 2, k, 4, dtype=torch.float64), torch.randn(rows, 2, k, 5, dtype=torch.float64)
+            fast += layer.keys is not None and layer.keys is layer._klast
+            got_k, got_v = layer.update(nk, nv)
+            ref_k, ref_v = torch.cat([ref_k, nk], 2), torch.cat([ref_v, nv], 2)
+            assert got_k is layer.keys and got_v is layer.values
+        if rows == 1 and step % 50 == 49:  # new rows arrive: start again with more
+            rows = 3
+            layer = _growing_layer_class()()
+            ref_k, ref_v = torch.zeros((rows, 2, 0, 4), dtype=torch.float64), torch.zeros((rows, 2, 0, 5), dtype=torch.float64)
+        if layer.keys is not None and layer.keys.numel():
+            assert torch.equal(layer.keys, ref_k) and torch.equal(layer.values, ref_v)
+    assert fast > 60  # most updates took the fast path
+
+
 def test_kv_cache_is_not_copied_on_every_pass():
     model = tiny_model("llama")
     state = KVState(model, 2)
