@@ -28,8 +28,11 @@ def _grouped_sdpa(module, query, key, value, attention_mask, dropout=0.0, scalin
     if (attention_mask is None or query.device.type != "cpu" or getattr(module, "num_key_value_groups", 1) <= 1
             or kwargs.get("position_bias") is not None or kwargs.get("softcap") is not None
             or kwargs.get("output_attentions", False)):
-        return _default_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                             is_causal=is_causal, **kwargs)
+        default = _default_sdpa
+        if default is None:  # registered by hand, or this module reloaded
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward as default
+        return default(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                       is_causal=is_causal, **kwargs)
     import torch
 
     out = torch.nn.functional.scaled_dot_product_attention(

@@ -213,21 +213,21 @@ def _growing_layer_class():
         The checks were a per-layer cost of every pass (about 0.4 ms a pass over 30 layers)."""
 
         _kbuf = _vbuf = _klast = _vlast = None
-        _grown = (0, 0, 0, 0, 0, 0)
+        _grown = (0, 0, 0, 0, 0, 0, 0, 0)  # key buffer b, h, d; value buffer b, h, d; length; room
 
         def update(self, key_states, value_states, *args, **kwargs):
             keys, values = self.keys, self.values
             if keys is not None and keys is self._klast and values is self._vlast:
                 ks, vs = key_states.shape, value_states.shape
-                b, h, kd, vd, n, room = self._grown
+                kb, kh, kd, vb, vh, vd, n, room = self._grown
                 k = ks[2]
-                if (n + k <= room and ks[0] == b and ks[1] == h and ks[3] == kd and vs[0] == b and vs[1] == h
+                if (n + k <= room and ks[0] == kb and ks[1] == kh and ks[3] == kd and vs[0] == vb and vs[1] == vh
                         and vs[2] == k and vs[3] == vd):
                     self._kbuf[:, :, n : n + k] = key_states
                     self._vbuf[:, :, n : n + k] = value_states
                     self.keys = self._klast = self._kbuf[:, :, : n + k]
                     self.values = self._vlast = self._vbuf[:, :, : n + k]
-                    self._grown = (b, h, kd, vd, n + k, room)
+                    self._grown = (kb, kh, kd, vb, vh, vd, n + k, room)
                     return self.keys, self.values
             if not self.is_initialized:
                 self.lazy_initialization(key_states, value_states)
@@ -235,7 +235,7 @@ def _growing_layer_class():
             self.values, self._vbuf = _append(self.values, self._vbuf, value_states)
             self._klast, self._vlast = self.keys, self.values
             kb, vb = self._kbuf.shape, self._vbuf.shape
-            self._grown = (kb[0], kb[1], kb[3], vb[3], self.keys.shape[2], min(kb[2], vb[2]))
+            self._grown = (kb[0], kb[1], kb[3], vb[0], vb[1], vb[3], self.keys.shape[2], min(kb[2], vb[2]))
             return self.keys, self.values
 
         def crop_to(self, length: int) -> None:
@@ -244,11 +244,11 @@ def _growing_layer_class():
                 if self.keys is not None and self.keys.numel() and self.keys.shape[2] > length:
                     self.keys, self.values = self.keys[:, :, :length], self.values[:, :, :length]
                 return
-            b, h, kd, vd, n, room = self._grown
+            *shape, n, room = self._grown
             if n > length:
                 self.keys = self._klast = self._kbuf[:, :, :length]
                 self.values = self._vlast = self._vbuf[:, :, :length]
-                self._grown = (b, h, kd, vd, length, room)
+                self._grown = (*shape, length, room)
 
     return _GrowingLayer
 
@@ -299,7 +299,7 @@ class KVState:
         W = int((p + n).max())
         K = int(n.max()) + 1
         L = self.cache_len
-        if W == 1 and L and self._types is None and bool((self.slot_pos >= 0).all()):
+        if W == 1 and L and "sliding_attention" not in (self._types or ()) and bool((self.slot_pos >= 0).all()):
             return self._step([x[0] for x in pending])
         tokens = np.zeros((b, W), np.int64)  # [b, W]
         positions = np.zeros((b, W), np.int64)  # [b, W]
@@ -357,19 +357,18 @@ class KVState:
 
     def _step(self, tokens: list[int]) -> tuple[torch.Tensor, np.ndarray]:
         """`forward` of one new token per row over a cache without holes (no sliding-window layers):
-        plain causal attention, no mask to build."""
+        slot i of every row holds position i, so the model's own causal mask is exact; none is built."""
         b, dev = len(tokens), self.device
-        positions = self.n_cached[:, None].copy()  # [b, 1]
+        positions = torch.from_numpy(self.n_cached[:, None].copy()).to(dev)  # [b, 1]
         kwargs = {self._cache_arg: self.cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = 1
         out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long, device=dev)[:, None], attention_mask=None,
-                         position_ids=torch.from_numpy(positions).to(dev), **kwargs)
+                         position_ids=positions, **kwargs)
         logits = out.logits[:, -1:, :].float()  # [b, 1, vocab]
-        self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(positions).to(dev)], dim=1)  # [b, L+1]
-        zeros = np.zeros(b, np.int64)
-        self._last = (1, zeros, np.ones(b, np.int64), zeros)
-        return logits, zeros
+        self.slot_pos = torch.cat([self.slot_pos, positions], dim=1)  # [b, L+1]
+        self._last = (1, np.zeros(b, np.int64), np.ones(b, np.int64), np.zeros(b, np.int64))
+        return logits, np.zeros(b, np.int64)
 
     def _additive(self, allowed, pad, diag, L) -> torch.Tensor:
         allowed = allowed.clone()
@@ -531,8 +530,8 @@ def accept(
     committed token, whose KV is never needed (it becomes the next pending token).
     """
     b = len(trees)
-    if not sampler.do_sample and not len(sampler.processors) and not any(len(tr) for tr in trees):
-        # greedy without drafts (logits [b, 1, vocab]): one argmax per row
+    if logits.shape[1] == 1 and not sampler.do_sample and not len(sampler.processors) and not any(len(tr) for tr in trees):
+        # greedy without drafts, logits [b, 1, vocab] (the root's): one argmax per row
         chosen = logits[:, 0].argmax(dim=-1).tolist()
         return [RowResult([tok], [], tok in eos) if limits[r] > 0 else RowResult() for r, tok in enumerate(chosen)]
     results = [RowResult() for _ in range(b)]

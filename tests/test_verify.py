@@ -157,6 +157,64 @@ def test_growing_layer_fast_path_equals_concatenation():
     assert fast > 60  # most updates took the fast path
 
 
+@pytest.mark.parametrize("kind,attn", [(k, "sdpa") for k in FAMILIES] + [("llama", "suffixspec_sdpa"), ("qwen2", "eager")])
+def test_one_token_steps_without_holes_match_recomputation(kind, attn):
+    """Rows of one prompt length, one token a round, and a tree round whose rows all keep one node:
+    the cache never has holes, so every one-token pass takes the maskless path (`_step`, for Qwen2
+    with its full-attention layer types too), and its logits, slot positions and counts equal a
+    from-scratch forward."""
+    model = tiny_model(kind, attn)
+    vocab = model.config.vocab_size
+    atol = 1e-6 if attn == "eager" else 1e-9
+    rng = np.random.default_rng(3)
+    prompts = [rng.integers(0, vocab, 5).tolist() for _ in range(3)]
+    state = KVState(model, 3)
+    steps = []
+    real_step = state._step
+    state._step = lambda tokens: (steps.append(len(tokens)), real_step(tokens))[1]
+    committed = [list(p) for p in prompts]
+    pending = [list(p) for p in prompts]
+    for round_ in range(8):
+        trees = [random_tree(rng, vocab, 3) if round_ == 3 else DraftTree.empty() for _ in prompts]
+        logits, root = state.forward(pending, trees)
+        for r in range(3):
+            ref = sequential_logits(model, committed[r])
+            np.testing.assert_allclose(logits[r, root[r]].numpy(), ref[-1].numpy(), atol=atol)
+        kept = [[0] if round_ == 3 else [] for _ in range(3)]
+        state.commit(kept)
+        for r in range(3):
+            bonus = int(rng.integers(0, vocab))
+            committed[r] += ([int(trees[r].tokens[0])] if kept[r] else []) + [bonus]
+            pending[r] = [bonus]
+        assert state.n_cached.tolist() == [len(c) - 1 for c in committed]
+        assert bool((state.slot_pos >= 0).all())
+        assert state.slot_pos.tolist() == [list(range(len(c) - 1)) for c in committed]
+    assert steps == [3] * 6  # every round but the prefill and the tree round
+
+
+def test_greedy_accept_without_drafts_equals_the_walk():
+    """The one-argmax shortcut (greedy, no processors, no drafts) against the general walk, which an
+    identity logits processor forces: ties, limits of 0, end-of-sequence tokens."""
+    rng = np.random.default_rng(4)
+
+    class Identity:
+        def __call__(self, input_ids, scores):
+            return scores
+
+    for _ in range(50):
+        b, vocab = int(rng.integers(1, 6)), 7
+        logits = torch.from_numpy(rng.integers(0, 3, (b, 1, vocab)).astype(np.float32))  # many ties
+        trees = [DraftTree.empty() for _ in range(b)]
+        limits = rng.integers(0, 3, b).tolist()
+        eos = frozenset(int(t) for t in rng.integers(0, vocab, 2))
+        args = (logits, np.zeros(b, np.int64), trees)
+        rest = ([[1, 2]] * b, list(range(b)), [0] * b, limits, eos)
+        fast = accept(*args, Sampler(), *rest)
+        walk = accept(*args, Sampler(logits_processor=[Identity()]), *rest)
+        assert [(x.tokens, x.accepted_nodes, x.stopped_on_eos) for x in fast] == \
+            [(x.tokens, x.accepted_nodes, x.stopped_on_eos) for x in walk]
+
+
 def test_kv_cache_is_not_copied_on_every_pass():
     model = tiny_model("llama")
     state = KVState(model, 2)
