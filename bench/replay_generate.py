@@ -90,21 +90,12 @@ def trace_model(vocab: int, eos: int):
 
 
 def lookup_draft(context: list[int], n_out: int, max_ngram: int = 2, eos: int | None = None) -> list[int]:
-    """transformers' prompt lookup: the last `max_ngram`..1 tokens at their first earlier occurrence,
-    up to `n_out` tokens, cut before the first `eos`."""
-    n = len(context)
-    for size in range(max_ngram, 0, -1):
-        if n <= size:
-            continue
-        tail = context[-size:]
-        for s in range(n - size):
-            if context[s : s + size] == tail:
-                follow = context[s + size : s + size + n_out]
-                if follow:
-                    if eos is not None and eos in follow:
-                        follow = follow[: follow.index(eos)]
-                    return follow
-    return []
+    """transformers' prompt lookup (`_peers.prompt_lookup_propose`: the last `max_ngram`..1 tokens at
+    their first earlier occurrence, up to `n_out` tokens), cut before the first `eos` as transformers does."""
+    from bench._peers import prompt_lookup_propose
+
+    follow = prompt_lookup_propose(np.asarray(context, np.int32), n_out, max_ngram).tolist()
+    return follow[: follow.index(eos)] if eos is not None and eos in follow else follow
 
 
 def lookup_steps(prompt, answer, cost: StepCost, n_out: int, eos: int | None = None) -> float:
@@ -136,13 +127,10 @@ def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=
             steps += cost(1)
             break
         tree = session.propose(min(budget, len(answer) - pos - 1))
-        par, tok = tree.parents.tolist(), tree.tokens.tolist()
-        node, path = -1, []
-        for t in answer[pos:]:
-            node = next((i for i in range(len(tok)) if par[i] == node and tok[i] == t), -1)
-            if node < 0:
-                break
-            path.append(node)
+        node, path = tree.longest_accepted(answer[pos:]) if len(tree) else -1, []
+        while node >= 0:  # the accepted path, root first
+            path.insert(0, node)
+            node = int(tree.parents[node])
         rank = np.empty(len(tree), np.int64)
         rank[np.argsort(-tree.scores, kind="stable")] = np.arange(len(tree))
         best, take, nodes = 1.0 / cost(1), 0, 0  # tokens per step
