@@ -340,16 +340,7 @@ class KVState:
             attention_mask = masks["sliding_attention"]
         else:
             attention_mask = {t: masks[t] for t in set(self._types)}
-        kwargs = {self._cache_arg: self.cache, "use_cache": True}
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = K
-        out = self.model(
-            input_ids=torch.from_numpy(tokens).to(dev),
-            attention_mask=attention_mask,
-            position_ids=q_pos,
-            **kwargs,
-        )
-        logits = out.logits[:, -K:, :].float()  # [b, K, vocab]
+        logits = self._run(torch.from_numpy(tokens).to(dev), attention_mask, q_pos, K)
         self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
         self._last = (W, offsets, p, n)
         root_index = K - 1 - n
@@ -360,15 +351,18 @@ class KVState:
         slot i of every row holds position i, so the model's own causal mask is exact; none is built."""
         b, dev = len(tokens), self.device
         positions = torch.from_numpy(self.n_cached[:, None].copy()).to(dev)  # [b, 1]
-        kwargs = {self._cache_arg: self.cache, "use_cache": True}
-        if self._logits_to_keep:
-            kwargs["logits_to_keep"] = 1
-        out = self.model(input_ids=torch.tensor(tokens, dtype=torch.long, device=dev)[:, None], attention_mask=None,
-                         position_ids=positions, **kwargs)
-        logits = out.logits[:, -1:, :].float()  # [b, 1, vocab]
+        logits = self._run(torch.tensor(tokens, dtype=torch.long, device=dev)[:, None], None, positions, 1)
         self.slot_pos = torch.cat([self.slot_pos, positions], dim=1)  # [b, L+1]
         self._last = (1, np.zeros(b, np.int64), np.ones(b, np.int64), np.zeros(b, np.int64))
         return logits, np.zeros(b, np.int64)
+
+    def _run(self, input_ids, attention_mask, position_ids, keep: int) -> torch.Tensor:
+        """The model over the cache; the logits [b, keep, vocab] (float32) of the last `keep` inputs."""
+        kwargs = {self._cache_arg: self.cache, "use_cache": True}
+        if self._logits_to_keep:
+            kwargs["logits_to_keep"] = keep
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        return out.logits[:, -keep:, :].float()
 
     def _additive(self, allowed, pad, diag, L) -> torch.Tensor:
         allowed = allowed.clone()
@@ -384,7 +378,7 @@ class KVState:
         """Keep, per row, the last pass's pending slots plus the slots of draft nodes `kept_nodes[r]`
         (in path order); drop every other slot of that pass."""
         W, offsets, p, n = self._last
-        if not n.any() and not offsets.any() and not any(len(k) for k in kept_nodes):
+        if not n.any() and not offsets.any():  # (then every kept_nodes[r] is empty)
             # no drafts and no pads in the pass: every new slot stays where it is
             self.n_cached += p
             self._last = None
