@@ -165,6 +165,10 @@ def main(argv=None) -> int:
     from suffixspec.simulate import Trace, oracle_mean_accepted
     import numpy as np
 
+    def copy_oracle(ids, answer) -> float:
+        return oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(answer, np.int32))], budget=64,
+                                    use_history=False)
+
     def run_method(m, ids):
         if m == "plain":
             return plain(model, ids, args.max_new_tokens), None
@@ -190,11 +194,11 @@ def main(argv=None) -> int:
         oracles = []
         for pi, text in enumerate(load_prompts(workload, args.prompts)):
             ids = tok.encode(text)
+            oracle = None  # of the plain greedy answer: computed once, before timing when it selects prompts
             if args.min_oracle > 0:
-                first = oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(plain(model, ids, args.max_new_tokens),
-                                                                                          np.int32))], budget=64, use_history=False)
-                if first < args.min_oracle:
-                    print(f"  {workload:<10} #{pi:<2d} prompt {len(ids):4d} tok  oracle {first:5.2f}  skipped (< {args.min_oracle:g})")
+                oracle = copy_oracle(ids, plain(model, ids, args.max_new_tokens))
+                if oracle < args.min_oracle:
+                    print(f"  {workload:<10} #{pi:<2d} prompt {len(ids):4d} tok  oracle {oracle:5.2f}  skipped (< {args.min_oracle:g})")
                     continue
             times = {m: [] for m in methods}
             outs, stats = {}, {}
@@ -206,8 +210,8 @@ def main(argv=None) -> int:
                     if st is not None:
                         stats[m] = st
             ref = outs["plain"]
-            oracle = oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(ref, np.int32))], budget=64,
-                                          use_history=False)
+            if oracle is None:
+                oracle = copy_oracle(ids, ref)
             oracles.append(oracle)
             line = f"  {workload:<10} #{pi:<2d} prompt {len(ids):4d} tok  oracle {oracle:5.2f}  plain {len(ref) / statistics.median(times['plain']):5.1f}"
             for m in methods:
