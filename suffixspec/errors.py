@@ -27,3 +27,11 @@ class TokenizerError(SuffixSpecError, ValueError):
 
 class TokenizerMismatchError(TokenizerError):
     """An index was built with a different tokenizer than the one in use."""
+
+
+class InternalError(SuffixSpecError, RuntimeError):
+    """A broken invariant inside suffixspec: a bug, never the caller's fault."""
+
+
+class EngineError(SuffixSpecError, RuntimeError):
+    """One request failed inside the engine (its forward pass or acceptance raised); it fails alone."""

@@ -39,7 +39,8 @@ from pathlib import Path
 
 from .attention import use_grouped_sdpa
 from .errors import BadInputError
-from .tokenizer import DEFAULT_SPECS, _gguf_model_name, cache_dir, default_gguf_path, load_tokenizer
+from .fileio import cache_dir
+from .tokenizer import DEFAULT_SPECS, default_gguf_path, gguf_model_name, load_tokenizer
 
 __all__ = ["load_model", "default_model_dir", "prepack_linear_layers"]
 
@@ -202,7 +203,7 @@ def _cache_entry(gguf: Path) -> Path:
     stat = gguf.stat()
     identity = f"{MODEL_CONVERSION_VERSION}\0{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    safe_name = re.sub(r"[^\w.-]", "_", _gguf_model_name(gguf))
+    safe_name = re.sub(r"[^\w.-]", "_", gguf_model_name(gguf))
     return cache_dir() / "models" / f"{safe_name}-{key}"
 
 

