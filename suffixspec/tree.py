@@ -48,14 +48,17 @@ class DraftTree:
         self.scores = scores                      # float64[n]
 
     @staticmethod
-    def _trusted(tokens, parents, depths, scores) -> DraftTree:
-        """Wrap arrays the proposer kernels already built valid (no checks: hot path)."""
+    def unchecked(tokens, parents, depths, scores) -> DraftTree:
+        """Wrap arrays already known valid (built by the proposer kernels or taken from a valid tree):
+        no checks, for hot paths. `tokens`/`parents`/`depths` int32[n], `scores` float64[n]."""
         tree = _new(DraftTree)
         tree.tokens = tokens
         tree.parents = parents
         tree.depths = depths
         tree.scores = scores
         return tree
+
+    _trusted = unchecked
 
     @classmethod
     def empty(cls) -> DraftTree:
@@ -161,4 +164,29 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
-_EMPTY = DraftTree._trusted(*(_read_only(np.empty(0, t)) for t in (np.int32, np.int32, np.int32, np.float64)))
+_EMPTY = DraftTree.unchecked(*(_read_only(np.empty(0, t)) for t in (np.int32, np.int32, np.int32, np.float64)))
+
+
+def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
+    """The best `size` nodes of `tree` by score (a closed subtree) no deeper than `max_depth`."""
+    n = len(tree)
+    if n == 0 or size <= 0 or max_depth <= 0:
+        return DraftTree.empty()
+    if n <= size and int(tree.depths.max()) <= max_depth:
+        return tree
+    order = np.argsort(-tree.scores, kind="stable").tolist()  # best first, ties in index order
+    par, depth = tree.parents.tolist(), tree.depths.tolist()
+    keep = [False] * n
+    count = 0
+    for i in order:
+        if count >= size:
+            break
+        if depth[i] <= max_depth and (par[i] < 0 or keep[par[i]]):
+            keep[i] = True
+            count += 1
+    idx = np.flatnonzero(keep)
+    remap = -np.ones(n, np.int64)
+    remap[idx] = np.arange(len(idx))
+    parents = np.where(tree.parents[idx] >= 0, remap[np.maximum(tree.parents[idx], 0)], -1).astype(np.int32)
+    # a subset closed under parents, in the original order: still topological, siblings distinct and sorted
+    return DraftTree.unchecked(tree.tokens[idx], parents, tree.depths[idx], tree.scores[idx])
