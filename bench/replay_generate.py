@@ -163,7 +163,7 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
     sizes = cost.sizes.astype(int).tolist()
     gen = SpeculativeGenerator(model, proposer=Proposer(**options),
                                cost_model=ChargedCost(sizes, cost.steps.tolist()))
-    gen._checked, gen._unsupported = True, None  # the stand-in has no attention to check
+    gen.assume_support(None)  # the stand-in has no attention to check
     tot = {"plain": 0.0, "pld": 0.0, "ours": 0.0, "clairvoyant": 0.0, "copier": 0.0}
     rounds = tokens = 0
     records = [r for r in records if len(r["output_ids"][:max_new_tokens])]

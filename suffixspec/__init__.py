@@ -26,6 +26,8 @@ from .errors import (
     IndexFormatError,
     SuffixSpecError,
     TokenizerError,
+    EngineError,
+    InternalError,
     TokenizerMismatchError,
 )
 
@@ -35,9 +37,15 @@ _LAZY = {
     "load_tokenizer": ".tokenizer",
     "Tokenizer": ".tokenizer",
     "SpeculativeGenerator": ".generate",
-    "GenerationResult": ".generate",
-    "GenerationStats": ".generate",
-    "CostModel": ".generate",
+    "GenerationResult": ".stats",
+    "GenerationStats": ".stats",
+    "RequestStats": ".stats",
+    "DecodeOptions": ".options",
+    "CostModel": ".budget",
+    "BudgetPolicy": ".budget",
+    "Server": ".engine",
+    "Event": ".engine",
+    "Step": ".engine",
     "load_model": ".models",
 }
 
@@ -65,6 +73,8 @@ __all__ = [
     "IndexFormatError",
     "TokenizerError",
     "TokenizerMismatchError",
+    "InternalError",
+    "EngineError",
     *_LAZY,
 ]
 

@@ -8,7 +8,7 @@ Terms (used throughout):
   (transformers' `generate(prompt_lookup_num_tokens=...)`, batch size 1, so concurrency 1 only).
 - *run*: one configuration over the whole workload once (one repeat).
 - *engine*: what a backend's `serve(max_batch=C, ...)` returns: continuous batching (requests join
-  the running batch between rounds as slots free up, finished requests leave; `suffixspec.serve`).
+  the running batch between rounds as slots free up, finished requests leave; `suffixspec.engine`).
 
 Arrival processes (`arrivals.kind`), both served by the same continuous-batching engine:
 
@@ -314,7 +314,7 @@ class Served:
 def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
                    limits: Sequence[int | None] | None = None,
                    on_done: Callable[[int], None] | None = None) -> tuple[list[Served], float]:
-    """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.serve`)
+    """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.engine`)
     through one run and time every request on the run's clock: the engine's clock plus the idle gaps
     skipped while waiting for the next Poisson arrival (nothing sleeps).
 
@@ -946,7 +946,7 @@ class SpeculativeBackend:
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
               logits_processor=None):
-        """A continuous-batching engine (`suffixspec.serve.Server`); draws keyed by the `key` given to `add`."""
+        """A continuous-batching engine (`suffixspec.engine.Server`); draws keyed by the `key` given to `add`."""
         if self._gen is None:
             self._gen = self.fresh()._gen
         engine = self._gen.serve(max_batch=max_batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
@@ -990,7 +990,7 @@ class PromptLookupBackend:
         import torch
         from transformers.generation.streamers import BaseStreamer
 
-        from .generate import GenerationResult, GenerationStats, RequestStats, _peak_memory
+        from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
 
         if len(prompts) != 1:
             raise BadInputError("prompt_lookup runs at batch size 1 only")
@@ -1031,17 +1031,17 @@ class PromptLookupBackend:
         rs.e2e_s = t1 - t0
         rs.finish_reason = "eos" if seq and eos is not None and seq[-1] in ([eos] if isinstance(eos, int) else eos) else "length"
         stats = GenerationStats(requests=[rs], rounds=rs.rounds, verifier_s=t1 - t0, e2e_s=t1 - t0,
-                                peak_memory_bytes=_peak_memory(device))
+                                peak_memory_bytes=peak_memory(device))
         return GenerationResult([seq], stats)
 
 
 class OneAtATime:
-    """The engine interface of `suffixspec.serve.Server` over a batch-1 `generate(prompt, limit, key)
+    """The engine interface of `suffixspec.engine.Server` over a batch-1 `generate(prompt, limit, key)
     -> GenerationResult`: each step serves the oldest waiting request from start to finish."""
 
     def __init__(self, generate_one: Callable[[list[int], int, int], Any], max_new_tokens: int,
                  clock: Callable[[], float] = time.perf_counter):
-        from .generate import GenerationStats
+        from .stats import GenerationStats
 
         self._generate_one, self.max_new = generate_one, int(max_new_tokens)
         self._clock, self._t0 = clock, clock()
@@ -1057,7 +1057,7 @@ class OneAtATime:
         return not self._waiting
 
     def add(self, prompt, *, max_new_tokens=None, key=None, **_ignored) -> int:
-        from .generate import RequestStats
+        from .stats import RequestStats
 
         q = len(self.outputs)
         limit = self.max_new if max_new_tokens is None else min(self.max_new, int(max_new_tokens))
@@ -1067,7 +1067,7 @@ class OneAtATime:
         return q
 
     def step(self):
-        from .serve import Event, Step
+        from .engine import Event, Step
 
         q, prompt, limit, key = self._waiting.pop(0)
         start = self.now()
@@ -1087,7 +1087,7 @@ class OneAtATime:
         self._waiting = []
 
     def result(self):
-        from .generate import GenerationResult
+        from .stats import GenerationResult
 
         self.stats.e2e_s = self.now()
         return GenerationResult([list(o) for o in self.outputs], self.stats)

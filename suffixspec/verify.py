@@ -44,10 +44,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .errors import InternalError
 from .tree import DraftTree
 
 __all__ = [
     "KVState",
+    "PassLayout",
     "Sampler",
     "RowResult",
     "accept",
@@ -253,6 +255,21 @@ def _growing_layer_class():
     return _GrowingLayer
 
 
+@dataclass(frozen=True)
+class PassLayout:
+    """Where each row's inputs sit in the last pass (`KVState.forward`), for `KVState.commit`."""
+
+    width: int  # W: inputs per row, padding included
+    offsets: np.ndarray  # int64[b]: pads before the row's first pending token
+    pending: np.ndarray  # int64[b]: pending tokens per row
+    nodes: np.ndarray  # int64[b]: draft nodes per row
+
+    @property
+    def plain(self) -> bool:
+        """No drafts and no pads: every new slot stays where the pass wrote it."""
+        return not self.nodes.any() and not self.offsets.any()
+
+
 class KVState:
     """The batch's KV cache plus per-request slot bookkeeping (see the module docstring)."""
 
@@ -270,7 +287,7 @@ class KVState:
         self._cache_arg = _cache_argument(model)
         self._logits_to_keep = _accepts_logits_to_keep(model)
         self._types, self._window = _layer_types(model.config)
-        self._last = None  # (W, offsets, pending lengths, tree sizes) of the last pass
+        self._last: PassLayout | None = None  # the last pass, until it is committed
 
     @property
     def batch_size(self) -> int:
@@ -291,11 +308,14 @@ class KVState:
         `logits[r, root_index[r] + 1 + i]`.
         """
         b = self.batch_size
-        assert len(pending) == b and len(trees) == b
+        if len(pending) != b or len(trees) != b:
+            raise InternalError(f"forward: expected {b} rows of pending tokens and trees, got {len(pending)} and {len(trees)}")
+        if self._last is not None:
+            raise InternalError("forward: the previous pass was not committed")
         p = np.array([len(x) for x in pending], np.int64)
         n = np.array([len(t) for t in trees], np.int64)
         if np.any(p < 1):
-            raise ValueError("every row needs at least one pending token")
+            raise InternalError("forward: every row needs at least one pending token")
         W = int((p + n).max())
         K = int(n.max()) + 1
         L = self.cache_len
@@ -342,7 +362,7 @@ class KVState:
             attention_mask = {t: masks[t] for t in set(self._types)}
         logits = self._run(torch.from_numpy(tokens).to(dev), attention_mask, q_pos, K)
         self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
-        self._last = (W, offsets, p, n)
+        self._last = PassLayout(W, offsets, p, n)
         root_index = K - 1 - n
         return logits, root_index
 
@@ -353,7 +373,7 @@ class KVState:
         positions = torch.from_numpy(self.n_cached[:, None].copy()).to(dev)  # [b, 1]
         logits = self._run(torch.tensor(tokens, dtype=torch.long, device=dev)[:, None], None, positions, 1)
         self.slot_pos = torch.cat([self.slot_pos, positions], dim=1)  # [b, L+1]
-        self._last = (1, np.zeros(b, np.int64), np.ones(b, np.int64), np.zeros(b, np.int64))
+        self._last = PassLayout(1, np.zeros(b, np.int64), np.ones(b, np.int64), np.zeros(b, np.int64))
         return logits, np.zeros(b, np.int64)
 
     def _run(self, input_ids, attention_mask, position_ids, keep: int) -> torch.Tensor:
@@ -377,9 +397,11 @@ class KVState:
     def commit(self, kept_nodes: list[list[int]]) -> None:
         """Keep, per row, the last pass's pending slots plus the slots of draft nodes `kept_nodes[r]`
         (in path order); drop every other slot of that pass."""
-        W, offsets, p, n = self._last
-        if not n.any() and not offsets.any():  # (then every kept_nodes[r] is empty)
-            # no drafts and no pads in the pass: every new slot stays where it is
+        if self._last is None:
+            raise InternalError("commit: no pass to commit")
+        layout = self._last
+        W, offsets, p = layout.width, layout.offsets, layout.pending
+        if layout.plain:  # (then every kept_nodes[r] is empty)
             self.n_cached += p
             self._last = None
             return
@@ -437,7 +459,7 @@ class KVState:
         The shorter cache is padded on the right with holes (slot position -1, zero keys/values),
         which every later mask excludes; `other` must not be used afterwards."""
         if self._last is not None or other._last is not None:
-            raise RuntimeError("add_rows between forward and commit")
+            raise InternalError("add_rows between forward and commit")
         if other.batch_size == 0:
             return
         if self.batch_size == 0:
@@ -455,7 +477,7 @@ class KVState:
             return torch.cat([t, torch.full(shape, fill, dtype=t.dtype, device=t.device)], dim=dim)
 
         if len(self.cache.layers) != len(other.cache.layers):
-            raise RuntimeError("add_rows: the two caches have different layer counts")
+            raise InternalError("add_rows: the two caches have different layer counts")
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keys = torch.cat([padded(mine.keys, 0), padded(theirs.keys, 0)], 0)
             mine.values = torch.cat([padded(mine.values, 0), padded(theirs.values, 0)], 0)
@@ -509,25 +531,31 @@ def accept(
     logits: torch.Tensor,
     root_index: np.ndarray,
     trees: list[DraftTree],
-    sampler: Sampler,
+    samplers: Sampler | list[Sampler],
     contexts: list[list[int]],
     request_keys: list[int],
     n_generated: list[int],
     limits: list[int],
-    eos: frozenset[int] | set[int] = frozenset(),
+    eos: frozenset[int] | list[frozenset[int]] = frozenset(),
 ) -> list[RowResult]:
     """Walk every row's tree (logits [b, K, vocab] from `KVState.forward`).
 
-    contexts[r]: row r's committed tokens (prompt + output); request_keys[r]: the request's draw key;
-    n_generated[r]: output tokens it has so far; limits[r]: most tokens to commit this round (>= 1).
-    The walk stops at a token in `eos` (committed). `accepted_nodes` excludes the node of the last
+    samplers: one `Sampler` for every row, or one per row (rows sharing a sampler object are
+    processed together); contexts[r]: row r's committed tokens (prompt + output); request_keys[r]:
+    the request's draw key; n_generated[r]: output tokens it has so far; limits[r]: most tokens to
+    commit this round (0: none). The walk stops at a token in the row's `eos` set (one set for every
+    row, or one per row; the token is committed). `accepted_nodes` excludes the node of the last
     committed token, whose KV is never needed (it becomes the next pending token).
     """
     b = len(trees)
-    if logits.shape[1] == 1 and not sampler.do_sample and not len(sampler.processors) and not any(len(tr) for tr in trees):
+    row_samplers = [samplers] * b if isinstance(samplers, Sampler) else list(samplers)
+    row_eos = list(eos) if isinstance(eos, list) else [eos] * b
+    first = row_samplers[0] if b else None
+    if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors)
+            and all(s is first for s in row_samplers) and not any(len(tr) for tr in trees)):
         # greedy without drafts, logits [b, 1, vocab] (the root's): one argmax per row
         chosen = logits[:, 0].argmax(dim=-1).tolist()
-        return [RowResult([tok], [], tok in eos) if limits[r] > 0 else RowResult() for r, tok in enumerate(chosen)]
+        return [RowResult([tok], [], tok in row_eos[r]) if limits[r] > 0 else RowResult() for r, tok in enumerate(chosen)]
     results = [RowResult() for _ in range(b)]
     children = [{(int(pa), int(t)): i for i, (pa, t) in enumerate(zip(tr.parents, tr.tokens))} for tr in trees]
     current = [-1] * b
@@ -537,15 +565,24 @@ def accept(
         idx = torch.tensor([int(root_index[r]) + 1 + current[r] for r in active], device=logits.device)
         rows = torch.tensor(active, device=logits.device)
         scores = logits[rows, idx]  # [m, vocab]
-        ctx = [contexts[r] + results[r].tokens for r in active] if len(sampler.processors) else []
-        scores = sampler.process(ctx, scores)
-        keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in active]
-        chosen = sampler.choose(scores, keys)
+        groups: dict[int, list[int]] = {}  # sampler -> positions in `active`
+        for j, r in enumerate(active):
+            groups.setdefault(id(row_samplers[r]), []).append(j)
+        chosen = [0] * len(active)
+        for js in groups.values():
+            sampler = row_samplers[active[js[0]]]
+            rows_g = [active[j] for j in js]
+            group_scores = scores if len(js) == len(active) else scores[torch.tensor(js, device=scores.device)]
+            ctx = [contexts[r] + results[r].tokens for r in rows_g] if len(sampler.processors) else []
+            group_scores = sampler.process(ctx, group_scores)
+            keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in rows_g]
+            for j, tok in zip(js, sampler.choose(group_scores, keys)):
+                chosen[j] = tok
         still = []
         for r, tok in zip(active, chosen):
             res = results[r]
             res.tokens.append(int(tok))
-            if tok in eos:
+            if tok in row_eos[r]:
                 res.stopped_on_eos = True
                 continue
             if len(res.tokens) >= limits[r]:
@@ -568,7 +605,7 @@ def accept(
 @torch.inference_mode()
 def check_tree_logits(model, atol: float | None = None) -> float:
     """Compare a tree pass with sequential passes on a short input; returns the max abs difference
-    and raises RuntimeError when it exceeds `atol` (default by dtype)."""
+    and raises InternalError when it exceeds `atol` (default by dtype)."""
     dtype = next(model.parameters()).dtype
     if atol is None:
         atol = 1e-6 if dtype == torch.float64 else (2e-3 if dtype == torch.float32 else 5e-2)
@@ -586,7 +623,7 @@ def check_tree_logits(model, atol: float | None = None) -> float:
         got = logits[0, [int(root[0])] + [int(root[0]) + 1 + int(i) for i in path]]
         worst = max(worst, float((ref - got).abs().max()))
     if worst > atol:
-        raise RuntimeError(f"tree logits differ from sequential logits by {worst:.3g} (> {atol:.1g})")
+        raise InternalError(f"tree logits differ from sequential logits by {worst:.3g} (> {atol:.1g})")
     return worst
 
 

@@ -40,3 +40,15 @@ def _prose_token_stream(max_tokens=4000):
 @pytest.fixture(scope="session")
 def real_streams():
     return _python_token_stream() + [_prose_token_stream()]
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2", "gemma3"])
+def family(request):
+    """A tiny random model of each family with four prompts and their plain greedy references."""
+    from test_generate import NEW, prompts_for
+    from tiny_models import hf_generate, tiny_model
+
+    model = tiny_model(request.param)
+    prompts = prompts_for()
+    refs = {tuple(p): hf_generate(model, p, NEW) for p in prompts}
+    return request.param, model, prompts, refs

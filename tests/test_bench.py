@@ -9,7 +9,7 @@ import pytest
 from suffixspec import bench
 from suffixspec.bench import BenchSettings, Request, Workload
 from suffixspec.errors import BadInputError
-from suffixspec.generate import GenerationResult, GenerationStats, RequestStats
+from suffixspec.stats import GenerationResult, GenerationStats, RequestStats
 
 # ------------------------------------------------------------------------------------------ arrivals
 
@@ -62,7 +62,7 @@ class FakeEngine:
         return q
 
     def step(self):
-        from suffixspec.serve import Event, Step
+        from suffixspec.engine import Event, Step
 
         step = Step(self.clock, 0.0)
         while self.waiting and len(self.running) < self.max_batch:

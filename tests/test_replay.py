@@ -51,7 +51,7 @@ def test_trace_model_reproduces_recorded_answers(replay):
     sizes = sorted(CURVE)
     gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False),
                                cost_model=CostModel(sizes, [CURVE[s] for s in sizes]))
-    gen._checked, gen._unsupported = True, None
+    gen.assume_support(None)
     drafted = 0
     for row in rows:
         answer = row["output_ids"][:60]

@@ -1,0 +1,436 @@
+"""The automatic budget: how many draft nodes each round verifies.
+
+A round's pass costs time as a function of the tokens it feeds (`CostModel`, measured on the running
+hardware and corrected online); its drafts are worth their calibrated acceptance estimates
+(`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
+across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
+verified, followed as `Shadow`s). `BudgetPolicy.size_round` picks the one draft size k for the round
+that maximises expected committed tokens per second, which is 0 (plain decoding) when speculation
+would not pay; `tail_weights` weighs rows by how long they keep the batch busy. The policy only reads
+trees and statistics and returns pruned trees: it never touches the model or the proposer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+
+import numpy as np
+
+from .fileio import atomic_write_json, cache_dir
+from .tree import DraftTree, prune_tree
+
+__all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "tail_weights",
+           "DEFAULT_MAX_BUDGET"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_BUDGET = 64
+SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked against what followed
+REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
+REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
+REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
+
+
+class CostModel:
+    """Seconds per forward pass as a function of the new tokens it feeds (all rows together, padding
+    included), interpolated linearly between measured sizes and extrapolated proportionally beyond.
+
+    The measured curve is corrected online per batch size (`observe`), so passes of one batch size
+    (longer contexts, more rows) never distort the relative costs another batch size decides on.
+    Within a batch size the correction is a speed factor common to every size, which every observed
+    pass moves, times a shape factor per observed size, which moves `SHAPE_RATE` times slower and
+    keeps a geometric mean of 1 over the observed sizes: the machine's speed shows at once in every
+    size, including sizes seldom or never observed, and only a lasting difference in shape stays per size."""
+
+    SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
+    SHAPE_RATE = 0.2
+
+    def __init__(self, sizes, seconds):
+        order = np.argsort(sizes)
+        self.sizes = np.asarray(sizes, np.float64)[order]
+        self._measured = np.asarray(seconds, np.float64)[order]
+        self._size_list = self.sizes.tolist()
+        self._measured_list = self._measured.tolist()
+        self._log_sizes = np.log(self.sizes).tolist()
+        self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
+        self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
+        self._seen: dict[int, list[bool]] = {}  # batch size -> which sizes were observed
+        self._curves: dict[int, np.ndarray] = {}
+        self.seconds = self._curve(1)
+
+    def _raw(self, batch: int) -> np.ndarray:
+        """The corrected curve of `batch` rows before it is made monotone."""
+        factors = self._factors.get(batch)
+        return self._measured if factors is None else self._measured * (self._speed[batch] * np.asarray(factors))
+
+    def _curve(self, batch: int) -> np.ndarray:
+        curve = self._curves.get(batch)
+        if curve is None:
+            curve = self._curves[batch] = np.maximum.accumulate(self._raw(batch))  # never cheaper when bigger
+        return curve
+
+    def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
+        """A pass of `batch` rows feeding `tokens` took `seconds`: the batch's speed moves by at most
+        `weight` toward it, the nearest measured size's shape by `weight * SHAPE_RATE` toward what is
+        left, so the curve follows the machine as it is now (load, threads). Sizes observed alike
+        converge to what they cost, the others to their measured cost times the batch's speed."""
+        batch = int(batch)
+        if not (tokens > 0 and seconds > 0):
+            return
+        log_t = math.log(max(tokens, 1))
+        i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
+        factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
+        seen = self._seen.setdefault(batch, [False] * len(self._size_list))
+        speed = self._speed.setdefault(batch, 1.0)
+        # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
+        # its own shape factor instead of driving it (and through the mean, the speed) down without end
+        sizes, measured = self._size_list, self._measured_list
+        t = float(tokens)
+        j = next((k for k, size in enumerate(sizes) if size >= t), len(sizes))  # plain floats: every round
+        if j == len(sizes):
+            expected = measured[-1] * speed * factors[-1] * t / sizes[-1]
+        elif j == 0 or sizes[j] == t:
+            expected = measured[j] * speed * factors[j]
+        else:
+            a, b = measured[j - 1] * speed * factors[j - 1], measured[j] * speed * factors[j]
+            expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+        # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
+        step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
+        speed *= step
+        rate = weight * self.SHAPE_RATE
+        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 0.5), 2.0)
+        seen[i] = True
+        # the observed shape factors' geometric mean goes into the speed: an observation of one size
+        # leaves the other observed sizes' costs as they are
+        mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(seen))
+        self._speed[batch] = speed * mean
+        for k, o in enumerate(seen):
+            if o:
+                factors[k] /= mean
+        self._curves.pop(batch, None)
+        if batch == 1:
+            self.seconds = self._curve(1)
+
+    def __call__(self, tokens, batch: int = 1) -> np.ndarray:
+        curve = self._curve(int(batch))
+        tokens = np.asarray(tokens, np.float64)
+        inside = np.interp(tokens, self.sizes, curve)
+        beyond = curve[-1] * tokens / self.sizes[-1]
+        return np.where(tokens > self.sizes[-1], beyond, inside)
+
+    def relative(self) -> dict[int, float]:
+        return {int(s): float(c / self.seconds[0]) for s, c in zip(self.sizes, self.seconds)}
+
+    def to_dict(self):
+        return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
+
+    @classmethod
+    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 7) -> CostModel:
+        """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix (each pass
+        keeps its first token, so the context grows by two tokens per size and repeat)."""
+        import torch
+
+        from .verify import KVState
+
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        rng = np.random.default_rng(0)
+        state = KVState(model, 1)
+        state.forward([rng.integers(0, vocab, past).tolist()], [DraftTree.empty()])
+        state.commit([[]])
+        cuda = state.device.type == "cuda"
+        trees = {1: DraftTree.empty()}  # the one-token step every size is paired with
+        for size in sizes:
+            if size > 1:
+                trees[size] = DraftTree(rng.integers(0, vocab, size - 1), np.arange(size - 1) - 1)
+
+        def timed(size: int) -> float:
+            if cuda:
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            state.forward([[int(rng.integers(0, vocab))]], [trees[size]])
+            if cuda:
+                torch.cuda.synchronize()
+            seconds = time.perf_counter() - t
+            state.commit([[]])
+            return seconds
+
+        # Each size is timed right after a one-token step and kept as the ratio of the pair, the
+        # curve being the median one-token step times the median ratio per size. The machine's speed
+        # drifts by 20-40% within seconds on a shared host (one-token steps of SmolLM2-135M moved
+        # between 18 and 26 ms in 0.5 s windows), and a curve of absolute medians taken through such
+        # a drift made 4-token passes look 1.01x a step where generation rounds saw 1.10x; adjacent
+        # pairs see the same machine. Sizes are interleaved round by round, so a load spike hits one
+        # sample of one size; the first round warms up.
+        steps: list[float] = []
+        ratios: dict[int, list[float]] = {size: [] for size in sizes}
+        for rep in range(repeats + 1):
+            for size in sizes:
+                step = timed(1)
+                pass_s = timed(size)
+                if rep:
+                    steps.append(step)
+                    ratios[size].append(pass_s / step if size > 1 else 1.0)
+        step = float(np.median(steps))
+        seconds = [step * float(np.median(ratios[size])) for size in sizes]
+        return cls(list(sizes), seconds)
+
+    @classmethod
+    def cached(cls, model) -> CostModel:
+        """`measure` once per (model, dtype, device, threads); kept in the user cache directory."""
+        import torch
+
+        params = sum(p.numel() for p in model.parameters())
+        dev = next(model.parameters()).device
+        ident = json.dumps([
+            "cost-v6",  # bump when `measure` or the model layers change: older curves are then re-measured
+            getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
+            sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
+            sorted({str(getattr(m, "layout", "")) for m in model.modules()}), torch.__version__,  # their layout
+            str(next(model.parameters()).dtype), str(dev),
+            torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
+            getattr(model.config, "_attn_implementation", None),
+        ])
+        path = cache_dir() / "cost" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
+        try:
+            data = json.loads(path.read_text())
+            return cls(data["sizes"], data["seconds"])
+        except (OSError, ValueError, KeyError):
+            pass
+        model_cost = cls.measure(model)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_json(path, {**model_cost.to_dict(), "identity": ident}, durable=False)
+        except OSError as exc:
+            log.warning("could not cache the cost curve in %s: %s", path, exc)
+        return model_cost
+
+
+class RankCalibration:
+    """Observed acceptance of draft nodes relative to their scores, by the node's rank in its tree.
+
+    A tree's scores are the proposer's estimates of each node's acceptance. How far they are off
+    depends on the workload *and* on the rank: replaying the shipped traces at budget 64, code edits
+    accept their best node 0.93x as often as scored and ranks 33-64 1.47x, chat 0.69x and 0.24x.
+    One scalar cannot size trees for both, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
+    7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
+    `prior` units of score at ratio `prior_ratio` in every bucket. The prior ratio is below 1 on
+    purpose: a wrong draft costs a batch its padded pass, and a workload whose drafts beat their
+    scores (code edits) proves it within a few rounds, while one whose drafts fall short (chat at
+    concurrency 4 lost 5-7% to drafts whose scores were believed) would pay until it had."""
+
+    EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
+
+    def __init__(self, decay: float = 0.995, prior: float = 2.0, prior_ratio: float = 0.7, low: float = 0.05,
+                 high: float = 3.0):
+        self.decay, self.prior, self.low, self.high = float(decay), float(prior), float(low), float(high)
+        self.prior_ratio = float(prior_ratio)
+        n = len(self.EDGES) + 1
+        self.scored = np.zeros(n)  # decayed sum of drafted nodes' scores, per rank bucket
+        self.accepted = np.zeros(n)  # decayed count of accepted nodes, per rank bucket
+        self._factors: np.ndarray | None = None  # per bucket, until the next observation
+
+    _RANK_BUCKETS = np.searchsorted(EDGES, np.arange(1, 2 * int(EDGES[-1]) + 1), side="left")
+
+    def buckets(self, n: int) -> np.ndarray:
+        """The bucket of ranks 1..n."""
+        if n <= self._RANK_BUCKETS.shape[0]:
+            return self._RANK_BUCKETS[:n]
+        return np.searchsorted(self.EDGES, np.arange(1, n + 1), side="left")
+
+    def factors(self, n: int) -> np.ndarray:
+        """Multipliers for the scores of ranks 1..n."""
+        if self._factors is None:
+            self._factors = np.clip(self._ratio(), self.low, self.high)
+        return self._factors[self.buckets(n)]
+
+    def _ratio(self) -> np.ndarray:
+        """Accepted nodes over their scores per bucket, prior included (before clipping)."""
+        return (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
+
+    def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
+        """Calibrated acceptance estimates of a tree's scores sorted best first (times `scale`), each at most 1."""
+        return np.minimum(sorted_scores * (self.factors(len(sorted_scores)) * scale), 1.0)
+
+    def observe(self, trees, accepted_nodes) -> None:
+        """One round: every verified tree with the indices of its accepted nodes."""
+        self.scored *= self.decay
+        self.accepted *= self.decay
+        self._factors = None
+        for tree, acc in zip(trees, accepted_nodes):
+            if not len(tree):
+                continue
+            order = np.argsort(-tree.scores, kind="stable")  # rank r holds node order[r]
+            bucket = self.buckets(len(tree))
+            np.add.at(self.scored, bucket, tree.scores[order])
+            if len(acc):
+                rank = np.empty(len(tree), np.int64)
+                rank[order] = np.arange(len(tree))
+                np.add.at(self.accepted, bucket[rank[np.asarray(acc, np.int64)]], 1.0)
+
+    def to_dict(self) -> dict:
+        edges = [1, *(int(e) + 1 for e in self.EDGES)]
+        return {f"rank>={lo}": round(float(r), 3) for lo, r, w in zip(edges, self._ratio(), self.scored) if w > 0}
+
+
+class Shadow:
+    """A tree a round proposed but did not verify (the auto budget chose plain decoding), followed
+    along the tokens committed after it: the nodes it would have had accepted. Greedy verification
+    accepts exactly that path; under sampling the same draws would have, since the lossless rule
+    follows the child that matches the sampled token. So a request learns how its drafts fare on
+    every round, not only on the rounds that pay for a tree in the pass."""
+
+    __slots__ = ("tokens", "parents", "node", "hits")
+
+    def __init__(self, tree):
+        self.tokens = tree.tokens.tolist()
+        self.parents = tree.parents.tolist()
+        self.node = -1  # the deepest node matched so far (-1: none yet)
+        self.hits = 0  # nodes matched
+
+    def feed(self, tokens) -> bool:
+        """Follow newly committed tokens; True once resolved (a token left the tree, or a leaf was reached)."""
+        for t in tokens:
+            nxt = -1
+            for i, (tok, par) in enumerate(zip(self.tokens, self.parents)):
+                if par == self.node and tok == t:
+                    nxt = i
+                    break
+            if nxt < 0:
+                return True
+            self.node = nxt
+            self.hits += 1
+        return self.node not in self.parents
+
+
+class RequestTrust:
+    """How one request's drafts fare against the calibrated estimates: decayed sums of the estimates of
+    its verified trees and of the shadows of trees it proposed but did not verify (`predicted`), and of
+    the nodes accepted or matched (`hits`), over a prior of `REQUEST_PRIOR` at `REQUEST_PRIOR_RATIO`."""
+
+    __slots__ = ("predicted", "hits", "shadows")
+
+    def __init__(self):
+        self.predicted = 0.0
+        self.hits = 0.0
+        self.shadows: list[Shadow] = []
+
+    def factor(self) -> float:
+        return float(np.clip((self.hits + REQUEST_PRIOR * REQUEST_PRIOR_RATIO) / (self.predicted + REQUEST_PRIOR),
+                             0.05, 3.0))
+
+    def learn(self, calibration: RankCalibration, verified: DraftTree, accepted_nodes, proposed: DraftTree,
+              committed: list[int], limit: int) -> None:
+        """One round of this request: the tree it verified with its accepted nodes, the tree it had
+        proposed before the budget pruned it, the tokens it committed and its token limit."""
+        self.predicted *= REQUEST_DECAY
+        self.hits *= REQUEST_DECAY
+        if len(verified):
+            self.predicted += float(calibration.apply(np.sort(verified.scores)[::-1]).sum())
+            self.hits += len(accepted_nodes)
+        elif len(proposed):
+            shadow = prune_tree(proposed, SHADOW_NODES, limit - 1)
+            if len(shadow):
+                self.predicted += float(calibration.apply(np.sort(shadow.scores)[::-1]).sum())
+                self.shadows.append(Shadow(shadow))
+        if self.shadows:
+            pending = []
+            for sh in self.shadows:
+                if sh.feed(committed):
+                    self.hits += sh.hits
+                else:
+                    pending.append(sh)
+            self.shadows = pending
+
+
+def tail_weights(rounds, done, max_new, min_weight: float = 0.25, waiting: bool = False):
+    """Weights of the rows' tokens for the auto budget: with nobody waiting, the batch lasts as long
+    as its slowest request, so a row counts by its expected remaining rounds relative to the longest
+    (remaining tokens / tokens per round so far, one token a round before any); with requests waiting
+    (`waiting`), a freed slot is refilled at once and every token counts alike (None: all 1)."""
+    if waiting or len(rounds) == 1:
+        return None
+    rounds = np.asarray(rounds, np.float64)
+    done = np.asarray(done, np.float64)
+    remaining = np.asarray(max_new, np.float64) - done
+    expected_rounds = remaining * (rounds + 1.0) / (done + 1.0)
+    return np.maximum(expected_rounds / expected_rounds.max(), min_weight)
+
+
+class BudgetPolicy:
+    """The automatic budget's state and decisions (one per generator, shared by its servers).
+
+    `max_budget`: most draft nodes a request proposes. `min_gain`: a round speculates only when its
+    predicted committed tokens per second beat plain decoding by this factor (a margin for the error
+    of the prediction), plus `batch_margin` per row beyond the first. `prefill_margin`: drafts ride
+    along a prompt's first pass only when their predicted tokens exceed this many times the decode
+    steps their extra pass time would buy. `cost_model`: measured on first use when None."""
+
+    def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
+                 min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
+                 calibration: RankCalibration | None = None):
+        self.max_budget = int(max_budget)
+        self.min_gain = float(min_gain)
+        self.batch_margin = float(batch_margin)
+        self.prefill_margin = float(prefill_margin)
+        self.cost_model = cost_model
+        self.calibration = RankCalibration() if calibration is None else calibration
+
+    def ensure_cost_model(self, model) -> CostModel:
+        if self.cost_model is None:
+            self.cost_model = CostModel.cached(model)
+        return self.cost_model
+
+    def size_round(self, trees: list[DraftTree], limits, width: int = 1, weights=None,
+                   row_factors=None) -> list[DraftTree]:
+        """Choose one draft size k for the round; each row keeps its best k nodes.
+
+        The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
+        for all rows costs the same as per-row sizes whose largest is k. A decode round (`width` 1)
+        maximises expected committed tokens per second, each row's tokens counted with its `weights`
+        entry (default 1). Scores are calibrated by rank (`RankCalibration`) and scaled by the row's
+        `row_factors` entry (default 1: how the request's own drafts fared so far). A prefill round
+        (`width` > 1, dominated by the prompts) takes k nodes only when their expected tokens beat
+        `prefill_margin` times what their extra pass time buys in plain decode rounds: that time
+        delays every row's first token (TTFT), so it counts more than time spent later."""
+        b = len(trees)
+        scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
+        best_scores = [self.calibration.apply(np.sort(t.scores)[::-1], f) if len(t) else np.zeros(0)
+                       for t, f in zip(trees, scale)]
+        kmax = max((len(s) for s in best_scores), default=0)
+        if kmax == 0:
+            return trees
+        w = np.ones(b) if weights is None else np.asarray(weights, np.float64)
+        gains = np.zeros(kmax + 1)
+        for wi, s in zip(w, best_scores):
+            c = np.concatenate([[0.0], np.cumsum(s)])
+            gains += wi * c[np.minimum(np.arange(kmax + 1), len(s))]
+        cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
+        if width > 1:
+            plain_rate = float(w.sum()) / float(self.cost_model(b, batch=b))
+            value = gains - self.prefill_margin * plain_rate * (cost - cost[0])
+            k = int(np.argmax(value))
+            if value[k] <= 0:
+                k = 0
+        else:
+            rate = (w.sum() + gains) / cost
+            k = int(np.argmax(rate))
+            # a wrong guess costs every row of the batch its share of the padded pass: the margin
+            # grows with the rows
+            if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
+                k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+        return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
+
+    def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
+        """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""
+        if self.cost_model is not None:
+            self.cost_model.observe(tokens, seconds, batch=rows)
+
+    def learn(self, trees: list[DraftTree], accepted_nodes) -> None:
+        """The round's verified trees and their accepted nodes (rank calibration across requests)."""
+        if any(len(tr) and float(tr.scores.sum()) > 0 for tr in trees):
+            self.calibration.observe(trees, accepted_nodes)

@@ -1,0 +1,587 @@
+"""`Server`: the continuous-batching engine and its round.
+
+Requests join the running batch between rounds and leave it when they finish, so a slot freed by a
+short request is refilled at once instead of idling until the batch's slowest request is done.
+
+Contract of one `step()`:
+
+1. Cancelled requests leave (`cancel`); waiting requests (FIFO) fill the free slots (`max_batch`).
+   Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
+   is also their first round; grouped by prompt length so left padding stays small); their cache rows
+   then join the running batch (`KVState.add_rows`).
+2. One round for every running request (newcomers included), in named steps that read top-down in
+   `_round`: draft (the proposer's trees, plus the request's prediction), size (the budget policy
+   prunes them), verify (one forward pass, acceptance, cache commit), settle (tokens committed,
+   finished requests found by `Decoding.take`), feed (committed tokens back into the proposer
+   sessions), learn (the policy's calibration). Finished requests leave the batch.
+3. A round that raises is retried request by request from a fresh cache: the request that raises
+   alone fails (finish reason "error", its error recorded); the others go on unaffected.
+
+A request's output and its sampling draws depend only on its prompt, its draw key and its options,
+never on which requests share its batch: under greedy decoding it equals plain batch-1 decoding.
+Plain decoding is the same loop with budget 0. Times are seconds on the server's clock (`now()`,
+0 at construction); request latencies count from `add()`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+
+from .budget import RequestTrust, tail_weights
+from .errors import BadInputError
+from .fallback import plain_generate
+from .options import DecodeOptions, Decoding, check_int
+from .prediction import Prediction, with_path
+from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
+from .tree import DraftTree, prune_tree
+
+__all__ = ["Server", "Event", "Step"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Event:
+    """Tokens request `index` committed in one round, at `time_s`; `finish_reason` once it is done
+    ("eos", "stop", "length", "cancelled" or "error", with `error` saying why)."""
+
+    index: int
+    tokens: list[int]
+    time_s: float
+    finish_reason: str = ""
+    error: str = ""
+
+
+@dataclass
+class Step:
+    start_s: float
+    end_s: float
+    admitted: list[int] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass
+class Request:
+    """One request inside the engine. Invariant: `context` == prompt + `output`."""
+
+    index: int
+    key: int  # sampling draw key
+    max_new: int
+    decoding: Decoding
+    budget: Any  # "auto" or draft nodes per round (0: plain decoding)
+    context: list[int]
+    pending: list[int]  # committed tokens not yet in the cache
+    output: list[int] = field(default_factory=list)
+    session: Any = None
+    filter: Any = None
+    request_id: Any = None
+    prediction: Prediction | None = None
+    trust: RequestTrust = field(default_factory=RequestTrust)
+    cancelled: bool = False
+
+    @property
+    def auto(self) -> bool:
+        return self.budget == "auto"
+
+
+@dataclass
+class RowRound:
+    """One request's part of one round."""
+
+    request: Request
+    limit: int  # most tokens it may commit this round
+    proposed: DraftTree = field(default_factory=DraftTree.empty)  # drafted, before the budget policy
+    tree: DraftTree = field(default_factory=DraftTree.empty)  # verified
+    path: list[int] = field(default_factory=list)  # the prediction's path merged into the tree
+    tokens: list[int] = field(default_factory=list)  # committed
+    accepted_nodes: list[int] = field(default_factory=list)  # tree nodes whose tokens were committed
+    reason: str = ""  # finish reason, "" while the request goes on
+
+
+def model_vocab_size(model) -> int | None:
+    """Rows of the model's input embedding (the ids it can read), else its config's `vocab_size`."""
+    try:
+        return int(model.get_input_embeddings().weight.shape[0])
+    except (AttributeError, TypeError, NotImplementedError):
+        size = getattr(getattr(model, "config", None), "vocab_size", None)
+        return int(size) if size else None
+
+
+def prefill_groups(requests: list[Request], waste: float = 0.25) -> list[list[Request]]:
+    """Newcomers grouped by prompt length so that left padding adds at most `waste` of a group's tokens."""
+    groups: list[list[Request]] = []
+    total = 0
+    for rq in sorted(requests, key=lambda rq: len(rq.pending)):
+        n = len(rq.pending)
+        if groups and (len(groups[-1]) + 1) * n <= (1.0 + waste) * (total + n):
+            groups[-1].append(rq)
+            total += n
+        else:
+            groups.append([rq])
+            total = n
+    return groups
+
+
+class Server:
+    """Continuous batching over a `SpeculativeGenerator` (built by `SpeculativeGenerator.serve`).
+
+    `options`: the default `DecodeOptions` of every request (or its fields as keyword arguments:
+    `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `seed`, `eos_token_id`, `stop`,
+    `logits_processor`, `budget`). `max_batch`: most requests decoded together (None: no limit).
+    `stream(index, tokens)`: called with each round's committed tokens. `clock`: seconds."""
+
+    def __init__(self, gen, *, options: DecodeOptions | None = None, max_batch: int | None = None,
+                 stream: Callable[[int, list[int]], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter, **option_fields):
+        from .verify import KVState
+
+        if options is None:
+            options = DecodeOptions(**option_fields)
+        elif option_fields:
+            options = options.replace(**option_fields)
+        check_int(max_batch, "max_batch", low=1, none_ok=True)
+        self.gen = gen
+        self.model = gen.model
+        self.tokenizer = gen.tokenizer
+        self.policy = gen.policy
+        self.options = options
+        self.decoding = options.resolve(self.model, self.tokenizer)
+        self.max_batch = None if max_batch is None else int(max_batch)
+        self.stream = stream
+        self.min_weight = 0.25  # floor of `tail_weights`
+        self.stats = GenerationStats(requests=[])
+        self._requests: dict[int, RequestStats] = {}
+        self._outputs: dict[int, list[int]] = {}
+        self._live: dict[int, Request] = {}  # waiting or running
+        self._added_s: dict[int, float] = {}
+        self._finished_predictions: dict[int, tuple[int, int]] = {}  # index -> (accepted, rejected)
+        self._next = 0
+        self._waiting: deque[Request] = deque()
+        self._rows: list[Request] = []  # the rows of self._state, in order
+        self._clock = clock
+        self._t0 = clock()
+        self.unsupported = gen.check_support()
+        if self.unsupported is None and options.budget == "auto":
+            self.policy.ensure_cost_model(self.model)
+        self._new_state = lambda b: KVState(self.model, b)
+        self._state = self._new_state(0)
+        self.device = self._state.device
+        config = getattr(self.model, "config", None)
+        self.vocab_size = model_vocab_size(self.model)
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+
+    # ---------------------------------------------------------------------------------- queue
+
+    def now(self) -> float:
+        return self._clock() - self._t0
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def idle(self) -> bool:
+        return not self._rows and not self._waiting
+
+    def add(self, prompt, *, max_new_tokens: int | None = None, key: int | None = None, filter=None,
+            request_id=None, options: DecodeOptions | None = None, prediction=None) -> int:
+        """Queue one request (token ids, or a string with a tokenizer); returns its index.
+
+        `options`: its own `DecodeOptions` (default: the server's); `max_new_tokens` caps it further.
+        `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
+        `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
+        Everything is checked here against the model: a bad request never reaches a round."""
+        ids = self.gen.encode([prompt])[0]
+        bad = None if self.vocab_size is None else next((t for t in ids if t >= self.vocab_size), None)
+        if bad is not None:
+            raise BadInputError(f"prompt: expected token ids in [0, {self.vocab_size}) (the model's vocabulary), got {bad}")
+        opts = self.options if options is None else options
+        decoding = self.decoding if options is None else options.resolve(self.model, self.tokenizer)
+        limit = int(opts.max_new_tokens)
+        if max_new_tokens is not None:
+            limit = min(limit, check_int(max_new_tokens, "max_new_tokens", low=0))
+        if self.max_positions is not None and len(ids) + limit > int(self.max_positions):
+            raise BadInputError(f"prompt: {len(ids)} prompt tokens plus max_new_tokens {limit} exceed the model's "
+                                f"context of {int(self.max_positions)} positions")
+        if key is not None:
+            key = check_int(key, "key", low=0)
+        if opts.budget == "auto" and self.unsupported is None:
+            self.policy.ensure_cost_model(self.model)
+        predicted = None
+        if prediction is not None:
+            predicted = Prediction(self.gen.encode([prediction])[0] if len(prediction) else [])
+        q = self._next
+        self._next += 1
+        self._outputs[q] = []
+        self._added_s[q] = self.now()
+        self._requests[q] = RequestStats(prompt_tokens=len(ids))
+        self.stats.requests.append(self._requests[q])
+        rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids), filter=filter,
+                     request_id=request_id, prediction=predicted)
+        if limit == 0:
+            self._requests[q].finish_reason = "length"
+        else:
+            self._live[q] = rq
+            self._waiting.append(rq)
+        return q
+
+    def cancel(self, index: int) -> bool:
+        """Cancel a waiting or running request: it leaves at the start of the next step (its slot is
+        free for that step's admissions). False when it is unknown or already finished."""
+        rq = self._live.get(index)
+        if rq is None:
+            return False
+        rq.cancelled = True
+        return True
+
+    def output(self, index: int) -> list[int]:
+        return list(self._outputs[index])
+
+    def request_stats(self, index: int) -> RequestStats:
+        return self._requests[index]
+
+    def prediction_counts(self, index: int) -> tuple[int, int]:
+        """(accepted, rejected) prediction tokens of a request: its drafts taken from the prediction
+        that were accepted, and the prediction's other tokens; (0, 0) without a prediction."""
+        rq = self._live.get(index)
+        if rq is not None and rq.prediction is not None:
+            return rq.prediction.accepted, max(len(rq.prediction) - rq.prediction.accepted, 0)
+        return self._finished_predictions.get(index, (0, 0))
+
+    def release(self, index: int) -> None:
+        """Forget a finished request's output and statistics (a long-running server calls this)."""
+        if index in self._live:
+            raise BadInputError(f"release: request {index} has not finished")
+        self._outputs.pop(index, None)
+        self._added_s.pop(index, None)
+        self._finished_predictions.pop(index, None)
+        rs = self._requests.pop(index, None)
+        if rs is not None:
+            self.stats.requests.remove(rs)
+
+    # ---------------------------------------------------------------------------------- steps
+
+    def step(self) -> Step:
+        """Drop cancelled requests, admit what fits, then one round for every running request."""
+        step = Step(self.now(), 0.0)
+        self._drop_cancelled(step)
+        if self.unsupported is not None:
+            if self._waiting:
+                self._plain_one(self._waiting.popleft(), step)
+            step.end_s = self.stats.e2e_s = self.now()
+            return step
+        free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
+        if free > 0:
+            newcomers = [self._waiting.popleft() for _ in range(free)]
+            for rq in newcomers:
+                self._requests[rq.index].queue_s = self.now() - self._added_s[rq.index]
+                step.admitted.append(rq.index)
+            for group in prefill_groups(newcomers):
+                try:
+                    for rq in group:
+                        self._open_session(rq)
+                    state = self._new_state(len(group))
+                    kept = self._round(state, group, step.events)
+                    self._state.add_rows(state)
+                    self._rows.extend(kept)
+                except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
+                    self._rows.extend(self._isolate(group, exc, step.events))
+        if self._rows:
+            rows = self._rows
+            try:
+                self._rows = self._round(self._state, rows, step.events)
+            except Exception as exc:  # noqa: BLE001
+                self._state = self._new_state(0)
+                self._rows = []
+                self._rows = self._isolate(rows, exc, step.events)
+        if not self._rows:
+            self._state = self._new_state(0)
+        step.end_s = self.stats.e2e_s = self.now()
+        return step
+
+    def _open_session(self, rq: Request) -> None:
+        speculate = rq.auto or int(rq.budget) > 0
+        if rq.session is None and speculate:
+            rq.session = self.gen.proposer.start(rq.context, request_id=rq.request_id, filter=rq.filter)
+
+    def _round(self, state, requests: list[Request], events: list[Event]) -> list[Request]:
+        """One round of `requests` (the rows of `state`); returns those that go on, in order."""
+        rows = [RowRound(rq, rq.max_new - len(rq.output)) for rq in requests]
+        t0 = self._clock()
+        self._draft(rows)
+        t1 = self._clock()
+        width = max(len(rq.pending) for rq in requests)
+        self._size(rows, width)
+        t2 = self._clock()
+        self._verify(state, rows, width)
+        t3 = self._clock()
+        self._settle(rows, events)
+        t4 = self._clock()
+        self._feed(rows)
+        t5 = self._clock()
+        self._learn(rows)
+        t6 = self._clock()
+        stats = self.stats
+        stats.proposer_s += (t1 - t0) + (t5 - t4)
+        stats.budget_s += (t2 - t1) + (t6 - t5)
+        stats.verifier_s += t3 - t2
+        stats.rounds += 1
+        stats.plain_rounds += all(len(r.tree) == 0 for r in rows)
+        stats.budgets.extend(len(r.tree) for r in rows)
+        keep = [i for i, r in enumerate(rows) if not r.reason]
+        if len(keep) < len(rows):
+            state.select_rows(keep)
+        return [requests[i] for i in keep]
+
+    # ---------------------------------------------------------------------------------- the round's steps
+
+    def _draft(self, rows: list[RowRound]) -> None:
+        """Each row's tree from its proposer session (one batched call), plus its prediction's path,
+        pruned to its budget and to what it may still commit."""
+        budgets = []
+        for r in rows:
+            rq = r.request
+            want = self.policy.max_budget if rq.auto else int(rq.budget)
+            budgets.append(max(0, min(want, r.limit - 1)))
+        live = [i for i, r in enumerate(rows) if r.request.session is not None and budgets[i] > 0]
+        if live:
+            sessions = [rows[i].request.session for i in live]
+            wanted = [budgets[i] for i in live]
+            batch = getattr(self.gen.proposer, "propose_batch", None)
+            if batch is not None and len(live) > 1:  # one session: its own call is the cheaper path
+                got = batch(sessions, wanted)
+            else:
+                got = [s.propose(b) for s, b in zip(sessions, wanted)]
+            for i, tree in zip(live, got):
+                rows[i].proposed = tree if tree is not None else DraftTree.empty()
+        for r, b in zip(rows, budgets):
+            pred = r.request.prediction
+            if pred is not None and b > 0:
+                r.path, scores = pred.draft(b)
+                if r.path:
+                    r.proposed = with_path(r.proposed, r.path, scores)
+            if len(r.proposed):
+                r.proposed = prune_tree(r.proposed, b, r.limit - 1)
+            r.tree = r.proposed
+
+    def _size(self, rows: list[RowRound], width: int) -> None:
+        """The budget policy chooses the round's draft size over the rows with an automatic budget."""
+        auto = [i for i, r in enumerate(rows) if r.request.auto and len(r.tree)]
+        if not auto:
+            return
+        requests = [r.request for r in rows]
+        weights = tail_weights([self._requests[rq.index].rounds for rq in requests],
+                               [len(rq.output) for rq in requests], [rq.max_new for rq in requests],
+                               self.min_weight, waiting=bool(self._waiting))
+        # rows with a fixed budget keep their trees; the policy sizes the round for all rows alike
+        trees = [r.tree if r.request.auto else DraftTree.empty() for r in rows]
+        sized = self.policy.size_round(trees, [r.limit for r in rows], width=width, weights=weights,
+                                       row_factors=[rq.trust.factor() for rq in requests])
+        for i in auto:
+            rows[i].tree = sized[i]
+
+    def _verify(self, state, rows: list[RowRound], width: int) -> None:
+        """One forward pass over every row's pending tokens and tree; acceptance; cache commit."""
+        from .verify import accept
+
+        requests = [r.request for r in rows]
+        trees = [r.tree for r in rows]
+        t_pass = self._clock()
+        logits, root = state.forward([rq.pending for rq in requests], trees)
+        if width == 1 and any(rq.auto for rq in requests):  # prefills are dominated by the prompt: not observed
+            self.policy.observe_pass(len(rows), len(rows) * (1 + max(len(t) for t in trees)), self._clock() - t_pass)
+        results = accept(logits, root, trees, [rq.decoding.sampler for rq in requests], [rq.context for rq in requests],
+                         [rq.key for rq in requests], [len(rq.output) for rq in requests], [r.limit for r in rows],
+                         [rq.decoding.eos for rq in requests])
+        state.commit([res.accepted_nodes for res in results])
+        for r, res in zip(rows, results):
+            r.tokens = res.tokens
+            r.accepted_nodes = res.accepted_nodes
+
+    def _settle(self, rows: list[RowRound], events: list[Event]) -> None:
+        """Commit each row's tokens up to where `Decoding.take` ends its output; statistics; events."""
+        now = self.now()
+        for r in rows:
+            rq = r.request
+            rs = self._requests[rq.index]
+            tokens, r.reason = rq.decoding.take(rq.output, r.tokens, rq.max_new)
+            rq.context.extend(tokens)
+            rq.pending = [tokens[-1]]
+            r.tokens = tokens
+            n_acc = min(len(r.accepted_nodes), len(tokens))
+            if not rs.rounds:
+                rs.ttft_s = now - self._added_s[rq.index]
+            rs.rounds += 1
+            rs.committed_per_round.append(len(tokens))
+            rs.drafted += len(r.tree)
+            rs.accepted += n_acc
+            for d in range(n_acc):
+                if d == len(rs.accepted_by_position):
+                    rs.accepted_by_position.append(0)
+                rs.accepted_by_position[d] += 1
+            rs.new_tokens = len(rq.output)
+            rs.e2e_s = now - self._added_s[rq.index]
+            self._outputs[rq.index] = rq.output
+            if rq.prediction is not None:
+                self._advance_prediction(r, n_acc)
+            if r.reason:
+                rs.finish_reason = r.reason
+                self._finish(rq)
+            if self.stream is not None and tokens:
+                self.stream(rq.index, list(tokens))
+            events.append(Event(rq.index, list(tokens), now, r.reason))
+
+    def _advance_prediction(self, r: RowRound, n_acc: int) -> None:
+        pred = r.request.prediction
+        on_path = 0  # accepted drafts that follow the prediction's path
+        while on_path < min(n_acc, len(r.path)) and r.tokens[on_path] == r.path[on_path]:
+            on_path += 1
+        pred.advance(r.request.output, r.tokens, min(len(r.path), len(r.tree)), on_path)
+
+    def _feed(self, rows: list[RowRound]) -> None:
+        """Committed tokens back into the proposer sessions; finished requests' sessions close."""
+        for r in rows:
+            session = r.request.session
+            if session is None:
+                continue
+            if r.reason:
+                session.close()
+                r.request.session = None
+            else:
+                session.extend(r.tokens)
+
+    def _learn(self, rows: list[RowRound]) -> None:
+        """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
+        auto = [r for r in rows if r.request.auto]
+        if not auto:
+            return
+        calibration = self.policy.calibration
+        for r in auto:
+            r.request.trust.learn(calibration, r.tree, r.accepted_nodes, r.proposed, r.tokens, r.limit)
+        self.policy.learn([r.tree for r in auto], [r.accepted_nodes for r in auto])
+
+    # ---------------------------------------------------------------------------------- ends
+
+    def _finish(self, rq: Request) -> None:
+        self._live.pop(rq.index, None)
+        if rq.prediction is not None:
+            accepted = rq.prediction.accepted
+            self._finished_predictions[rq.index] = (accepted, max(len(rq.prediction) - accepted, 0))
+
+    def _close_session(self, rq: Request) -> None:
+        if rq.session is not None:
+            try:
+                rq.session.close()
+            finally:
+                rq.session = None
+
+    def _drop_cancelled(self, step: Step) -> None:
+        if not any(rq.cancelled for rq in self._live.values()):
+            return
+        now = self.now()
+        for rq in [rq for rq in self._waiting if rq.cancelled]:
+            self._waiting.remove(rq)
+            self._end(rq, "cancelled", "", step.events, now)
+        keep = [i for i, rq in enumerate(self._rows) if not rq.cancelled]
+        if len(keep) < len(self._rows):
+            for rq in self._rows:
+                if rq.cancelled:
+                    self._end(rq, "cancelled", "", step.events, now)
+            self._state.select_rows(keep)
+            self._rows = [self._rows[i] for i in keep]
+
+    def _end(self, rq: Request, reason: str, error: str, events: list[Event], now: float) -> None:
+        rs = self._requests[rq.index]
+        rs.finish_reason, rs.error = reason, error
+        rs.e2e_s = now - self._added_s[rq.index]
+        self._close_session(rq)
+        self._finish(rq)
+        events.append(Event(rq.index, [], now, reason, error))
+
+    def _isolate(self, requests: list[Request], exc: Exception, events: list[Event]) -> list[Request]:
+        """After a failed round: each request alone, from a fresh cache row over its whole context
+        (its committed tokens stay as they are); one that fails alone fails for good. Returns the
+        survivors, their rows appended to `self._state`."""
+        if len(requests) == 1:
+            rq = requests[0]
+            log.warning("request %d failed: %r", rq.index, exc)
+            self._end(rq, "error", f"{type(exc).__name__}: {exc}", events, self.now())
+            return []
+        survivors = []
+        for rq in requests:
+            rq.pending = list(rq.context)
+            state = self._new_state(1)
+            try:
+                self._close_session(rq)  # the failed round may have left it behind the context
+                self._open_session(rq)
+                kept = self._round(state, [rq], events)
+            except Exception as err:  # noqa: BLE001 - this request's own failure
+                log.warning("request %d failed: %r", rq.index, err)
+                self._end(rq, "error", f"{type(err).__name__}: {err}", events, self.now())
+                continue
+            if kept:
+                self._state.add_rows(state)
+                survivors.extend(kept)
+        return survivors
+
+    def _plain_one(self, rq: Request, step: Step) -> None:
+        """A model tree verification cannot serve: transformers' own generate, one request per step."""
+        from .verify import warn_once
+
+        warn_once(f"suffixspec: speculation disabled for this model ({self.unsupported}); using plain decoding")
+        step.admitted.append(rq.index)
+        rs = self._requests[rq.index]
+        start = self.now()
+        rs.queue_s = start - self._added_s[rq.index]
+        try:
+            out, reason = plain_generate(self.model, rq.context, rq.decoding, rq.key, rq.max_new)
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            self._end(rq, "error", f"{type(exc).__name__}: {exc}", step.events, self.now())
+            return
+        end = self.now()
+        self.stats.verifier_s += end - start
+        rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
+        rs.ttft_s = rs.e2e_s = end - self._added_s[rq.index]
+        rs.finish_reason = reason
+        self.stats.rounds += len(out)
+        self.stats.plain_rounds += len(out)
+        self.stats.fallback = self.unsupported
+        rq.output.extend(out)
+        rq.context.extend(out)
+        self._outputs[rq.index] = rq.output
+        self._finish(rq)
+        if self.stream is not None and out:
+            self.stream(rq.index, list(out))
+        step.events.append(Event(rq.index, list(out), end, reason))
+
+    def close(self) -> None:
+        """Close every live proposer session (requests still running or waiting are abandoned)."""
+        for rq in [*self._rows, *self._waiting]:
+            self._close_session(rq)
+        self._rows, self._waiting = [], deque()
+        self._live.clear()
+        self._state = self._new_state(0)
+
+    def run(self) -> GenerationResult:
+        """Step until every queued request has finished; the result of all requests so far."""
+        try:
+            while not self.idle:
+                self.step()
+        finally:
+            self.close()
+        return self.result()
+
+    def result(self) -> GenerationResult:
+        self.stats.peak_memory_bytes = peak_memory(self.device)
+        outputs = [list(self._outputs[q]) for q in sorted(self._outputs)]
+        texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
+        return GenerationResult(outputs, self.stats, texts)

@@ -1,0 +1,185 @@
+"""`DecodeOptions`: how one request is decoded, validated once at the boundary.
+
+`DecodeOptions` holds the sampling, stopping and budget settings that `SpeculativeGenerator.generate`,
+`SpeculativeGenerator.serve` and `Server.add` take; constructing one checks every value and raises a
+`BadInputError` / `BadInputTypeError` naming the parameter, the expected range and the value.
+`DecodeOptions.resolve(model, tokenizer)` turns it into a `Decoding`: the sampler the verifier uses,
+the end-of-sequence set, and `Decoding.take`, the one place that decides where a request's output
+ends (an EOS token, a stop sequence, or the token limit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from .errors import BadInputError, BadInputTypeError
+
+__all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS"]
+
+FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
+
+
+def check_int(value, name: str, low: int | None = None, high: int | None = None, none_ok: bool = False) -> int | None:
+    """`value` as an int in [low, high]; bools, floats (2.5, and 2.0 too) and strings are refused."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise BadInputTypeError(f"{name}: expected an integer{_range(low, high)}, got {value!r}")
+    value = int(value)
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise BadInputError(f"{name}: expected an integer{_range(low, high)}, got {value}")
+    return value
+
+
+def _check_float(value, name: str, ok: Callable[[float], bool], expected: str, none_ok: bool = False) -> float | None:
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise BadInputTypeError(f"{name}: expected {expected}, got {value!r}")
+    value = float(value)
+    if not (math.isfinite(value) and ok(value)):
+        raise BadInputError(f"{name}: expected {expected}, got {value}")
+    return value
+
+
+def _range(low, high) -> str:
+    if low is not None and high is not None:
+        return f" in [{low}, {high}]"
+    if low is not None:
+        return f" >= {low}"
+    if high is not None:
+        return f" <= {high}"
+    return ""
+
+
+@dataclass(frozen=True)
+class DecodeOptions:
+    """`temperature`, `top_k` (0 or None: off) and `top_p` apply when `do_sample`; `seed` keys the
+    sampling draws (None: a random one per run). `eos_token_id`: an id or ids (None: the model's
+    generation config). `stop`: a string, a token-id list, or a list of either. `budget`: "auto" or
+    the draft nodes per request and round (0: plain decoding)."""
+
+    max_new_tokens: int = 128
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    eos_token_id: Any = None
+    stop: Any = None
+    logits_processor: Any = None
+    budget: Any = "auto"
+
+    def __post_init__(self):
+        check_int(self.max_new_tokens, "max_new_tokens", low=0)
+        if not isinstance(self.do_sample, (bool, np.bool_)):
+            raise BadInputTypeError(f"do_sample: expected True or False, got {self.do_sample!r}")
+        _check_float(self.temperature, "temperature", (lambda t: t > 0) if self.do_sample else (lambda t: t >= 0),
+                     "a number > 0 when sampling" if self.do_sample else "a number >= 0")
+        check_int(self.top_k, "top_k", low=0, none_ok=True)
+        _check_float(self.top_p, "top_p", lambda p: 0.0 < p <= 1.0, "a number in (0, 1]", none_ok=True)
+        check_int(self.seed, "seed", low=0, high=2**63 - 1, none_ok=True)
+        if self.budget != "auto" and (isinstance(self.budget, bool) or not isinstance(self.budget, (int, np.integer))
+                                      or self.budget < 0):
+            raise BadInputError(f"budget: expected 'auto' or an integer >= 0, got {self.budget!r}")
+        if self.eos_token_id is not None:
+            ids = [self.eos_token_id] if isinstance(self.eos_token_id, (int, np.integer)) else self.eos_token_id
+            for t in ids:
+                check_int(t, "eos_token_id", low=0)
+        if self.stop is not None:
+            for s in _stop_list(self.stop):
+                if isinstance(s, str):
+                    if not s:
+                        raise BadInputError("stop: expected non-empty stop sequences, got an empty string")
+                else:
+                    seq = list(s)
+                    if not seq:
+                        raise BadInputError("stop: expected non-empty stop sequences, got an empty token list")
+                    for t in seq:
+                        check_int(t, "stop", low=0)
+
+    def replace(self, **changes) -> DecodeOptions:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def speculative(self) -> bool:
+        return self.budget == "auto" or int(self.budget) > 0
+
+    def resolve(self, model, tokenizer=None) -> Decoding:
+        """The sampler, EOS set and stop matchers of these options for `model` (and `tokenizer`,
+        needed for string stop sequences)."""
+        from .verify import Sampler
+
+        sampler = Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, self.seed, self.logits_processor)
+        return Decoding(self, sampler, _eos_set(self.eos_token_id, model), _stop_matchers(self.stop, tokenizer))
+
+
+def _stop_list(stop) -> list:
+    if isinstance(stop, str) or (isinstance(stop, (list, tuple)) and stop and isinstance(stop[0], (int, np.integer))):
+        return [stop]
+    if not isinstance(stop, (list, tuple)):
+        raise BadInputTypeError(f"stop: expected a string, a token-id list or a list of either, got {type(stop).__name__}")
+    return list(stop)
+
+
+def _eos_set(eos_token_id, model) -> frozenset[int]:
+    if eos_token_id is None:
+        eos_token_id = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, (int, np.integer)):
+        return frozenset([int(eos_token_id)])
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def _stop_matchers(stop, tokenizer) -> list[Callable[[list[int]], bool]]:
+    if stop is None:
+        return []
+    matchers = []
+    for s in _stop_list(stop):
+        if isinstance(s, str):
+            if tokenizer is None:
+                raise BadInputError("stop: string stop sequences need a tokenizer")
+            window = 2 * len(s) + 4
+            matchers.append(lambda out, s=s, w=window: s in tokenizer.decode(out[-w:]))
+        else:
+            seq = [int(t) for t in s]
+            matchers.append(lambda out, seq=seq: out[-len(seq):] == seq)
+    return matchers
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Resolved `DecodeOptions`: `sampler` (a `verify.Sampler`), `eos` ids, stop matchers."""
+
+    options: DecodeOptions
+    sampler: Any
+    eos: frozenset
+    stops: list
+
+    @property
+    def max_new_tokens(self) -> int:
+        return int(self.options.max_new_tokens)
+
+    def take(self, output: list[int], tokens, limit: int | None = None) -> tuple[list[int], str]:
+        """Append `tokens` to `output` one by one up to the first that ends the request; returns the
+        tokens taken and the finish reason ("eos", "stop", "length", or "" when the request goes on).
+        `limit`: the request's token limit (default `max_new_tokens`)."""
+        limit = self.max_new_tokens if limit is None else limit
+        taken: list[int] = []
+        for tok in tokens:
+            tok = int(tok)
+            taken.append(tok)
+            output.append(tok)
+            if tok in self.eos:
+                return taken, "eos"
+            if self.stops and any(m(output) for m in self.stops):
+                return taken, "stop"
+            if len(output) >= limit:
+                return taken, "length"
+        return taken, ""

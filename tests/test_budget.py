@@ -1,0 +1,303 @@
+"""The automatic budget: cost model, rank calibration, per-request trust, shadows, round sizing, pruning."""
+
+import numpy as np
+import pytest
+
+from suffixspec.budget import CostModel, RankCalibration
+from suffixspec.fallback import PromptLookupProposer
+from suffixspec.generate import SpeculativeGenerator
+from suffixspec.tree import DraftTree, prune_tree
+
+from tiny_models import hf_generate, oracle_proposer, tiny_model
+from test_generate import NEW, VOCAB, prompts_for
+
+
+def test_auto_budget_follows_the_cost_curve():
+    model = tiny_model("llama")
+    prompts = prompts_for()
+    refs = {tuple(p): hf_generate(model, p, NEW) for p in prompts}
+    cheap = SpeculativeGenerator(model, proposer=oracle_proposer(refs, VOCAB), cost_model=CostModel([1, 4096], [1.0, 1.01]))
+    res = cheap.generate(prompts, max_new_tokens=NEW)
+    assert res.stats.drafted > 0 and res.stats.tokens_per_round > 2
+    dear = SpeculativeGenerator(model, proposer=oracle_proposer(refs, VOCAB), cost_model=CostModel([1, 4096], [1.0, 4096.0]))
+    res2 = dear.generate(prompts, max_new_tokens=NEW)
+    assert res2.stats.drafted == 0 and res2.stats.plain_rounds == res2.stats.rounds
+    assert res.sequences == res2.sequences == [refs[tuple(p)] for p in prompts]
+
+
+def test_measured_cost_model_is_monotone():
+    cost = CostModel.measure(tiny_model("llama"), sizes=(1, 4, 16), past=32, repeats=1)
+    assert list(cost.relative()) == [1, 4, 16] and cost(16) >= cost(1) > 0
+    assert cost(64) == pytest.approx(cost(16) * 4)
+
+
+def test_prune_tree_keeps_a_closed_subtree():
+    tree = DraftTree.from_paths([[1, 2, 3], [4, 5], [1, 6]], scores=[0.9, 0.5, 0.4])
+    small = prune_tree(tree, 3, 10)
+    assert small.tokens.tolist() == [1, 2, 3]
+    shallow = prune_tree(tree, 10, 1)
+    assert sorted(shallow.tokens.tolist()) == [1, 4] and shallow.max_depth == 1
+
+
+def test_prune_tree_against_brute_force():
+    """On random trees whose scores never increase down a path (as the proposer's), the pruned tree is
+    a valid tree closed under parents, within size and depth, of the largest score sum any such
+    subset has (brute force over every subset)."""
+    import itertools
+
+    rng = np.random.default_rng(8)
+    for _ in range(200):
+        n = int(rng.integers(1, 10))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        scores = []
+        for i, p in enumerate(parents):
+            scores.append(float(rng.uniform(0, 1 if p < 0 else scores[p])))
+        tree = DraftTree(np.arange(n), np.array(parents), np.array(scores))
+        size, max_depth = int(rng.integers(1, n + 2)), int(rng.integers(1, 5))
+        got = prune_tree(tree, size, max_depth)
+        check = DraftTree(got.tokens, got.parents, got.scores)  # validates
+        assert np.array_equal(check.depths, got.depths) and len(got) <= size
+        assert len(got) == 0 or got.depths.max() <= max_depth
+        kept = got.tokens.tolist()  # tokens are the original indices
+        assert all(parents[i] < 0 or parents[i] in kept for i in kept)
+        assert np.array_equal(got.scores, tree.scores[kept])
+        best = 0.0
+        for r in range(1, min(size, n) + 1):
+            for sub in itertools.combinations(range(n), r):
+                if all((parents[i] < 0 or parents[i] in sub) and tree.depths[i] <= max_depth for i in sub):
+                    best = max(best, sum(scores[i] for i in sub))
+        assert got.scores.sum() == pytest.approx(best)
+
+
+def test_cost_model_follows_observed_pass_times():
+    cm = CostModel([1, 8, 64], [1.0, 2.0, 4.0])
+    for _ in range(200):
+        cm.observe(8, 3.0)  # the machine got slower: seen on 8-token passes only
+    # every size moves with the batch's speed, so the relative costs the budget decides on stay measured
+    assert cm(8) == pytest.approx(3.0, rel=0.01)
+    assert cm(1) == pytest.approx(1.5, rel=0.01) and cm(64) == pytest.approx(6.0, rel=0.01)
+    for _ in range(300):
+        cm.observe(64, 2.0)  # cheaper than a smaller pass: the curve stays monotone, and stays finite
+    assert cm(64) == pytest.approx(2.0, rel=0.02)
+    assert cm(8) <= cm(64) and cm(1) <= cm(8) and cm(1) > 0.1
+
+
+def test_cost_model_keeps_a_seldom_seen_size_relative_to_the_batch_speed():
+    """16 rows: a 2-token-per-row pass seen once at its measured cost, then many one-token rounds 45%
+    dearer than measured: the 2-token pass must follow the batch's speed (its relative cost stays near
+    the measured 1.47x), not keep its old absolute cost (which would make it look 1.02x)."""
+    cm = CostModel([1, 2, 4, 8, 16, 32, 64], [1.0, 1.05, 1.1, 1.3, 1.7, 2.5, 3.9])
+    cm.observe(32, 2.5, batch=16)
+    for _ in range(200):
+        cm.observe(16, 1.7 * 1.45, batch=16)
+    assert cm(16, batch=16) == pytest.approx(1.7 * 1.45, rel=0.01)
+    assert float(cm(32, batch=16) / cm(16, batch=16)) == pytest.approx(2.5 / 1.7, rel=0.07)
+
+
+def test_cost_model_converges_to_every_observed_size():
+    """Observed sizes converge to what they were seen to cost, unobserved ones to the measured cost times
+    the geometric mean of the observed corrections, in any order of observations; always monotone."""
+    rng = np.random.default_rng(5)
+    sizes = [1, 2, 4, 8, 16, 32, 64]
+    for case in range(20):
+        measured = np.cumsum(rng.uniform(0.1, 1.0, len(sizes)))
+        cm = CostModel(sizes, measured)
+        observed = rng.choice(len(sizes), size=int(rng.integers(1, 4)), replace=False)
+        truth = {int(i): measured[i] * rng.uniform(0.6, 1.6) for i in observed}
+        for _ in range(900):  # interleaved: each observed size is seen again and again
+            i = int(rng.choice(observed))
+            cm.observe(sizes[i], truth[i] * rng.uniform(0.98, 1.02), batch=1 + case % 3)
+        raw = measured * np.exp(np.mean([np.log(truth[i] / measured[i]) for i in observed]))
+        for i in observed:
+            raw[i] = truth[i]
+        expect = np.maximum.accumulate(raw)
+        got = cm(np.asarray(sizes, np.float64), batch=1 + case % 3)
+        assert np.all(np.diff(got) >= 0)
+        np.testing.assert_allclose(got, expect, rtol=0.03)
+        if case % 3:
+            np.testing.assert_allclose(cm(np.asarray(sizes, np.float64)), measured)  # batch 1 untouched
+
+
+def test_auto_budget_weights_and_prefill_margin():
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
+                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1, 1.6, 2.2, 4, 8]))
+    gen.calibration = RankCalibration(prior_ratio=1.0)  # the scores as they are
+    good = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.9))
+    trees, limits = [good, DraftTree.empty()], [64, 64]
+    # decode round, rows counted alike: 4 nodes a row (8 tokens, cost 2.2) -> (2 + 2.7) / 2.2 beats 2 / 1
+    assert [len(t) for t in gen.policy.size_round(trees, limits)] == [3, 0]
+    # the drafting row is nearly done and the other is the batch's tail: its tokens count a quarter
+    assert [len(t) for t in gen.policy.size_round(trees, limits, weights=[0.25, 1.0])] == [0, 0]
+    gen.policy.batch_margin = 0.1  # two rows: speculate only beyond 1.1x the plain rate; 2.14 < 2.2
+    assert [len(t) for t in gen.policy.size_round(trees, limits)] == [0, 0]
+    gen.policy.batch_margin = 0.01
+    # a prefill round of 100 pending tokens: weak drafts raise the round's average rate (1.8 / 27 > 1 / 25)
+    # but buy fewer tokens (0.8) than their extra pass time (2 units) buys in plain decode rounds
+    weak = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.1))
+    assert len(gen.policy.size_round([weak], [64], width=100)[0]) == 0
+    assert len(gen.policy.size_round([good], [64], width=100)[0]) == 8
+
+
+def test_cost_model_corrections_are_per_batch_size():
+    cm = CostModel([1, 8, 64], [1.0, 2.0, 4.0])
+    for _ in range(200):
+        cm.observe(8, 10.0, batch=4)  # four rows with long contexts: dearer than the measured curve
+    assert cm(8, batch=4) == pytest.approx(10.0, rel=0.01) and cm(64, batch=4) >= cm(8, batch=4)
+    assert cm(8) == pytest.approx(2.0) and cm(8, batch=2) == pytest.approx(2.0)  # other batch sizes untouched
+    assert cm.relative() == {1: 1.0, 8: 2.0, 64: 4.0}
+    cm.observe(1, 100.0)  # a load spike moves the speed by at most 10%, the size's shape by at most 2%
+    assert cm(1) == pytest.approx(1.1 * (1 + 0.1 * CostModel.SHAPE_RATE))
+
+
+def test_rank_calibration_against_brute_force():
+    rng = np.random.default_rng(4)
+    cal = RankCalibration(decay=0.9)
+    edges = [1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024]
+    scored, accepted = np.zeros(len(edges) + 1), np.zeros(len(edges) + 1)
+    for _ in range(60):
+        trees, accs = [], []
+        for _ in range(int(rng.integers(1, 4))):
+            n = int(rng.integers(0, 40))
+            parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+            scores = rng.random(n)
+            tree = DraftTree(np.arange(n), np.array(parents, np.int64), scores) if n else DraftTree.empty()
+            acc = sorted(rng.choice(n, int(rng.integers(0, n + 1)), replace=False).tolist()) if n else []
+            trees.append(tree)
+            accs.append(acc)
+        scored *= 0.9
+        accepted *= 0.9
+        for tree, acc in zip(trees, accs):
+            by_score = sorted(range(len(tree)), key=lambda i: (-tree.scores[i], i))
+            for r, node in enumerate(by_score):
+                b = next(k for k, e in enumerate(edges + [1 << 62]) if r + 1 <= e)
+                scored[b] += tree.scores[node]
+                accepted[b] += node in acc
+        cal.observe(trees, accs)
+        np.testing.assert_allclose(cal.scored, scored)
+        np.testing.assert_allclose(cal.accepted, accepted)
+
+
+def test_rank_calibration_learns_per_rank_ratios():
+    cal = RankCalibration()
+    rng = np.random.default_rng(0)
+    chain = DraftTree(np.arange(12), np.arange(12) - 1, np.linspace(0.6, 0.3, 12))
+    for _ in range(3000):  # the best node accepted 90% of the time, ranks 9-12 never
+        k = 1 if rng.random() < 0.9 else 0
+        cal.observe([chain], [list(range(k))])
+    f = cal.factors(12)
+    assert abs(f[0] - 0.9 / 0.6) < 0.1
+    assert f[9] == cal.low and f[11] == cal.low
+    fresh = RankCalibration(prior_ratio=0.5)
+    assert np.all(fresh.factors(100) == 0.5)  # nothing observed: the prior ratio
+    assert np.all(fresh.apply(np.array([3.0, 0.5])) == [1.0, 0.25])
+
+
+def test_request_draft_factor_scales_the_auto_budget():
+    from suffixspec.budget import REQUEST_PRIOR, REQUEST_PRIOR_RATIO, RequestTrust
+
+    lv = RequestTrust()
+    assert lv.factor() == REQUEST_PRIOR_RATIO  # nothing drafted yet: the prior
+    lv.predicted, lv.hits = 4.0, 0.0  # four nodes' worth of estimates, none accepted
+    want = REQUEST_PRIOR * REQUEST_PRIOR_RATIO / (4.0 + REQUEST_PRIOR)
+    assert abs(lv.factor() - want) < 1e-12 and want < 0.2
+    lv.predicted, lv.hits = 1.0, 9.0  # far better than estimated
+    assert lv.factor() == 3.0
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
+                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))
+    gen.calibration = RankCalibration(prior_ratio=1.0)
+    tree = DraftTree(np.arange(1, 5), np.arange(4) - 1, np.array([0.5, 0.4, 0.3, 0.2]))
+    assert len(gen.policy.size_round([tree], [64])[0]) == 4  # 2.4 / 1.375 is the best rate
+    # scaled to 0.1, 0.08, 0.06, 0.04: no k pays its pass (1.1 / 1.15, 1.18 / 1.225, ...)
+    assert len(gen.policy.size_round([tree], [64], row_factors=[0.2])[0]) == 0
+
+
+def test_shadow_follows_committed_tokens_like_verification():
+    """An unverified tree followed along tokens committed in pieces matches, node for node, the
+    longest accepted path of the whole committed sequence (brute force: `DraftTree.longest_accepted`)."""
+    from suffixspec.budget import Shadow
+
+    rng = np.random.default_rng(11)
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        parents = [-1] + [int(rng.integers(-1, i)) for i in range(1, n)]
+        tokens = [int(rng.integers(0, 3)) for _ in range(n)]
+        seen, keep = set(), []
+        for i, (t, p) in enumerate(zip(tokens, parents)):  # siblings distinct
+            if (p, t) not in seen and (p < 0 or p in keep):
+                seen.add((p, t))
+                keep.append(i)
+        remap = {old: new for new, old in enumerate(keep)}
+        tree = DraftTree(np.array([tokens[i] for i in keep]), np.array([remap.get(parents[i], -1) for i in keep]))
+        committed = [int(t) for t in rng.integers(0, 3, int(rng.integers(1, 10)))]
+        node = tree.longest_accepted(committed)
+        want = 0 if node < 0 else int(tree.depths[node])
+        sh, done, at = Shadow(tree), False, 0
+        while at < len(committed) and not done:
+            step = int(rng.integers(1, 4))
+            done = sh.feed(committed[at : at + step])
+            at += step
+        assert sh.hits == want
+        # resolved exactly when the path left the tree or reached a leaf within the tokens fed
+        leaf = node >= 0 and not np.any(tree.parents == node)
+        assert done == (want < min(len(committed), at) or leaf)
+
+
+def test_unverified_trees_teach_the_request_factor():
+    """Drafts scored too low to pay for a pass, yet always right: the trees the auto budget passed
+    over are checked against what was committed after them, the request's factor rises, and it starts
+    drafting (it never would on the evidence of verified drafts alone, having none)."""
+    model = tiny_model("llama", sharpen=4.0)
+    ref = hf_generate(model, [5, 6, 7], 40)
+
+    class Right:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            self.pos = 0
+            return self
+
+        def extend(self, tokens):
+            self.pos += len(tokens)
+
+        def propose(self, budget):
+            nxt = ref[self.pos : self.pos + 3]
+            return DraftTree(np.array(nxt), np.arange(len(nxt)) - 1, np.array([0.15, 0.12, 0.1][: len(nxt)]))
+
+        def close(self):
+            pass
+
+    # no drafts ride along the prefill either: no verified evidence at all to start from
+    gen = SpeculativeGenerator(model, proposer=Right(), cost_model=CostModel([1, 2, 4, 8], [1.0, 1.3, 1.35, 1.4]),
+                               prefill_margin=1e9)
+    out = gen.generate([[5, 6, 7]], max_new_tokens=40)
+    assert out.sequences == [ref]
+    drafted = [b > 0 for b in out.stats.budgets]
+    assert not any(drafted[:3]) and sum(drafted[-8:]) >= 6
+    assert out.stats.requests[0].accepted > 0
+
+
+def test_failing_drafts_lower_the_request_factor():
+    """A proposer whose confident drafts are always wrong: the request soon stops drafting."""
+    model = tiny_model("llama", sharpen=4.0)
+    ref = hf_generate(model, [5, 6, 7], 40)
+
+    class Wrong:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            return self
+
+        def extend(self, tokens):
+            pass
+
+        def propose(self, budget):
+            return DraftTree(np.array([96, 95, 94]), np.array([-1, 0, 1]), np.array([0.9, 0.8, 0.7]))
+
+        def close(self):
+            pass
+
+    class FixedCost(CostModel):  # a draft costs its pass 30%, whatever the tiny model's passes take
+        def observe(self, *args, **kwargs):
+            pass
+
+    gen = SpeculativeGenerator(model, proposer=Wrong(), cost_model=FixedCost([1, 2, 4, 64], [1.0, 1.3, 1.35, 2.0]))
+    out = gen.generate([[5, 6, 7]], max_new_tokens=40)
+    assert out.sequences == [ref]
+    drafted_rounds = [b > 0 for b in out.stats.budgets]
+    assert sum(drafted_rounds[:5]) >= 1 and sum(drafted_rounds[-20:]) <= 2
