@@ -3,19 +3,28 @@
 Contract: `atomic_write_bytes` / `atomic_write_text` / `atomic_write_json` either leave the old
 file untouched or replace it whole with the new content (written to a temporary file in the same
 directory, flushed, fsynced, renamed, the directory fsynced). Temporary names start with
-`.NAME.` and end with `.tmp`, so a dead writer's leftovers are recognisable. `cache_dir()` is the
-one place that decides where cached artefacts (converted models, tokenizers, cost curves) live.
+`.NAME.` and end with `.tmp`, and carry their writer (`.NAME.<hex>.<pid>-<start>-<boot>-<pidns>.tmp`:
+process id, its start time in clock ticks since boot, the boot id and the pid namespace), so
+`owner_gone` can tell, without guessing, that a leftover's writer is dead: same boot and pid
+namespace, and no process with that pid and start time (or another boot). `remove_stale_temps`
+removes only such leftovers. `open_regular` opens a file for reading only when it is a regular
+file (a FIFO, device, directory or symlink loop is refused before any read, never a hang).
+`cache_dir()` is the one place that decides where cached artefacts (converted models,
+tokenizers, cost curves) live.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
+import stat
 import uuid
 from pathlib import Path
 
 __all__ = ["CACHE_ENV", "cache_dir", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
-           "fsync_dir", "temp_name"]
+           "fsync_dir", "temp_name", "owner_tag", "owner_gone", "remove_stale_temps", "open_regular"]
 
 CACHE_ENV = "SUFFIXSPEC_CACHE"
 
@@ -28,10 +37,136 @@ def cache_dir() -> Path:
     return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "suffixspec"
 
 
+_OWNER = {}  # pid -> owner tag of this process (recomputed after a fork)
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii", errors="replace") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+def _boot_id() -> str:
+    return (_read("/proc/sys/kernel/random/boot_id") or "").strip().replace("-", "")[:12] or "noboot"
+
+
+def _pid_ns() -> str:
+    try:
+        link = os.readlink("/proc/self/ns/pid")  # 'pid:[4026531836]'
+    except OSError:
+        return "nons"
+    return "".join(c for c in link if c.isdigit()) or "nons"
+
+
+def _start_ticks(pid: int) -> str | None:
+    """Start time of process `pid` (clock ticks since boot), None when there is no such process."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    fields = text[text.rfind(")") + 2 :].split()  # after the command name, which may hold spaces
+    return fields[19] if len(fields) > 19 else None
+
+
+def owner_tag() -> str:
+    """``<pid>-<start>-<boot>-<pidns>`` of this process: names it uniquely across time on this host."""
+    pid = os.getpid()
+    if pid not in _OWNER:
+        _OWNER.clear()
+        _OWNER[pid] = f"{pid}-{_start_ticks(pid) or 'nostart'}-{_boot_id()}-{_pid_ns()}"
+    return _OWNER[pid]
+
+
 def temp_name(path: Path) -> Path:
-    """A fresh temporary sibling of `path`: ``.NAME.<hex>.tmp`` in the same directory."""
+    """A fresh temporary sibling of `path`: ``.NAME.<hex>.<owner tag>.tmp`` in the same directory."""
     path = Path(path)
-    return path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.tmp"
+    return path.parent / f".{path.name}.{uuid.uuid4().hex[:8]}.{owner_tag()}.tmp"
+
+
+def owner_gone(name: str) -> bool:
+    """True only when the writer named in temporary file name `name` is provably dead: the tag
+    parses, its boot id and pid namespace are ours, and no process with its pid and start time
+    runs (or its boot id is not the current boot's). Untagged or foreign names: False."""
+    if not (name.startswith(".") and name.endswith(".tmp")):
+        return False
+    tag = name[:-4].rsplit(".", 1)[-1]
+    parts = tag.split("-")
+    if len(parts) != 4 or not parts[0].isdigit():
+        return False
+    pid, start, boot, ns = parts
+    if boot != _boot_id():
+        return boot != "noboot" and _boot_id() != "noboot"  # written before this boot: nobody runs it now
+    if ns != _pid_ns() or ns == "nons" or start == "nostart":
+        return False  # another pid namespace (container) or no proof available
+    return _start_ticks(int(pid)) != start
+
+
+def remove_stale_temps(directory: Path, prefix: str = ".", *, everything: bool = False) -> list[Path]:
+    """Remove the temporary files and folders (``.*.tmp`` starting with `prefix`) in `directory`
+    whose writer is provably gone (`owner_gone`), or all of them when `everything` (the caller
+    proves nobody else writes there, e.g. by holding the directory's writer lock). Returns them."""
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        if not (name.startswith(prefix) and name.startswith(".") and name.endswith(".tmp")):
+            continue
+        if not (everything or owner_gone(name)):
+            continue
+        p = Path(directory) / name
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            continue  # not ours to fight over (permissions): left in place
+        removed.append(p)
+    return removed
+
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _kind(mode: int) -> str:
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+
+
+def open_regular(path, *, error=OSError, missing=None) -> tuple[int, os.stat_result]:
+    """(fd, stat) of `path` opened read-only, only if it is a regular file (symlinks followed).
+    Anything else raises `error(message)`: a FIFO, device, socket or directory (checked with
+    stat before opening, and again on the opened descriptor: opened non-blocking, so a FIFO
+    swapped in between cannot hang), a symlink loop, no permission. A missing file raises
+    `missing(message)` (default `error`)."""
+    path = str(path)
+    fd = None
+    for step in ("stat", "open"):
+        try:
+            if step == "stat":
+                st = os.stat(path)
+            else:
+                fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            raise (missing or error)(f"{path}: missing file") from None
+        except OSError as exc:
+            what = "a symlink loop" if exc.errno == errno.ELOOP else (exc.strerror or str(exc))
+            raise error(f"{path}: cannot open ({what})") from None
+        if step == "stat" and not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: is {_kind(st.st_mode)}, expected a regular file")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise error(f"{path}: is {_kind(st.st_mode)}, expected a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
 
 
 def fsync_dir(directory: Path) -> None:

@@ -24,8 +24,8 @@ from suffixspec.corpus import (
 )
 from suffixspec.errors import BadInputError, IndexFormatError, TokenizerMismatchError
 
-TOK = {"name": "toy", "vocab_size": 4, "fingerprint": "f" * 64}
-OTHER_TOK = {"name": "other", "vocab_size": 4, "fingerprint": "0" * 64}
+TOK = {"name": "toy", "vocab_size": 65536, "fingerprint": "f" * 64}
+OTHER_TOK = {"name": "other", "vocab_size": 65536, "fingerprint": "0" * 64}
 
 
 def random_docs(seed, n_docs=14, max_len=40, alphabet=3):
@@ -309,7 +309,7 @@ def test_deletions_by_id_and_tags_mirror_a_set(tmp_path, shard_tokens):
     assert ix.query(docs[0]).length == 0 and ix.count([]) == 0
     with pytest.raises(BadInputError, match="every document"):
         merge_indexes([path], tmp_path / "m")
-    assert sorted(p.name for p in path.iterdir() if p.name.startswith("deleted")) == [ix._manifest["deleted"]["file"]]
+    assert sorted(p.name for p in path.iterdir() if p.name.startswith("deleted")) == [ix.manifest["deleted"]["file"]]
 
 
 def test_delete_rejects_bad_selections_and_changes_nothing(tmp_path):
@@ -392,20 +392,20 @@ def test_shard_of_huge_token_ids_equals_the_dense_builder(tmp_path, monkeypatch)
     """Token ids past the dense root row's limit take the growable automaton's path; its shard file
     has the bytes the dense builder writes for the same tokens, and a file of really huge ids opens
     and answers like the automaton."""
-    from suffixspec import corpus as C
+    from suffixspec.corpus import shards as C
 
     docs = [d for d in random_docs(23, n_docs=25, max_len=90) if d]
     lens = np.array([len(d) for d in docs], np.int64)
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     ids, tags = [f"d{i}" for i in range(len(docs))], [{} for _ in docs]
-    dense = C._build_shard_file(str(tmp_path / "dense.ssx"), tokens, lens, ids, tags)
+    dense = C.build_shard_file(str(tmp_path / "dense.ssx"), tokens, lens, ids, tags)
     monkeypatch.setattr(C, "ROOT_DENSE_LIMIT", 0)
-    hashed = C._build_shard_file(str(tmp_path / "hashed.ssx"), tokens, lens, ids, tags)
+    hashed = C.build_shard_file(str(tmp_path / "hashed.ssx"), tokens, lens, ids, tags)
     assert dense["payload_crc"] == hashed["payload_crc"]
     assert (tmp_path / "dense.ssx").read_bytes() == (tmp_path / "hashed.ssx").read_bytes()
     monkeypatch.undo()
     big = [[(1 << 30) + t for t in d] for d in docs]
-    ix = build(tmp_path, big, name="big", shard_tokens=10_000)
+    ix = build(tmp_path, big, name="big", shard_tokens=10_000, tokenizer={**TOK, "vocab_size": 1 << 31})
     sa = SuffixAutomaton()
     for d in big:
         sa.add_document(d)
@@ -419,14 +419,14 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     plus occurrence layout written from memory."""
     import json
 
-    from suffixspec import corpus as C
+    from suffixspec.corpus import shards as C
     from suffixspec._kernels import corpus as ck
 
     docs = [d for d in random_docs(17, n_docs=20, max_len=80) if d]
     lens = np.array([len(d) for d in docs], np.int64)
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     ids, tags = [f"d{i}" for i in range(len(docs))], [{"n": str(i)} for i in range(len(docs))]
-    mapped = C._build_shard_file(str(tmp_path / "mapped.ssx"), tokens, lens, ids, tags)
+    mapped = C.build_shard_file(str(tmp_path / "mapped.ssx"), tokens, lens, ids, tags)
     sa = SuffixAutomaton()
     for d in docs:
         sa.add_document(d)
@@ -437,7 +437,9 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     arrays["offsets"] = arrays["offsets"].astype(np.int32)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
     meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
-    plain = C._write_container(tmp_path / "plain.ssx", C.KIND_SHARD, meta, arrays)
+    from suffixspec.corpus import format as F
+
+    plain = F.write_container(tmp_path / "plain.ssx", F.KIND_SHARD, meta, arrays)
     assert mapped["payload_crc"] == plain["payload_crc"] and mapped["bytes"] == plain["bytes"]
     assert (tmp_path / "mapped.ssx").read_bytes() == (tmp_path / "plain.ssx").read_bytes()
     assert set(mapped["phases"]) == {"automaton", "freeze", "occurrences", "checksums", "write"}
@@ -600,14 +602,14 @@ def test_interrupted_append_leaves_index_unchanged(tmp_path):
 
 
 def _bulk_frozen(docs, **kw):
-    """Frozen arrays of the shard builder's automaton (corpus._bulk_automaton + kernels)."""
-    from suffixspec import corpus as C
+    """Frozen arrays of the shard builder's automaton (corpus.shards.bulk_automaton + kernels)."""
+    from suffixspec.corpus import shards as C
     from suffixspec._kernels import corpus as ck
 
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     starts = np.zeros(len(docs), np.int64)
     np.cumsum([len(d) for d in docs[:-1]], out=starts[1:])
-    S, E, R, P, BM = C._bulk_automaton(tokens, starts, **kw)
+    S, E, R, P, BM = C.bulk_automaton(tokens, starts, **kw)
     ns, m = int(BM[ck.B_NS]), int(BM[ck.B_EDGES])
     out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
     out.update(offsets=np.empty(ns + 1, np.int64), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
@@ -685,7 +687,7 @@ def test_shard_file_large_token_ids_fallback(tmp_path):
     """Token ids past the dense root row go through the growable automaton: same queries."""
     big = 2**31 - 1
     docs = [[big, 3, big, 3, 5], [3, big, 3], [big - 7, big]]
-    ix = build(tmp_path, docs)
+    ix = build(tmp_path, docs, tokenizer={**TOK, "vocab_size": big + 1})
     sa = SuffixAutomaton()
     for d in docs:
         sa.add_document(d)
@@ -698,10 +700,10 @@ def test_crc32_combine_equals_crc_of_concatenation():
     """The payload checksum of a mapped shard is combined from its arrays' checksums."""
     import zlib
 
-    from suffixspec.corpus import _crc32_combine
+    from suffixspec.corpus.format import crc32_combine
 
     rng = np.random.default_rng(3)
     cases = [(0, 0), (0, 9), (9, 0), (1, 1), (64, 1 << 16)] + [tuple(rng.integers(0, 5000, 2)) for _ in range(40)]
     for n1, n2 in cases:
         a, b = rng.bytes(int(n1)), rng.bytes(int(n2))
-        assert _crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)

@@ -18,13 +18,15 @@ def add_parser(subparsers):
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="delete documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, change nothing")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS for another writer of INDEX to finish (default 0: fail at once)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
     return p
 
 
 def run(args) -> int:
-    from ..corpus import CorpusIndex, delete_documents
+    from ..corpus import delete_selected
     from ..errors import BadInputError
     from ._args import parse_filters
 
@@ -34,20 +36,17 @@ def run(args) -> int:
         ids = (ids or []) + [tags.pop("id")]
     if ids is None and not tags:
         raise BadInputError("delete: expected --id ID or --filter KEY=VALUE (deleting every document needs an explicit filter)")
-    index = CorpusIndex.open(args.index)
-    chosen = index.select_documents(ids=ids, tags=tags or None)
-    before = len(index.deleted)
-    newly = chosen - index.deleted
-    names = [index.document_ids[d] for d in chosen]
-    index.close()
-    after = before + len(newly) if args.dry_run else delete_documents(args.index, chosen)
-    report = {"index": str(args.index), "selected": len(chosen), "newly_deleted": len(newly),
-              "n_deleted": after, "n_documents": index.n_documents, "dry_run": args.dry_run, "document_ids": names}
+    if not args.wait >= 0 or args.wait == float("inf"):
+        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
+    # the selection is resolved under the index's writer lock, against the index as it is then
+    r = delete_selected(args.index, ids=ids, tags=tags or None, wait=args.wait, dry_run=args.dry_run)
+    report = {"index": str(args.index), "selected": r.selected, "newly_deleted": r.newly_deleted,
+              "n_deleted": r.n_deleted, "n_documents": r.n_documents, "dry_run": args.dry_run, "document_ids": r.document_ids}
     if args.json:
         print(json.dumps(report))
     else:
         verb = "would delete" if args.dry_run else "deleted"
-        already = len(chosen) - len(newly)
-        print(f"{args.index}: {verb} {len(newly)} document(s)" + (f" ({already} already deleted)" if already else "")
-              + f"; {after} of {index.n_documents} documents deleted" + (" (dry run: nothing changed)" if args.dry_run else ""))
+        already = r.selected - r.newly_deleted
+        print(f"{args.index}: {verb} {r.newly_deleted} document(s)" + (f" ({already} already deleted)" if already else "")
+              + f"; {r.n_deleted} of {r.n_documents} documents deleted" + (" (dry run: nothing changed)" if args.dry_run else ""))
     return 0

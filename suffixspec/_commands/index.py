@@ -29,6 +29,8 @@ def add_parser(subparsers):
     p.add_argument("--shard-tokens", type=int, default=None, metavar="N", help="tokens per shard (default 16M)")
     p.add_argument("--jobs", type=int, default=None, metavar="N", help="shards built in parallel worker processes (default: the CPU count, at most 4)")
     p.add_argument("--append", action="store_true", help="add the documents to the existing index INDEX as new shards")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="wait up to SECONDS for another writer of INDEX to finish (default 0: fail at once)")
     p.set_defaults(func=run)
     return p
 
@@ -55,6 +57,12 @@ def run(args) -> int:
     from ..tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
+    for name in ("shard_tokens", "jobs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise BadInputError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
+    if not args.wait >= 0 or args.wait == float("inf"):
+        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
     tags = parse_tags(args.tag)
     tok = load_tokenizer(args.tokenizer)
     files = list_input_files(args.inputs, args.glob)
@@ -69,7 +77,7 @@ def run(args) -> int:
             pass
     stats = ReadStats()
     jobs = args.jobs if args.jobs is not None else max(1, min(os.cpu_count() or 1, 4))
-    shard_tokens = args.shard_tokens or DEFAULT_SHARD_TOKENS
+    shard_tokens = DEFAULT_SHARD_TOKENS if args.shard_tokens is None else args.shard_tokens
     bar = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="indexing", file=sys.stderr, disable=None, leave=False)
     n_tokens = [0]
 
@@ -97,9 +105,10 @@ def run(args) -> int:
 
     try:
         if args.append:
-            result = append_documents(args.output, documents(), tokenizer=tok, shard_tokens=shard_tokens, jobs=jobs)
+            result = append_documents(args.output, documents(), tokenizer=tok, shard_tokens=shard_tokens, jobs=jobs,
+                                      wait=args.wait)
         else:
-            result = build_index(documents(), args.output, tokenizer=tok, shard_tokens=shard_tokens, jobs=jobs)
+            result = build_index(documents(), args.output, tokenizer=tok, shard_tokens=shard_tokens, jobs=jobs, wait=args.wait)
     except BadInputError as exc:
         if "empty corpus" in str(exc):
             raise BadInputError(f"empty corpus: no text in {stats.files} file(s) of {' '.join(args.inputs)}") from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import time
 
@@ -16,6 +17,8 @@ def add_parser(subparsers):
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
                    help="restrict the query to documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
     p.add_argument("--top", type=int, default=5, metavar="N", help="continuations shown (default 5)")
+    p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
+                   help="check every checksum (default); --no-verify: only the cheap checks every open makes")
     p.add_argument("--tokenizer", default=None, metavar="TOK", help="tokenizer for --query (default: the embedded one); must be the index's")
     p.set_defaults(func=run)
     return p
@@ -33,10 +36,12 @@ def run(args) -> int:
     ix = CorpusIndex.open(args.index)
     open_ms = (time.perf_counter() - t0) * 1e3
     t1 = time.perf_counter()
-    ix.verify()
+    if args.verify:
+        ix.verify()
     verify_ms = (time.perf_counter() - t1) * 1e3
     info = ix.info()
-    info.update(open_ms=round(open_ms, 2), verify_ms=round(verify_ms, 1), valid=True)
+    info.update(open_ms=round(open_ms, 2), verify_ms=round(verify_ms, 1) if args.verify else None, valid=True,
+                verified=args.verify)
     if args.query is not None:
         from ..tokenizer import load_tokenizer
 
@@ -57,12 +62,13 @@ def run(args) -> int:
                          "count": m.count, "estimated": m.estimated, "continuations": top, "query_us": round(q_us, 1)}
     if not args.json:
         t = info["tokenizer"]
-        print(f"{info['path']}: valid suffixspec corpus index, format version {info['format_version']}")
+        print(f"{info['path']}: {'valid' if args.verify else 'openable (checksums not verified)'} suffixspec corpus index, "
+              f"format version {info['format_version']}")
         print(f"  tokenizer   {t['name']} (vocab {t['vocab_size']}, fingerprint {t['fingerprint'][:16]})")
         print(f"  documents   {info['n_documents']} ({info['n_deleted']} deleted) in {info['n_shards']} shard(s)")
         print(f"  tokens      {info['n_tokens']}  states {info['n_states']}  edges {info['n_edges']}")
         print(f"  on disk     {info['bytes_on_disk']} bytes ({info['bytes_per_token']} B/token)")
-        print(f"  open        {open_ms:.2f} ms, verify {verify_ms:.1f} ms")
+        print(f"  open        {open_ms:.2f} ms, " + (f"verify {verify_ms:.1f} ms" if args.verify else "checksums not verified (--no-verify)"))
         q = info.get("query")
         if q:
             sel = f" in {q['n_documents_selected']} document(s) matching {' '.join(q['filter'])}" if q["filter"] else ""

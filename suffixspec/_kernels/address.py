@@ -12,12 +12,14 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
+from ..errors import InternalError
+
 
 def address(a: np.ndarray, dtype) -> int:
     """The data address of `a`, checked to be a C-contiguous array of `dtype`."""
     if not isinstance(a, np.ndarray) or a.dtype != dtype or not a.flags.c_contiguous:
         got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
-        raise ValueError(f"address: expected a C-contiguous {np.dtype(dtype)} array, got {got}")
+        raise InternalError(f"address: expected a C-contiguous {np.dtype(dtype)} array, got {got}")
     return a.__array_interface__["data"][0]
 
 

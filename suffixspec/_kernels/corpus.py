@@ -59,6 +59,12 @@ B_META = 6
 H_SRC, H_TOK, H_TO, H_ROW = 0, 1, 2, 3
 REF_ROOT, REF_T0, REF_T1, REF_NONE, REF_HASH = -4, -2, -3, -1, -5
 B_LOAD_NUM, B_LOAD_DEN = 7, 10
+E_COLS = 4
+H_COLS = 4
+# scratch rows of `build_occurrences` (int32[n_states, W_COLS]): own then subtree count, last end,
+# subtree start, placement cursor
+W_CNT, W_LAST, W_START, W_CURSOR = 0, 1, 2, 3
+W_COLS = 4
 
 
 @intrinsic
@@ -424,30 +430,29 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
     preorder (a state's own positions increasing, then its children's subtrees in state-number
     order) and occ_start[v] is where v's subtree starts. One kernel whose scattered accesses each
     touch one 16-byte scratch row per state (own count then subtree count, last end, start,
-    cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's order allows. `W` int32[>= n_states, 4] and `order` int32[>= n_states] are scratch (e.g. the
+    cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's order allows. `W` int32[>= n_states, W_COLS] and `order` int32[>= n_states] are scratch (e.g. the
     spent builder's memory, already mapped). False when the layout disagrees with the counts
     (an automaton that does not describe its tokens)."""
     ns = links.shape[0]
     n = pstate.shape[0]
     ahead = PREFETCH_AHEAD
-    if W.shape[0] < ns or W.shape[1] < 4 or order.shape[0] < ns:
+    if W.shape[0] < ns or W.shape[1] < W_COLS or order.shape[0] < ns:
         return False
-    # W rows: CNT, LAST, START, CURSOR
     for v in range(ns):
-        W[v, 0] = 0
-        W[v, 1] = -1
-        W[v, 2] = -1
+        W[v, W_CNT] = 0
+        W[v, W_LAST] = -1
+        W[v, W_START] = -1
     for p in range(n):
         st = pstate[p]
         if st < 0 or st >= ns:
             return False
-        W[st, 0] += 1
-        W[st, 1] = p
+        W[st, W_CNT] += 1
+        W[st, W_LAST] = p
     if not (ns > 0 and links[0] == -1 and lens[0] == 0):
         return False
     max_len = 0
     for v in range(ns):
-        W[v, 3] = W[v, 0]  # own positions, kept for the placement below
+        W[v, W_CURSOR] = W[v, W_CNT]  # own positions, kept for the placement below
         if lens[v] > max_len:
             max_len = lens[v]
         if v > 0 and (links[v] < 0 or links[v] >= ns):
@@ -470,19 +475,19 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
             _prefetch(W, links[order[k - ahead]])
         v = order[k]
         p = links[v]
-        W[p, 0] += W[v, 0]
-        if W[v, 1] > W[p, 1]:
-            W[p, 1] = W[v, 1]
-    if W[0, 0] != n:
+        W[p, W_CNT] += W[v, W_CNT]
+        if W[v, W_LAST] > W[p, W_LAST]:
+            W[p, W_LAST] = W[v, W_LAST]
+    if W[0, W_CNT] != n:
         return False
     for v in range(ns):
-        counts[v] = W[v, 0]
-        lasts[v] = W[v, 1]
+        counts[v] = W[v, W_CNT]
+        lasts[v] = W[v, W_LAST]
     # placement in suffix-link-tree preorder without building the tree: a state's subtree holds
     # counts[v] positions, so it goes right after its parent's own positions and its earlier-placed
     # siblings (states in number order, a chain of unplaced ancestors placed top-down first)
     chain = order  # spent: reused as the chain stack (its first rows only)
-    W[0, 2] = 0
+    W[0, W_START] = 0
     for v in range(1, ns):
         if v + 2 * ahead < ns:  # the parent's row, and a step later the grandparent's (a clone's chain)
             u = links[v + 2 * ahead]
@@ -491,11 +496,11 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
             g = links[links[v + ahead]]
             if g >= 0:
                 _prefetch(W, g)
-        if W[v, 2] >= 0:
+        if W[v, W_START] >= 0:
             continue
         top = 0
         u = v
-        while W[u, 2] < 0:
+        while W[u, W_START] < 0:
             if top >= ns:  # a cycle of suffix links
                 return False
             chain[top] = u
@@ -505,22 +510,22 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
             top -= 1
             w = chain[top]
             par = links[w]
-            start = W[par, 3]
-            W[w, 2] = start
-            W[par, 3] = start + W[w, 0]
-            W[w, 3] = start + W[w, 3]
+            start = W[par, W_CURSOR]
+            W[w, W_START] = start
+            W[par, W_CURSOR] = start + W[w, W_CNT]
+            W[w, W_CURSOR] = start + W[w, W_CURSOR]
     for v in range(ns):
-        if np.int64(W[v, 3]) != np.int64(W[v, 2]) + W[v, 0]:  # every subtree filled exactly
+        if np.int64(W[v, W_CURSOR]) != np.int64(W[v, W_START]) + W[v, W_CNT]:  # every subtree filled exactly
             return False
-        occ_start[v] = W[v, 2]
-        W[v, 3] = W[v, 2]
+        occ_start[v] = W[v, W_START]
+        W[v, W_CURSOR] = W[v, W_START]
     for p in range(n):
         if p + ahead < n:
             _prefetch(W, pstate[p + ahead])
         st = pstate[p]
-        k = W[st, 3]
+        k = W[st, W_CURSOR]
         occ[k] = p
-        W[st, 3] = k + 1
+        W[st, W_CURSOR] = k + 1
     return True
 
 
