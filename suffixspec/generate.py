@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ._tokens import as_tokens
+from .tokenids import as_tokens
 from .budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
 from .engine import Server
 from .errors import BadInputError, BadInputTypeError

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ._tokens import as_tokens
+from .tokenids import as_tokens
 from .automaton import SuffixAutomaton
 from .errors import BadInputError
 from .proposer import Proposer

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._tokens import as_tokens
+from .tokenids import as_tokens
 from .errors import BadInputError
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInputError
-from ._args import open_corpora, parse_filters
+from .args import open_corpora, parse_filters
 
 
 def add_parser(sub) -> None:
