@@ -7,6 +7,7 @@ from suffixspec.budget import CostModel
 from suffixspec.errors import BadInputError
 from suffixspec.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
+from suffixspec.tree import DraftTree
 
 from tiny_models import hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
@@ -106,3 +107,211 @@ def test_prefill_groups_bound_the_padding():
     lives = [Request(i, i, 8, None, "auto", [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
     assert [[lv.index for lv in g] for g in prefill_groups(lives)] == [[0, 1, 3], [4, 2]]
     assert [len(g) for g in prefill_groups(lives, waste=10.0)] == [5]
+
+
+# ------------------------------------------------------------------------------------ time accounting
+
+
+class FakeClock:
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self):
+        return self.t
+
+
+def test_time_is_charged_to_proposer_budget_and_verifier_apart():
+    """A model whose passes cost 10 units, a proposer whose proposals cost 1 and extensions 0.5, a
+    budget policy whose decisions cost 0.25 and whose learning costs 0.125: each statistic holds
+    exactly its own part (the automatic budget's time once fell into verifier_s)."""
+    from suffixspec.budget import BudgetPolicy
+
+    clock = FakeClock()
+    model = tiny_model("llama")
+    prompts = prompts_for()
+    refs = {tuple(p): hf_generate(model, p, NEW) for p in prompts}
+    inner = oracle_proposer(refs, VOCAB)
+    calls = {"propose": 0, "extend": 0, "size": 0, "learn": 0, "passes": 0}
+
+    class CostlyProposer:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            return CostlySession(inner.start(prompt_ids, request_id, filter))
+
+    class CostlySession:
+        def __init__(self, s):
+            self.s = s
+
+        def propose(self, budget):
+            calls["propose"] += 1
+            clock.t += 1.0
+            return self.s.propose(budget)
+
+        def extend(self, tokens):
+            calls["extend"] += 1
+            clock.t += 0.5
+            self.s.extend(tokens)
+
+        def close(self):
+            self.s.close()
+
+    class CostlyPolicy(BudgetPolicy):
+        def size_round(self, *args, **kwargs):
+            calls["size"] += 1
+            clock.t += 0.25
+            return super().size_round(*args, **kwargs)
+
+        def learn(self, *args, **kwargs):
+            calls["learn"] += 1
+            clock.t += 0.125
+            return super().learn(*args, **kwargs)
+
+    def pass_cost(module, args, kwargs):
+        calls["passes"] += 1
+        clock.t += 10.0
+
+    gen = SpeculativeGenerator(model, proposer=CostlyProposer(),
+                               policy=CostlyPolicy(cost_model=CostModel([1, 1024], [1.0, 1.01])))
+    gen.check_support()  # the self-check's passes happen before the run
+    handle = model.register_forward_pre_hook(pass_cost, with_kwargs=True)
+    try:
+        server = gen.serve(max_new_tokens=NEW, max_batch=2, clock=clock)
+        for p in prompts:
+            server.add(p)
+        res = server.run()
+    finally:
+        handle.remove()
+    st = res.stats
+    assert res.sequences == [refs[tuple(p)] for p in prompts]
+    assert calls["passes"] == st.rounds > 0 and calls["size"] > 0 and calls["learn"] > 0
+    assert st.verifier_s == pytest.approx(10.0 * calls["passes"])
+    assert st.proposer_s == pytest.approx(1.0 * calls["propose"] + 0.5 * calls["extend"])
+    assert st.budget_s == pytest.approx(0.25 * calls["size"] + 0.125 * calls["learn"])
+    assert st.e2e_s == pytest.approx(st.verifier_s + st.proposer_s + st.budget_s)
+
+
+# ------------------------------------------------------------------------------------ per-request control
+
+
+def test_cancel_frees_the_slot_within_one_step():
+    model = tiny_model("llama")
+    prompts = prompts_for()
+    gen = SpeculativeGenerator(model, proposer=PromptLookupProposer(), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    server = gen.serve(max_new_tokens=NEW, max_batch=2)
+    first, second, third = (server.add(p) for p in prompts[:3])
+    server.step()
+    assert server.running == 2 and server.waiting == 1
+    assert server.cancel(first)
+    step = server.step()
+    assert (first, "cancelled") in [(e.index, e.finish_reason) for e in step.events]
+    assert third in step.admitted and server.running == 2  # the freed slot went to the waiting request
+    res = server.run()
+    assert res.stats.requests[first].finish_reason == "cancelled"
+    assert res.sequences[second] == hf_generate(model, prompts[1], NEW)
+    assert res.sequences[third] == hf_generate(model, prompts[2], NEW)
+    assert not server.cancel(second)  # finished: nothing to cancel
+
+
+def test_a_failing_request_fails_alone():
+    """One request whose logits processor raises in the middle of a shared round: it ends with
+    finish reason "error" and its error recorded; the others' outputs equal a run without it."""
+    from suffixspec.options import DecodeOptions
+
+    model = tiny_model("llama")
+    prompts = prompts_for()
+    refs = {tuple(p): hf_generate(model, p, NEW) for p in prompts}
+
+    class Poison:
+        def __init__(self):
+            self.calls = 0
+
+        def __call__(self, input_ids, scores):
+            self.calls += 1
+            if self.calls > 3:
+                raise RuntimeError("poisoned processor")
+            return scores
+
+    for budget in (0, "auto"):
+        gen = SpeculativeGenerator(model, proposer=oracle_proposer(refs, VOCAB),
+                                   cost_model=CostModel([1, 1024], [1.0, 1.01]))
+        server = gen.serve(max_new_tokens=NEW, budget=budget)
+        good = [server.add(p) for p in prompts]
+        bad = server.add(prompts[0], options=DecodeOptions(max_new_tokens=NEW, budget=budget,
+                                                           logits_processor=[Poison()]))
+        res = server.run()
+        assert res.stats.requests[bad].finish_reason == "error"
+        assert "poisoned processor" in res.stats.requests[bad].error
+        assert [res.sequences[q] for q in good] == [refs[tuple(p)] for p in prompts]
+
+
+def test_add_validates_against_the_model():
+    model = tiny_model("llama")  # vocabulary 97, 512 positions
+    server = SpeculativeGenerator(model, proposer=PromptLookupProposer()).serve(max_new_tokens=8, budget=0)
+    with pytest.raises(BadInputError, match="vocabulary"):
+        server.add([1, 2, 97])
+    with pytest.raises(BadInputError, match="context of 512"):
+        server.add([1] * 510, max_new_tokens=8)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        server.add([1, 2], max_new_tokens=2.5)
+    assert server.idle  # nothing was queued
+
+
+def test_per_request_options_equal_their_own_runs():
+    """Greedy and seeded-sampling requests in one batch: each equals a run of its own."""
+    from suffixspec.options import DecodeOptions
+
+    model = tiny_model("llama", sharpen=2.0)
+    prompts = prompts_for()
+    gen = SpeculativeGenerator(model, proposer=random_tree_proposer(VOCAB), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    sampled = DecodeOptions(max_new_tokens=NEW, do_sample=True, temperature=0.8, top_k=20, seed=7, budget=4)
+    server = gen.serve(max_new_tokens=NEW, budget=4)
+    a = server.add(prompts[0])
+    b = server.add(prompts[1], options=sampled, key=3)
+    res = server.run()
+    assert res.sequences[a] == hf_generate(model, prompts[0], NEW)
+    alone = gen.serve(options=sampled)
+    alone.add(prompts[1], key=3)
+    assert res.sequences[b] == alone.run().sequences[0]
+
+
+def test_a_prediction_is_drafted_first_and_never_changes_the_output():
+    model = tiny_model("llama")
+    prompt = prompts_for()[0]
+    ref = hf_generate(model, prompt, NEW)
+
+    class Nothing:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            return self
+
+        def extend(self, tokens):
+            pass
+
+        def propose(self, budget):
+            return DraftTree.empty()
+
+        def close(self):
+            pass
+
+    gen = SpeculativeGenerator(model, proposer=Nothing(), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    server = gen.serve(max_new_tokens=NEW, budget=16)
+    right = server.add(prompt, prediction=ref)
+    wrong = server.add(prompt, prediction=[(t + 1) % VOCAB for t in ref])
+    edited = server.add(prompt, prediction=ref[:8] + [5, 5, 5] + ref[8:])  # an insertion to re-anchor past
+    res = server.run()
+    assert res.sequences[right] == res.sequences[wrong] == res.sequences[edited] == ref
+    assert res.stats.requests[right].rounds <= 3  # (almost) whole rounds
+    assert server.prediction_counts(right)[0] >= NEW - 3
+    assert server.prediction_counts(wrong)[0] == 0
+    assert res.stats.requests[edited].rounds < res.stats.requests[wrong].rounds
+
+
+def test_release_forgets_a_finished_request():
+    model = tiny_model("llama")
+    server = SpeculativeGenerator(model, proposer=PromptLookupProposer()).serve(max_new_tokens=4, budget=0)
+    q = server.add([1, 2, 3])
+    with pytest.raises(BadInputError, match="not finished"):
+        server.release(q)
+    while not server.idle:
+        server.step()
+    assert len(server.output(q)) == 4
+    server.release(q)
+    assert server.result().sequences == [] and server.stats.requests == []

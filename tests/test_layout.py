@@ -1,0 +1,150 @@
+"""The package's layout rules, read from its source with `ast` (nothing is imported):
+
+1. no import cycle between suffixspec modules, counting imports inside functions and
+   `TYPE_CHECKING` blocks (a cycle hidden behind a lazy import is still a cycle);
+2. no module imports an underscore name, or from an underscore module, of another suffixspec
+   module (the `_kernels` package of numba kernels aside; dunders such as `__version__` aside;
+   modules inside a private package may import each other's public names);
+3. no module of `suffixspec/` is over 800 lines.
+
+A package's `__init__` re-exporting its submodules does not count as an edge back from them: a
+submodule that imports its parent package's names would (`from . import x` of a name, not a module).
+"""
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent / "suffixspec"
+MAX_LINES = 800
+PRIVATE_OK = ("suffixspec._kernels",)
+
+
+def module_name(path: Path) -> str:
+    parts = ["suffixspec", *path.relative_to(ROOT).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(ROOT.rglob("*.py"))}
+
+
+def imports(name: str, path: Path, known: set[str]):
+    """(target module, imported name or None, line) for every suffixspec import in the file."""
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name == "suffixspec" or alias.name.startswith("suffixspec."):
+                    yield alias.name, None, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not (target == "suffixspec" or target.startswith("suffixspec.")):
+                continue
+            for alias in node.names:
+                sub = f"{target}.{alias.name}"
+                if sub in known:
+                    yield sub, None, node.lineno  # a submodule
+                else:
+                    yield target, alias.name, node.lineno
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    edges: dict[str, set[str]] = {m: set() for m in mods}
+    for name, path in mods.items():
+        for target, _, _ in imports(name, path, known):
+            while target not in known and "." in target:
+                target = target.rsplit(".", 1)[0]
+            if target != name and not name.startswith(target + "."):  # a parent package's __init__ is no edge
+                edges[name].add(target)
+    return edges
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(edges[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def private(part: str) -> bool:
+    return part.startswith("_") and not (part.startswith("__") and part.endswith("__"))
+
+
+def test_the_cycle_finder_finds_cycles():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle():
+    found = cycles(graph())
+    assert not found, f"import cycles between suffixspec modules: {found}"
+
+
+def test_no_underscore_import_across_modules():
+    mods = modules()
+    known = set(mods)
+    bad = []
+    for name, path in mods.items():
+        for target, imported, line in imports(name, path, known):
+            if target.startswith(PRIVATE_OK) or target == name:
+                continue
+            parts = target.split(".") + ([imported] if imported else [])
+            own = name.split(".")
+            shared = 0  # components of the importer's own package path: a private package's modules see each other
+            while shared < min(len(own), len(parts)) and own[shared] == parts[shared]:
+                shared += 1
+            if any(private(p) for p in parts[max(shared, 1):]):
+                bad.append(f"{path.relative_to(ROOT.parent)}:{line} imports {target}{'.' + imported if imported else ''}")
+    assert not bad, "underscore names imported across modules:\n" + "\n".join(bad)
+
+
+def test_no_module_over_800_lines():
+    long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
+
+
+def test_the_top_level_stays_light():
+    """Every public name of the package resolves without importing torch, transformers or the web stack."""
+    import subprocess
+    import sys
+
+    code = ("import sys, suffixspec\n"
+            "for n in ['Server', 'Event', 'Step', 'SpeculativeGenerator', 'DecodeOptions', 'CostModel',"
+            " 'BudgetPolicy', 'GenerationStats', 'Proposer', 'CorpusIndex']:\n"
+            "    getattr(suffixspec, n)\n"
+            "heavy = [m for m in ('torch', 'transformers', 'starlette', 'uvicorn', 'fastapi', 'vllm') if m in sys.modules]\n"
+            "print(','.join(heavy))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "", f"importing suffixspec's names imported {out.stdout.strip()}"
