@@ -286,11 +286,11 @@ def test_quality_gate_numeric_and_humaneval():
     check_num = {"kind": "numeric", "answer": 14}
     check_he = {"kind": "humaneval", "prompt": "def add(a, b):\n", "test": "def check(f):\n    assert f(2, 3) == 5\n",
                 "entry_point": "add"}
-    assert bench._numeric_correct(check_num, "7 + 7 = 14\nThe answer is 14.")
-    assert not bench._numeric_correct(check_num, "It is 13")
-    assert bench._humaneval_passes(check_he, "    return a + b\n\ndef unrelated():\n    raise SystemExit(1)\n")
-    assert not bench._humaneval_passes(check_he, "    return a - b\n")
-    assert not bench._humaneval_passes(check_he, "    while True: pass\n", timeout=1.0)
+    assert bench.numeric_correct(check_num, "7 + 7 = 14\nThe answer is 14.")
+    assert not bench.numeric_correct(check_num, "It is 13")
+    assert bench.humaneval_passes(check_he, "    return a + b\n\ndef unrelated():\n    raise SystemExit(1)\n")
+    assert not bench.humaneval_passes(check_he, "    return a - b\n")
+    assert not bench.humaneval_passes(check_he, "    while True: pass\n", timeout=1.0)
 
     wl = Workload("w", [Request("a", prompt_ids=[1], check=check_num), Request("b", prompt_ids=[1], check=check_num)], "t")
     runs = [bench.Run("plain", 1, 0, [{"finish_reason": "length"}] * 2, 1.0, outputs=[[1], [2]]),

@@ -7,7 +7,7 @@ import sys
 import time
 
 from ..errors import BadInputError
-from ._args import open_corpora, parse_budget, parse_filters
+from .args import open_corpora, parse_budget, parse_filters
 
 
 def add_parser(sub) -> None:

@@ -1,0 +1,225 @@
+"""Benchmark runs: every (mode, concurrency) configuration x repeat, served through a backend.
+
+Contract: `run_benchmark(workload, prompts, backends, settings)` returns one `Run` per configuration
+and repeat. `backends[mode].serve(max_batch=, max_new_tokens=, do_sample=, temperature=, top_k=,
+top_p=, seed=, budget=)` returns an engine (see `suffixspec.bench.schedule`); a backend may also have
+`fresh()` returning the instance to use for one run (a new proposer, so no run learns from an
+earlier one). Mode `plain` runs at budget 0, every other mode at `settings.budget`; `prompt_lookup`
+runs at concurrency 1 only. Repeats are the outer loop, modes alternate inside it. A failing engine
+makes its run's `errors`, never an exception. Warm-ups (`warm_up_all`) run outside the timed runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from .schedule import Served, poisson_arrivals, serve_schedule
+from .workloads import Workload
+
+__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "warm_up_all", "warm_up", "warm_up_rows"]
+
+MODES = ("plain", "speculative", "prompt_lookup")
+
+@dataclass
+class BenchSettings:
+    concurrency: list[int] = field(default_factory=lambda: [1, 4])
+    qps: float | None = None
+    max_new_tokens: int = 64
+    budget: Any = "auto"
+    temperature: float | None = None  # None or 0: greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+    repeat: int = 1
+    prompt_lookup_num_tokens: int = 10
+    modes: tuple[str, ...] = MODES
+    warmup: bool = True
+
+    @property
+    def do_sample(self) -> bool:
+        return self.temperature is not None and self.temperature > 0
+
+
+@dataclass
+class Run:
+    mode: str
+    concurrency: int
+    repeat: int
+    requests: list[dict]  # per request: id, arrival, ttft_s, e2e_s, tpot_s, new_tokens, rounds, ...
+    makespan_s: float
+    proposer_s: float = 0.0
+    verifier_s: float = 0.0
+    peak_memory_bytes: int = 0
+    mean_budget: float = 0.0
+    fallback: str | None = None
+    outputs: list[list[int]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], settings: BenchSettings,
+             concurrency: int, repeat: int, arrivals, tick: Callable[[], None]) -> Run:
+    """One run of `mode` at `concurrency`: `backend.serve(...)` driven by `serve_schedule`."""
+    errors: list[str] = []
+    engine = backend.serve(max_batch=concurrency, max_new_tokens=settings.max_new_tokens,
+                           do_sample=settings.do_sample,
+                           temperature=settings.temperature if settings.do_sample else 1.0,
+                           top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + repeat,
+                           budget=0 if mode == "plain" else settings.budget)
+    limits = [r.max_new_tokens for r in workload.requests]
+    served: list[Served] = []
+    makespan = 0.0
+    try:
+        served, makespan = serve_schedule(engine, prompts, concurrency, arrivals, limits, on_done=lambda q: tick())
+    except Exception as exc:  # a failing engine is a failure of the configuration, not a crash
+        errors.append(f"{type(exc).__name__}: {exc}")
+    finally:
+        try:
+            engine.close()
+        except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+            pass
+    result = engine.result()
+    stats = result.stats
+    by_q = {s.index: s for s in served}
+    outputs: list[list[int]] = [[] for _ in prompts]
+    reqs = []
+    for q in range(len(prompts)):
+        s = by_q.get(q)
+        if s is None:
+            reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": 0,
+                         "rounds": 0, "drafted": 0, "accepted": 0, "accepted_by_position": [], "tpot_s": 0.0,
+                         "finish_reason": "error", "arrival_s": 0.0, "start_s": 0.0, "ttft_s": 0.0, "e2e_s": 0.0,
+                         "queue_s": 0.0})
+            continue
+        rs, seq = stats.requests[s.engine_index], result.sequences[s.engine_index]
+        outputs[q] = list(seq)
+        n_new = len(seq)
+        reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": n_new,
+                     "rounds": rs.rounds, "drafted": rs.drafted, "accepted": rs.accepted,
+                     "accepted_by_position": list(rs.accepted_by_position),
+                     "tpot_s": (s.e2e - s.ttft) / (n_new - 1) if n_new > 1 else 0.0,
+                     "finish_reason": rs.finish_reason, "arrival_s": s.arrival, "start_s": s.start,
+                     "ttft_s": s.ttft, "e2e_s": s.e2e, "queue_s": s.start - s.arrival})
+    budgets = stats.budgets
+    return Run(mode, concurrency, repeat, reqs, makespan, stats.proposer_s, stats.verifier_s, stats.peak_memory_bytes,
+               float(np.mean(budgets)) if budgets else 0.0, stats.fallback, outputs, errors)
+
+
+def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[str, Any], settings: BenchSettings,
+                  progress: bool = True) -> list[Run]:
+    """Every configuration × repeat. `backends[mode].serve(max_batch, max_new_tokens, do_sample,
+    temperature, top_k, top_p, seed, budget)` returns an engine (see `serve_schedule`); a backend may
+    also have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
+    alternate inside it, so slow drifts of a shared machine hit every mode alike."""
+    n = len(prompts)
+    configs = _configs(settings, backends)
+    if settings.warmup and n:
+        warm_up_all(backends, prompts, settings, prompt_tokens=64)
+    bar = _progress(n * len(configs) * settings.repeat, progress)
+    runs: list[Run] = []
+    try:
+        for r in range(settings.repeat):
+            arrivals = None
+            if settings.qps is not None:
+                arrivals = poisson_arrivals(n, settings.qps, seed=settings.seed + r)
+            for mode, c in configs:
+                bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
+                backend = backends[mode]
+                backend = backend.fresh() if hasattr(backend, "fresh") else backend
+                runs.append(_execute(backend, mode, workload, prompts, settings, c, r, arrivals, lambda: bar.update(1)))
+    finally:
+        bar.close()
+    return runs
+
+
+def _configs(settings: BenchSettings, backends: dict[str, Any]) -> list[tuple[str, int]]:
+    """(mode, concurrency) of every configuration that runs, concurrency-major."""
+    configs = []
+    for c in settings.concurrency:
+        for mode in settings.modes:
+            if mode not in backends:
+                continue
+            if mode == "prompt_lookup" and c != 1:
+                continue  # transformers' prompt lookup decodes one sequence at a time
+            configs.append((mode, c))
+    return configs
+
+
+def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: BenchSettings,
+                prompt_tokens: int | None = None) -> None:
+    """Outside the timed runs: every mode's paths (`warm_up` on the first `prompt_tokens` of the first
+    prompt, all of it when None: compiled kernels load, the cost curve is measured once and kept by
+    the speculative backends), then one batch at the largest concurrency (`warm_up_rows`)."""
+    configs = _configs(settings, backends)
+    if not configs or not prompts:
+        return
+    first = prompts[0] if prompt_tokens is None else prompts[0][:prompt_tokens]
+    for mode in sorted({m for m, _ in configs}):
+        try:
+            warm_up(backends[mode], first, budget=0 if mode == "plain" else settings.budget, seed=settings.seed)
+        except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
+            pass
+    mode, c = max(configs, key=lambda mc: mc[1])  # a backend that runs at the largest concurrency
+    try:
+        warm_up_rows(backends[mode], prompts[:c], seed=settings.seed)
+    except Exception:  # noqa: BLE001 - as above
+        pass
+
+
+def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: int = 8) -> None:
+    """Short greedy requests through `backend.serve` (a fresh instance when the backend has `fresh`):
+    two decoded together (batched passes and proposals), then one more after them (the paths that
+    only exist once requests have finished: a non-empty response cache), so that every kernel loads
+    outside the timed runs. A cost model the fresh instance measured is kept by `backend`."""
+    original, backend = backend, (backend.fresh() if hasattr(backend, "fresh") else backend)
+    engine = backend.serve(max_batch=2, max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
+                           top_k=None, top_p=None, seed=seed, budget=budget)
+    for keys in ((0, 1), (2,)):
+        for key in keys:
+            engine.add(prompt, key=key)
+        while not engine.idle:
+            engine.step()
+    engine.close()
+    if getattr(original, "cost_model", False) is None and getattr(backend, "cost_model", None) is not None:
+        original.cost_model = backend.cost_model
+
+
+def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0) -> None:
+    """One batch of `prompts` in full, decoded together for two tokens through `backend.serve`: the
+    first pass of a process over that many rows pays for its memory (16 code-edit prompts took 7.1 s
+    to prefill the first time, 4.2 s afterwards), which would otherwise fall on whichever mode runs
+    first at that concurrency."""
+    if len(prompts) <= 2:  # `warm_up` has served two rows together already
+        return
+    backend = backend.fresh() if hasattr(backend, "fresh") else backend
+    engine = backend.serve(max_batch=len(prompts), max_new_tokens=2, do_sample=False, temperature=1.0,
+                           top_k=None, top_p=None, seed=seed, budget=budget)
+    for key, prompt in enumerate(prompts):
+        engine.add(prompt, key=key)
+    while not engine.idle:
+        engine.step()
+    engine.close()
+
+
+class _NoBar:
+    def update(self, k=1):
+        pass
+
+    def set_description(self, s):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total, enabled):
+    if not enabled:
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, unit="req", file=sys.stderr, dynamic_ncols=True, leave=False)
