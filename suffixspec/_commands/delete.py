@@ -28,7 +28,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from ..corpus import delete_selected
     from ..errors import BadInputError
-    from ._args import parse_filters
+    from .args import parse_filters
 
     tags = parse_filters(args.filter)
     ids = list(args.ids) if args.ids is not None else None

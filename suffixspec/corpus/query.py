@@ -23,7 +23,7 @@ import numpy as np
 
 from .._kernels import corpus as ck
 from .._kernels import frozen as fk
-from .._tokens import as_tokens
+from ..tokenids import as_tokens
 from ..errors import BadInputError, IndexFormatError, InternalError, TokenizerMismatchError
 from .documents import Document
 from .format import MANIFEST

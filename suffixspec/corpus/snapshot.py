@@ -6,8 +6,8 @@ the manifest (always fully checksummed, it is small) and its consistency; each s
 container structure (format.py), its meta against the manifest record (counts, size, payload
 checksum: a file of another index or generation is refused), array lengths against the counts,
 the root state, the edge offsets' ends, the document table (checksummed, and increasing), and
-every token id of the text and of the edges in [0, vocabulary size) (one vectorised min/max per
-array); the deleted bitmap (checksummed, indexes in range). Other array contents are checked
+every token id of the text and of the edges in [0, vocabulary size) (one vectorised pass per
+array, once per process for a file unchanged since: see TOKENS_CHECKED); the deleted bitmap (checksummed, indexes in range). Other array contents are checked
 lazily: the kernels range-check every index they follow and report damage (`Shard.corrupt`).
 `verify=True` adds every checksum of every file. A writer removes the files of an older
 manifest only after publishing the new one; a reader that opened the older manifest and then
@@ -34,6 +34,9 @@ __all__ = ["Shard", "Snapshot", "open_snapshot", "SWAP_RETRIES", "SMALL_ARRAYS"]
 
 SWAP_RETRIES = 8  # manifest replacements a single open rides out before giving up
 SMALL_ARRAYS = ("doc_starts", "doc_info")  # O(documents) arrays: checksummed on every open
+# shard files whose token ranges this process checked: (dev, inode, size, mtime, ctime, payload crc,
+# vocabulary) -> True. Any write to a file changes its ctime, so a changed file is checked again.
+TOKENS_CHECKED: dict = {}
 
 
 def _count(value) -> bool:
@@ -80,9 +83,16 @@ class Shard:
         ds = fa.doc_starts
         if not (int(ds[0]) == 0 and bool(np.all(ds[1:] > ds[:-1])) and int(ds[-1]) < self.n_tokens):
             f.fail("inconsistent document starts")
-        for name, arr in (("tokens", fa.tokens), ("etok", fa.etok)):
-            if arr.shape[0] and (int(arr.min()) < 0 or int(arr.max()) >= vocab_size):
-                f.fail(f"array {name}: token ids outside the vocabulary [0, {vocab_size})")
+        st = f.stat
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, f.payload_crc, vocab_size)
+        if key not in TOKENS_CHECKED:  # a file once checked in this process, unchanged since: not again
+            for name, arr in (("tokens", fa.tokens), ("etok", fa.etok)):
+                # one vectorised pass: seen unsigned, a negative id is larger than any vocabulary
+                if arr.shape[0] and int(arr.view(np.uint32).max()) >= vocab_size:
+                    f.fail(f"array {name}: token ids outside the vocabulary [0, {vocab_size})")
+            if len(TOKENS_CHECKED) >= 4096:
+                TOKENS_CHECKED.clear()
+            TOKENS_CHECKED[key] = True
 
     def doc_info(self) -> dict:
         try:
