@@ -31,7 +31,7 @@ from ._kernels import frozen as fk
 from ._kernels import lct as lk
 from ._kernels import sam as sk
 from ._kernels import walk as wk
-from ._tokens import as_tokens
+from .tokenids import as_tokens
 from .errors import BadInputError, BadInputTypeError, IndexFormatError
 
 MODE_SETTLED = 2  # true counts in S, no link-cut tree yet (Python-side mode only)
@@ -426,6 +426,27 @@ class FrozenAutomaton(_Queries):
 
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: getattr(self, f) for f in self._FIELDS}
+
+    KERNEL_FIELDS = ("offsets", "etok", "eto", "counts", "lasts", "links", "lens")
+
+    def kernel_arrays(self) -> tuple:
+        """`KERNEL_FIELDS` as read-only C int32 arrays (a row of `_kernels.frozen.source_table`);
+        converted copies are made once and kept on the automaton."""
+        got = self.__dict__.get("_kernel_arrays")
+        if got is None:
+            out = []
+            for name in self.KERNEL_FIELDS:
+                a = getattr(self, name)
+                if a.dtype != np.int32 or not a.flags.c_contiguous:
+                    if a.shape[0] and (int(a.max()) > np.iinfo(np.int32).max or int(a.min()) < np.iinfo(np.int32).min):
+                        raise BadInputError(f"corpus: array {name} does not fit int32 (split the corpus into smaller shards)")
+                    a = np.ascontiguousarray(a, dtype=np.int32)
+                if a.flags.writeable:
+                    a = a.view()
+                    a.flags.writeable = False
+                out.append(a)
+            got = self.__dict__["_kernel_arrays"] = tuple(out)
+        return got
 
     def __reduce__(self):
         return (_rebuild_frozen, ({f: np.array(a) for f, a in self.arrays().items()},))

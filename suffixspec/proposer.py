@@ -7,14 +7,13 @@ Sources, each giving the longest suffix of the request's context it contains:
   its match is the longest suffix that also occurred earlier (the suffix link of the state
   of the whole text), exact and unbounded. A session holds at most `max_session_tokens`
   tokens: past that cap its automaton is rebuilt over the most recent half.
-- past responses: `ResponseCache`, rotating generations. Closed sessions' outputs are added as
-  documents to the newest generation; when it holds `cache_tokens / cache_generations` tokens
-  it is frozen and a new one starts; beyond `cache_generations` the oldest generation is
-  dropped whole (an automaton cannot delete). Counts therefore cover the responses of the
-  generations still held. Sessions read frozen snapshots only; `add` (a session's `close`)
-  re-freezes the newest generation, so that cost falls on the closing request, not on proposals.
-  When the cache changes, a session re-finds its match over its last `resync_tokens` tokens, so
-  a match into past responses restarts at most that long and then grows token by token.
+- past responses: `ResponseCache` (suffixspec/cache.py): closed sessions' outputs, as whole
+  documents, in rotating generations (the oldest dropped whole), each a few frozen automata
+  (the live generation's geometric levels, rebuilt in amortised O(new tokens) per close, on the
+  closing request's time, never on a proposal's). Sessions read those frozen automata only.
+  When the cache changes, a session keeps its cursors into unchanged ones and re-finds its
+  match over its last `resync_tokens` tokens in new ones, so a match into past responses
+  restarts at most that long and then grows token by token.
 - corpora: any number of frozen automata or corpus indexes.
 
 The tree is grown best-first over every source at once (see `_kernels/draft.py` for the scores):
@@ -49,10 +48,7 @@ core was idle and cost ~16 ms whenever a busy process held it.
 from __future__ import annotations
 
 import os
-import pickle
-import tempfile
 import threading
-from pathlib import Path
 
 import numba
 import numpy as np
@@ -62,112 +58,11 @@ from ._kernels import frozen as fk
 from ._kernels import propose as pk
 from ._kernels import sam as sk
 from ._kernels.address import address
-from ._tokens import as_tokens
+from .tokenids import MAX_TOKEN_ID, as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
-from .errors import BadInputError, IndexFormatError
+from .cache import ResponseCache
+from .errors import BadInputError, BadInputTypeError, InternalError
 from .tree import DraftTree
-
-_CACHE_MAGIC = "suffixspec-response-cache"
-_CACHE_VERSION = 1
-
-
-class ResponseCache:
-    """Bounded cache of past responses in rotating generations (see the module docstring)."""
-
-    def __init__(self, max_tokens: int = 1 << 20, generations: int = 4):
-        if max_tokens <= 0 or generations <= 0:
-            raise BadInputError(f"ResponseCache: expected positive max_tokens and generations, got {max_tokens}, {generations}")
-        self.max_tokens = int(max_tokens)
-        self.generations = int(generations)
-        self._lock = threading.Lock()
-        self._frozen: list[tuple[int, FrozenAutomaton]] = []  # oldest first
-        self._live = SuffixAutomaton()
-        self._live_id = 0
-        self._snapshot: tuple[int, FrozenAutomaton] | None = None
-        self._version = 0  # bumps on every change, so sessions know to resync
-
-    @property
-    def generation_tokens(self) -> int:
-        return max(1, self.max_tokens // self.generations)
-
-    def add(self, tokens) -> None:
-        toks = as_tokens(tokens)
-        if toks.shape[0] == 0:
-            return
-        with self._lock:
-            self._live.add_document(toks)
-            # freeze now (and lay out for the kernels), on the closing request's time, not on
-            # the next proposal's
-            snapshot = self._live.freeze()
-            _kernel_arrays(snapshot)
-            if len(self._live) >= self.generation_tokens:
-                self._frozen.append((self._live_id, snapshot))
-                self._live = SuffixAutomaton()
-                self._live_id += 1
-                self._snapshot = None
-                del self._frozen[: max(0, len(self._frozen) - (self.generations - 1))]
-            else:
-                self._snapshot = (self._live_id, snapshot)
-            self._version += 1
-
-    def sources(self) -> tuple[int, list[tuple[int, FrozenAutomaton]]]:
-        """(version, [(generation id, frozen automaton)...]) as of now."""
-        with self._lock:
-            if self._snapshot is None and len(self._live):  # e.g. just loaded from disk
-                self._snapshot = (self._live_id, self._live.freeze())
-            out = list(self._frozen)
-            if self._snapshot is not None:
-                out.append(self._snapshot)
-            return self._version, out
-
-    def __len__(self) -> int:
-        with self._lock:
-            return sum(len(a) for _, a in self._frozen) + len(self._live)
-
-    @property
-    def nbytes(self) -> int:
-        with self._lock:
-            return sum(a.nbytes for _, a in self._frozen) + self._live.nbytes
-
-    def save(self, path) -> None:
-        """Write atomically (temporary file in the same directory, then rename)."""
-        path = Path(path)
-        with self._lock:
-            state = {
-                "magic": _CACHE_MAGIC, "version": _CACHE_VERSION, "max_tokens": self.max_tokens,
-                "generations": self.generations, "frozen": [(g, a.arrays()) for g, a in self._frozen],
-                "live": self._live, "live_id": self._live_id,
-            }
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent or ".")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    pickle.dump(state, f, protocol=pickle.HIGHEST_PROTOCOL)
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                if os.path.exists(tmp):
-                    os.unlink(tmp)
-                raise
-
-    @classmethod
-    def load(cls, path) -> ResponseCache:
-        path = Path(path)
-        try:
-            with open(path, "rb") as f:
-                state = pickle.load(f)
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as exc:
-            raise IndexFormatError(f"{path}: not a readable response cache ({exc})") from None
-        if not isinstance(state, dict) or state.get("magic") != _CACHE_MAGIC:
-            raise IndexFormatError(f"{path}: not a suffixspec response cache (bad magic)")
-        if state.get("version") != _CACHE_VERSION:
-            raise IndexFormatError(f"{path}: response cache version {state.get('version')!r}, expected {_CACHE_VERSION}")
-        cache = cls(state["max_tokens"], state["generations"])
-        cache._frozen = [(g, FrozenAutomaton(**arrays)) for g, arrays in state["frozen"]]
-        cache._live = state["live"]
-        cache._live_id = state["live_id"]
-        return cache
-
 
 def _corpus_sources(corpus) -> list:
     """Flatten `corpus` into FrozenAutomaton and corpus-index entries."""
@@ -247,26 +142,6 @@ def _prefer_workqueue() -> None:
 
 
 
-def _kernel_arrays(fa: FrozenAutomaton) -> tuple:
-    """offsets, etok, eto, counts, lasts, links, lens of `fa` as read-only C int32 arrays (a row of
-    `frozen.source_table`); converted copies are kept on the automaton."""
-    got = fa.__dict__.get("_kernel_arrays")
-    if got is None:
-        out = []
-        for name in ("offsets", "etok", "eto", "counts", "lasts", "links", "lens"):
-            a = getattr(fa, name)
-            if a.dtype != np.int32 or not a.flags.c_contiguous:
-                if a.shape[0] and (int(a.max()) > np.iinfo(np.int32).max or int(a.min()) < np.iinfo(np.int32).min):
-                    raise BadInputError(f"corpus: array {name} does not fit int32 (split the corpus into smaller shards)")
-                a = np.ascontiguousarray(a, dtype=np.int32)
-            if a.flags.writeable:
-                a = a.view()
-                a.flags.writeable = False
-            out.append(a)
-        got = fa.__dict__["_kernel_arrays"] = tuple(out)
-    return got
-
-
 class _Sources:
     """The frozen sources sessions read, in kernel order: the corpus automata (and every shard of
     every corpus index), then the past-response generations of one cache version. Immutable; a new
@@ -278,7 +153,7 @@ class _Sources:
         self.automata = list(static) + [a for _, a in cached]
         self.generations = [None] * len(static) + [g for g, _ in cached]
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
-        self.held = [_kernel_arrays(fa) for fa in self.automata]
+        self.held = [fa.kernel_arrays() for fa in self.automata]
         self.table = fk.source_table(self.held)
 
 
@@ -341,14 +216,16 @@ class Proposer:
     closed sessions), `cache_tokens`, `cache_generations`, `max_session_tokens`, `resync_tokens`
     (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`),
     `match_levels` (how many matched suffixes per source are expanded: the longest, then the
-    next shorter ones along suffix links, which see more occurrences).
+    next shorter ones along suffix links, which see more occurrences), `vocab_size` (when given,
+    `start` and `extend` refuse token ids >= it with a BadInputError).
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
                  min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 1):
+                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 1,
+                 vocab_size: int | None = None):
         for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
                             ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
                             ("match_levels", match_levels)):
@@ -361,6 +238,10 @@ class Proposer:
         self.max_session_tokens = int(max_session_tokens)
         self.resync_tokens = int(resync_tokens)
         self.threads = int(threads)
+        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
+                                       or not 0 < vocab_size <= MAX_TOKEN_ID + 1):
+            raise BadInputError(f"vocab_size: expected None or an integer in [1, 2**31], got {vocab_size!r}")
+        self.vocab_size = None if vocab_size is None else int(vocab_size)
         self._match_levels = int(match_levels)
         self.params = np.zeros(dk.N_PARAMS, np.float64)
         self.params[dk.P_MATCH_PRIOR] = match_prior
@@ -377,12 +258,31 @@ class Proposer:
             fas = [c] if isinstance(c, FrozenAutomaton) else [shard.fa for shard in c.shards]
             self._static.extend(fas)
             self._static_owner.extend([i] * len(fas))
+        self._null = _NoCache()  # the version holder of sessions while there is no cache
+        self._cache: ResponseCache | None = None
         self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
         self._sources: _Sources | None = None
         self._sources_lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
+
+    @property
+    def cache(self) -> ResponseCache | None:
+        """The cache of past responses (None: no learning across sessions). Assignable, e.g. to
+        a `ResponseCache.load`ed one: open sessions resync to it on their next call."""
+        return self._cache
+
+    @cache.setter
+    def cache(self, value) -> None:
+        if value is not None and not isinstance(value, ResponseCache):
+            raise BadInputTypeError(f"cache: expected a ResponseCache or None, got {type(value).__name__}")
+        old = self._version_holder()
+        self._cache = value
+        old._touch()  # sessions compare versions with the holder they were built with: send them to resync
+
+    def _version_holder(self):
+        return self._cache if self._cache is not None else self._null
 
     # knobs the sessions' kernel frames copy: fixed at construction, like `params`
     @property
@@ -408,14 +308,15 @@ class Proposer:
 
     def _current_sources(self) -> _Sources:
         src = self._sources
-        version = self.cache._version if self.cache is not None else 0  # an int read: no lock needed
+        version = self._version_holder()._version  # an int read: no lock needed
         if src is not None and src.version == version:
             return src
         with self._sources_lock:
-            if self.cache is not None:
-                version, cached = self.cache.sources()
+            cache = self._cache
+            if cache is not None:
+                version, cached = cache.sources()
             else:
-                version, cached = 0, []
+                version, cached = self._null._version, []
             if self._sources is None or self._sources.version != version:
                 self._sources = _Sources(self._static, version, cached)
             return self._sources
@@ -425,7 +326,18 @@ class Proposer:
         tags (`{"repo": "click"}`), a pyroaring BitMap of document indexes, or a Subset."""
         if filter is not None and not any(not isinstance(c, FrozenAutomaton) for c in self.corpora):
             raise BadInputError("filter: document filters need a corpus index (none was given)")
-        return Session(self, as_tokens(prompt_ids, "prompt_ids"), request_id, filter)
+        return Session(self, self._tokens(prompt_ids, "prompt_ids"), request_id, filter)
+
+    def _tokens(self, ids, name: str) -> np.ndarray:
+        """`as_tokens`, then ids < `vocab_size` when the proposer has one (BadInputError naming
+        `name`, the range and the first id outside it)."""
+        toks = as_tokens(ids, name)
+        vocab = self.vocab_size
+        if vocab is not None and toks.shape[0] and int(toks.max()) >= vocab:
+            i = int(np.argmax(toks >= vocab))
+            raise BadInputError(f"{name}: expected token ids in [0, {vocab - 1}] (vocab_size {vocab}), "
+                                f"got {int(toks[i])} at index {i}")
+        return toks
 
     def propose_batch(self, sessions, budgets=None) -> list[DraftTree]:
         """One tree per session, in one call of the batch kernel (on `threads` threads) for every
@@ -506,13 +418,22 @@ class Proposer:
 
 
 class _NoCache:
-    _version = 0  # the version a proposer without a global cache syncs to
+    """The version a proposer without a cache syncs to; changed when a cache is assigned (or
+    taken away), so that open sessions notice. Negative, never a cache's version."""
+
+    __slots__ = ("_version",)
+
+    def __init__(self):
+        self._version = 0
+
+    def _touch(self) -> None:
+        self._version -= 1
 
 
-_NO_CACHE = _NoCache()
 _tree = DraftTree._trusted
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
+_tree_span = pk.tree_span
 
 
 class Session:
@@ -563,7 +484,7 @@ class Session:
         with self._guard:
             if self._closed:
                 raise BadInputError("session is closed")
-            toks = as_tokens(tokens)
+            toks = self.proposer._tokens(tokens, "tokens")
             if toks.shape[0] == 0:
                 return
             self._output.extend(toks.tolist())
@@ -623,11 +544,9 @@ class Session:
                 if ws is not None:
                     r = _propose_framed(hot, ws.addr, budget)
                     if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
-                        k = r & 0xFFFFFFFF
-                        if k == 0:
+                        a, e = _tree_span(r)
+                        if a == e:
                             return _EMPTY
-                        a = r >> 32
-                        e = a + k
                         return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
                 return self._kernel_tree(budget)
             p = self.proposer
@@ -635,7 +554,7 @@ class Session:
             if budget <= 0 or self._closed:
                 return DraftTree.empty()
             src = p._sources
-            if src is None or src is not self._src or src.version != (p.cache._version if p.cache is not None else 0):
+            if src is None or src is not self._src or src.version != p._version_holder()._version:
                 self._sync()
             if self._sam._mode != sk.MODE_ONLINE:
                 self._sam._start_online()
@@ -654,7 +573,7 @@ class Session:
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version
-        self._cache = p.cache if p.cache is not None else _NO_CACHE
+        self._cache = p._version_holder()
         self._tls = p._local
 
     def _propose_sources(self, budget: int) -> DraftTree:
@@ -671,12 +590,10 @@ class Session:
             ws.new_arena()
             r = pk.propose_framed(self._frame_addr, ws.addr, budget)
             if r < 0:
-                raise RuntimeError(f"propose: the kernel refused a fitted workspace (budget {budget})")
-        k = r & 0xFFFFFFFF
-        if k == 0:
+                raise InternalError(f"propose: the kernel refused a fitted workspace (budget {budget})")
+        a, e = _tree_span(r)
+        if a == e:
             return _EMPTY
-        a = r >> 32
-        e = a + k
         return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:

@@ -9,6 +9,7 @@ import pytest
 
 import naive
 from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
+from suffixspec.errors import InternalError
 from suffixspec.cli import main as cli_main
 from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 
@@ -115,9 +116,9 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
             setattr(prop, knob, 2)
     with pytest.raises(ValueError):
         empty.tokens[...] = 1  # read-only, even though zero-sized
-    with pytest.raises(ValueError, match="int32"):
+    with pytest.raises(InternalError, match="int32"):
         pk.set_arena(np.zeros(dk.WS_FRAME_LEN, np.int64), np.zeros(30, np.int64), np.zeros(10))
-    with pytest.raises(ValueError, match="beside"):
+    with pytest.raises(InternalError, match="beside"):
         pk.set_arena(np.zeros(dk.WS_FRAME_LEN, np.int64), np.zeros(20, np.int32), np.zeros(10))
 
 
@@ -299,11 +300,11 @@ def test_source_table_reads_the_arrays_it_names_and_rejects_others():
         got = _read_source(table, j)
         for a, b in zip(arrs, got):
             assert b.tolist() == a.tolist()
-    with pytest.raises(ValueError, match="int32"):
+    with pytest.raises(InternalError, match="int32"):
         fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(7))])
-    with pytest.raises(ValueError, match="C-contiguous"):
+    with pytest.raises(InternalError, match="C-contiguous"):
         fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(7))])
-    with pytest.raises(ValueError, match="7 arrays"):
+    with pytest.raises(InternalError, match="7 arrays"):
         fk.source_table([(np.zeros(3, np.int32),)])
 
 
@@ -613,3 +614,31 @@ def test_long_prompt_and_session_memory_cap():
     s.extend(s._sam.tokens[-40_000:-39_990].tolist())  # still held: proposed
     tree = s.propose(8)
     assert len(tree) > 0
+
+
+def test_token_ids_are_checked_at_the_boundary():
+    """start/extend refuse ids outside [0, vocab_size) naming the parameter, range and value;
+    a refused extension changes nothing."""
+    from suffixspec import BadInputTypeError
+
+    prop = Proposer(vocab_size=100, global_cache=False)
+    with pytest.raises(BadInputError, match=r"prompt_ids: expected token ids in \[0, 99\].*got 100 at index 2"):
+        prop.start([1, 2, 100])
+    s = prop.start([1, 2, 3, 1, 2])
+    with pytest.raises(BadInputError, match=r"tokens: expected token ids in \[0, 99\].*got 150 at index 1"):
+        s.extend(np.array([5, 150, 7]))
+    assert len(s) == 5 and s.output == []
+    assert s.propose(4).tokens.tolist()[:1] == [3]
+    with pytest.raises(BadInputError, match=r"prompt_ids: .*got -1"):
+        prop.start([1, -1])
+    with pytest.raises(BadInputTypeError, match="prompt_ids"):
+        prop.start([1.5, 2.0])
+    with pytest.raises(BadInputTypeError, match="tokens"):
+        s.extend("12")
+    for bad in (0, -5, True, 2.5, 2**31 + 1):
+        with pytest.raises(BadInputError, match="vocab_size"):
+            Proposer(vocab_size=bad)
+    s.extend([99])
+    assert s.output == [99]
+    # without vocab_size any id in [0, 2**31 - 1] is fine
+    assert len(Proposer(global_cache=False).start([2**31 - 1, 0])) == 2

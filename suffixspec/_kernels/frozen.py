@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from .address import address, view_i32
+from ..errors import InternalError
 
 CORRUPT = -2
 
@@ -118,10 +119,10 @@ def source_table(arrays) -> np.ndarray:
     table = np.zeros((len(arrays), 2 * N_SOURCE_ARRAYS), np.int64)
     for j, arrs in enumerate(arrays):
         if len(arrs) != N_SOURCE_ARRAYS:
-            raise ValueError(f"source_table: expected {N_SOURCE_ARRAYS} arrays per source, got {len(arrs)}")
+            raise InternalError(f"source_table: expected {N_SOURCE_ARRAYS} arrays per source, got {len(arrs)}")
         for k, a in enumerate(arrs):
             if a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
-                raise ValueError(f"source_table: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
+                raise InternalError(f"source_table: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
             table[j, k] = address(a, np.int32)
             table[j, N_SOURCE_ARRAYS + k] = a.shape[0]
     return table

@@ -26,6 +26,7 @@ from . import draft as dk
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_SOURCE_ARRAYS, source_arrays
+from ..errors import InternalError
 
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
@@ -37,10 +38,10 @@ def session_frame(live, cur, table, params, min_match, levels) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
     `source_table` they index, the proposer's params and knobs (the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != 2 or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
-        raise ValueError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
+        raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
     if live.shape != (sk.LIVE_LEN,):
-        raise ValueError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
+        raise InternalError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
     frame = np.empty(FRAME_LEN, np.int64)
     frame[F_LIVE] = address(live, np.int64)
     frame[F_CUR], frame[F_CUR_ROWS] = address(cur, np.int64), cur.shape[0]
@@ -94,6 +95,17 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     return dk.expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at)
 
 
+# propose_framed's result: the tree's first arena node above TREE_SHIFT bits, its node count below
+TREE_SHIFT = 32
+TREE_COUNT_MASK = (1 << TREE_SHIFT) - 1
+
+
+def tree_span(r: int) -> tuple[int, int]:
+    """(first, end) arena nodes of a non-negative `propose_framed` result (empty when equal)."""
+    a = r >> TREE_SHIFT
+    return a, a + (r & TREE_COUNT_MASK)
+
+
 def set_arena(wsf, out_i32, out_f64) -> None:
     """Give a workspace frame a fresh output arena: tokens, parents and depths of up to `cap`
     nodes in out_i32 (int32[3 cap]: three blocks of cap), probabilities in out_f64 (float64[cap]).
@@ -101,7 +113,7 @@ def set_arena(wsf, out_i32, out_f64) -> None:
     written again by anyone else (the caller keeps them alive while the frame can be read)."""
     cap = out_f64.shape[0]
     if out_i32.shape != (3 * cap,):
-        raise ValueError(f"set_arena: expected int32[{3 * cap}] beside float64[{cap}], got {out_i32.shape}")
+        raise InternalError(f"set_arena: expected int32[{3 * cap}] beside float64[{cap}], got {out_i32.shape}")
     wsf[dk.WS_OUT_I32], wsf[dk.WS_OUT_F64] = address(out_i32, np.int32), address(out_f64, np.float64)
     wsf[dk.WS_OUT_CAP], wsf[dk.WS_OUT_OFF] = cap, 0
 
@@ -110,7 +122,7 @@ def set_arena(wsf, out_i32, out_f64) -> None:
 def propose_framed(frame_addr, wsf_addr, budget):
     """`propose_one` for the session whose `session_frame` lies at `frame_addr`, in the workspace
     whose `dk.workspace_frame` lies at `wsf_addr`, into the next free nodes of its output arena.
-    Returns (offset << 32) | count: the tree lies at [offset, offset + count) of the arena's four
+    Returns (offset << TREE_SHIFT) | count (`tree_span` decodes it): the tree lies at [offset, offset + count) of the arena's four
     blocks; -1 (nothing written) when the workspace is too small for `budget` nodes from the
     session's parts or the arena has no room for them. Three integer arguments and no output
     allocation (passing the arrays themselves cost ~0.5 us of dispatch per call); the addresses
@@ -133,7 +145,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
                            dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap], out[2 * cap :],
                            view_f64(wsf[dk.WS_OUT_F64], cap), off)
     wsf[dk.WS_OUT_OFF] = off + k
-    return (off << 32) | k
+    return (off << TREE_SHIFT) | k
 
 
 @njit(cache=True, nogil=True)

@@ -35,6 +35,7 @@ from numba import njit
 
 from . import lct
 from .address import address, view_i32, view_i32_2d, view_i64
+from ..errors import InternalError
 
 LINK, LEN, HEAD, CNT, LAST, DEG = 0, 1, 2, 3, 4, 5
 STATE_COLS = 6
@@ -55,7 +56,7 @@ LIVE_LEN = 9
 
 def write_live(live, S, E, L, M, stack) -> None:
     if S.shape[1:] != (STATE_COLS,) or E.shape[1:] != (E_COLS,) or L.shape[1:] != (L_COLS,) or M.shape != (META,):
-        raise ValueError(f"write_live: unexpected shapes S {S.shape}, E {E.shape}, L {L.shape}, M {M.shape}")
+        raise InternalError(f"write_live: unexpected shapes S {S.shape}, E {E.shape}, L {L.shape}, M {M.shape}")
     live[LIVE_S], live[LIVE_S_ROWS] = address(S, np.int32), S.shape[0]
     live[LIVE_E], live[LIVE_E_ROWS] = address(E, np.int32), E.shape[0]
     live[LIVE_L], live[LIVE_L_ROWS] = address(L, np.int32), L.shape[0]

@@ -1,0 +1,321 @@
+"""`ResponseCache`: the bounded cache of past responses, its upkeep and its file format.
+
+Contents: whole documents (the outputs of closed sessions), never split, in rotating
+*generations* of about `max_tokens / generations` tokens. The newest (live) generation fills up;
+once it holds that many tokens it becomes a frozen generation and a new live one starts; beyond
+`generations - 1` frozen generations the oldest is dropped whole (an automaton cannot delete).
+Memory is therefore bounded by `max_tokens` plus one generation (plus the last document).
+
+Upkeep, amortised O(new tokens) (times a logarithm) per added document: the live generation
+is a short list of *levels*, each a `FrozenAutomaton` over some of its documents, oldest and
+largest first. A new document becomes a level of its own (built and frozen in O(its length));
+then, while the level before the newest holds at most `MERGE_RATIO` times the newest, the two
+are rebuilt as one (from their tokens, so every level is always exactly the automaton a fresh
+`SuffixAutomaton` builds over its documents). Levels shrink geometrically (at most ~log base
+MERGE_RATIO of generation/document size of them) and a token is rebuilt O(log) times over its
+generation's life. A generation that rotates is rebuilt once as a single automaton. Nothing of
+this grows with the tokens already cached, unlike re-freezing the whole live generation.
+Sources (`sources()`) are the frozen generations then the live levels; every level and
+generation has an id never reused, so a session's cursor into an unchanged one carries over and
+a new one is re-matched.
+
+Threads: `add` calls are serialised by their own lock and build outside the state lock, so
+`sources()` (what proposals read) waits only for the final swap. `version` changes on every
+change of any cache (a process-wide counter), so a proposer given another cache resyncs.
+
+File format (`save` / `load`), little-endian, version FORMAT_VERSION:
+
+    header  64 bytes: magic b"SFXSPRC\\0", format version u32, entry count u32, file length u64,
+            max_tokens u64, generations u32, reserved u32, next id u64, reserved 8 bytes,
+            crc32 of the entry table u32, crc32 of the header's first 60 bytes u32
+    entries 64 bytes each, frozen generations (oldest first) then live levels (oldest first):
+            id u64, kind u32 (0 frozen, 1 live), reserved u32, tokens u64, documents u64,
+            offset of the tokens u64, offset of the document starts u64, crc32 of each u32,
+            reserved 8 bytes
+    arrays  per entry: tokens int32[tokens], then document starts int64[documents], each
+            starting at the next multiple of 8, in entry order, up to the file's end
+
+Only token ids and document boundaries are stored: `load` checks every field, size, offset and
+checksum, every token id (in [0, 2**31 - 1]) and boundary (0 first, strictly increasing, within
+the tokens) and the generation invariants, then *rebuilds* every automaton from the tokens with
+the same code as `add`. No array a kernel follows (links, edges, counts) ever comes from the
+file, so no damage can make a kernel read out of bounds, and no code is executed. Any damage is
+an `IndexFormatError` naming the file and what was wrong. Only regular files are opened.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import stat
+import struct
+import threading
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+from .tokenids import as_tokens
+from .automaton import FrozenAutomaton, SuffixAutomaton
+from .errors import BadInputError, IndexFormatError
+from .fileio import atomic_write_bytes
+
+__all__ = ["ResponseCache", "MAGIC", "FORMAT_VERSION", "MERGE_RATIO"]
+
+MAGIC = b"SFXSPRC\0"
+FORMAT_VERSION = 2  # version 1 was a pickle, never read
+MERGE_RATIO = 4
+KIND_FROZEN, KIND_LIVE = 0, 1
+MAX_ENTRIES = 1 << 16
+MAX_GENERATIONS = 1 << 16
+
+_HEADER = struct.Struct("<8sIIQQIIQ8sII")
+_ENTRY = struct.Struct("<QIIQQQQII8s")
+if _HEADER.size != 64 or _ENTRY.size != 64:  # pragma: no cover - a layout typo
+    raise ImportError("cache: header and entry structs must be 64 bytes")
+
+_versions = itertools.count(1)  # process-wide: a cache's version never repeats another's
+
+
+def _align8(n: int) -> int:
+    return (n + 7) & ~7
+
+
+def _build(tokens: np.ndarray, starts: np.ndarray) -> FrozenAutomaton:
+    """The frozen automaton over the documents tokens[starts[i]:starts[i + 1]], laid out for the
+    kernels (on the caller's time, not the next proposal's)."""
+    sam = SuffixAutomaton()
+    bounds = starts.tolist() + [int(tokens.shape[0])]
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        sam.add_document(tokens[a:b])
+    fa = sam.freeze()
+    fa.kernel_arrays()
+    return fa
+
+
+def _merge(levels: list[tuple[int, FrozenAutomaton]]) -> FrozenAutomaton:
+    """One automaton over the documents of `levels`, in order."""
+    tokens = np.concatenate([fa.tokens for _, fa in levels])
+    starts, base = [], 0
+    for _, fa in levels:
+        starts.append(np.asarray(fa.doc_starts, np.int64) + base)
+        base += len(fa)
+    return _build(tokens, np.concatenate(starts))
+
+
+class ResponseCache:
+    """Bounded cache of past responses in rotating generations (see the module docstring)."""
+
+    def __init__(self, max_tokens: int = 1 << 20, generations: int = 4):
+        for name, value in (("max_tokens", max_tokens), ("generations", generations)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise BadInputError(f"ResponseCache: {name}: expected a positive integer, got {value!r}")
+        if generations > MAX_GENERATIONS:
+            raise BadInputError(f"ResponseCache: generations: expected at most {MAX_GENERATIONS}, got {generations}")
+        self.max_tokens = int(max_tokens)
+        self.generations = int(generations)
+        self._lock = threading.Lock()  # guards the state below (held briefly)
+        self._add_lock = threading.Lock()  # serialises add()
+        self._frozen: list[tuple[int, FrozenAutomaton]] = []  # oldest first
+        self._levels: list[tuple[int, FrozenAutomaton]] = []  # the live generation, oldest first
+        self._next_id = 0
+        self._version = next(_versions)  # changes on every change, so sessions know to resync
+
+    @property
+    def generation_tokens(self) -> int:
+        return max(1, self.max_tokens // self.generations)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _new_id(self) -> int:
+        i = self._next_id
+        self._next_id += 1
+        return i
+
+    def add(self, tokens) -> None:
+        """Add one document (a closed session's output); see the module docstring for the cost."""
+        toks = as_tokens(tokens)
+        if toks.shape[0] == 0:
+            return
+        with self._add_lock:
+            levels = list(self._levels)  # only add() changes them, and adds are serialised
+            frozen = list(self._frozen)
+            levels.append((self._new_id(), _build(toks, np.zeros(1, np.int64))))
+            if sum(len(fa) for _, fa in levels) >= self.generation_tokens:
+                whole = levels[0][1] if len(levels) == 1 else _merge(levels)
+                frozen.append((self._new_id(), whole))
+                levels = []
+                del frozen[: max(0, len(frozen) - (self.generations - 1))]
+            else:
+                while len(levels) >= 2 and len(levels[-2][1]) <= MERGE_RATIO * len(levels[-1][1]):
+                    merged = _merge(levels[-2:])
+                    levels[-2:] = [(self._new_id(), merged)]
+            with self._lock:
+                self._frozen, self._levels = frozen, levels
+                self._version = next(_versions)
+
+    def sources(self) -> tuple[int, list[tuple[int, FrozenAutomaton]]]:
+        """(version, [(id, frozen automaton)...]) as of now: frozen generations, then live levels."""
+        with self._lock:
+            return self._version, self._frozen + self._levels
+
+    def _touch(self) -> None:
+        """A new version with the same contents: sessions holding this cache resync."""
+        with self._lock:
+            self._version = next(_versions)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(a) for _, a in self._frozen) + sum(len(a) for _, a in self._levels)
+
+    @property
+    def nbytes(self) -> int:
+        with self._lock:
+            return sum(a.nbytes for _, a in self._frozen) + sum(a.nbytes for _, a in self._levels)
+
+    def __repr__(self):
+        with self._lock:
+            return (f"ResponseCache(max_tokens={self.max_tokens}, generations={self.generations}, "
+                    f"frozen={len(self._frozen)}, live_levels={len(self._levels)})")
+
+    # -- file format ------------------------------------------------------------------------
+    def to_bytes(self) -> bytes:
+        """The file `save` writes (module docstring, File format)."""
+        with self._lock:
+            items = [(KIND_FROZEN, g, fa) for g, fa in self._frozen] + [(KIND_LIVE, g, fa) for g, fa in self._levels]
+            next_id = self._next_id
+        table_end = _HEADER.size + _ENTRY.size * len(items)
+        entries, blobs, pos = [], [], table_end
+        for kind, gid, fa in items:
+            tok = np.ascontiguousarray(fa.tokens, dtype="<i4").tobytes()
+            st = np.ascontiguousarray(fa.doc_starts, dtype="<i8").tobytes()
+            tok_off = pos
+            st_off = _align8(tok_off + len(tok))
+            pos = st_off + len(st)
+            entries.append(_ENTRY.pack(gid, kind, 0, len(fa), fa.doc_starts.shape[0], tok_off, st_off,
+                                       zlib.crc32(tok), zlib.crc32(st), b""))
+            blobs.append((tok_off, tok))
+            blobs.append((st_off, st))
+        table = b"".join(entries)
+        head = _HEADER.pack(MAGIC, FORMAT_VERSION, len(items), pos, self.max_tokens, self.generations, 0, next_id,
+                            b"", zlib.crc32(table), 0)
+        head = head[:-4] + struct.pack("<I", zlib.crc32(head[:-4]))
+        out = bytearray(pos)
+        out[: _HEADER.size] = head
+        out[_HEADER.size : table_end] = table
+        for off, b in blobs:
+            out[off : off + len(b)] = b
+        return bytes(out)
+
+    def save(self, path) -> None:
+        """Write atomically (temporary file in the same directory, fsynced, then renamed)."""
+        atomic_write_bytes(Path(path), self.to_bytes())
+
+    @classmethod
+    def load(cls, path) -> ResponseCache:
+        """Read a cache `save` wrote; any damage raises `IndexFormatError` (module docstring)."""
+        path = Path(path)
+        return cls.from_bytes(_read_regular_file(path), str(path))
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "response cache") -> ResponseCache:
+        def fail(what):
+            raise IndexFormatError(f"{name}: not a valid suffixspec response cache: {what}")
+
+        size = len(data)
+        if size < _HEADER.size:
+            fail(f"truncated: {size} bytes, shorter than the {_HEADER.size}-byte header")
+        (magic, version, n_entries, file_length, max_tokens, generations, _, next_id, _, table_crc,
+         head_crc) = _HEADER.unpack_from(data, 0)
+        if magic != MAGIC:
+            fail(f"bad magic {magic!r}, expected {MAGIC!r}")
+        if zlib.crc32(data[: _HEADER.size - 4]) != head_crc:
+            fail("header checksum mismatch")
+        if version != FORMAT_VERSION:
+            fail(f"format version {version}, expected {FORMAT_VERSION}")
+        if file_length != size:
+            fail(f"header says {file_length} bytes, the file has {size}")
+        if not 0 < generations <= MAX_GENERATIONS or max_tokens <= 0 or max_tokens >= 1 << 62:
+            fail(f"generations {generations} (expected 1..{MAX_GENERATIONS}) or max_tokens {max_tokens} out of range")
+        if n_entries > MAX_ENTRIES:
+            fail(f"{n_entries} entries, expected at most {MAX_ENTRIES}")
+        table_end = _HEADER.size + _ENTRY.size * n_entries
+        if table_end > size:
+            fail(f"truncated: the entry table ends at {table_end}, the file at {size}")
+        if zlib.crc32(data[_HEADER.size : table_end]) != table_crc:
+            fail("entry table checksum mismatch")
+        cache = cls(int(max_tokens), int(generations))
+        gen_tokens = cache.generation_tokens
+        pos = table_end
+        seen: set[int] = set()
+        parsed = []
+        last_kind = KIND_FROZEN
+        for i in range(n_entries):
+            gid, kind, _, n_tok, n_docs, tok_off, st_off, tok_crc, st_crc, _ = _ENTRY.unpack_from(data, _HEADER.size + i * _ENTRY.size)
+            where = f"entry {i}"
+            if kind not in (KIND_FROZEN, KIND_LIVE) or kind < last_kind:
+                fail(f"{where}: kind {kind} (expected frozen generations, then live levels)")
+            last_kind = kind
+            if gid >= next_id or gid in seen:
+                fail(f"{where}: id {gid} repeated or not below the next id {next_id}")
+            seen.add(gid)
+            if not 0 < n_docs <= n_tok:
+                fail(f"{where}: {n_tok} tokens in {n_docs} documents (expected 1 <= documents <= tokens)")
+            if tok_off != pos or st_off != _align8(tok_off + 4 * n_tok) or st_off + 8 * n_docs > size:
+                fail(f"{where}: arrays at {tok_off} and {st_off} ({n_tok} tokens, {n_docs} documents) "
+                     f"do not follow at {pos} within the {size}-byte file")
+            tok_b = data[tok_off : tok_off + 4 * n_tok]
+            st_b = data[st_off : st_off + 8 * n_docs]
+            if zlib.crc32(tok_b) != tok_crc or zlib.crc32(st_b) != st_crc:
+                fail(f"{where}: array checksum mismatch")
+            pos = st_off + 8 * n_docs
+            tokens = np.frombuffer(tok_b, dtype="<i4").astype(np.int32)
+            starts = np.frombuffer(st_b, dtype="<i8").astype(np.int64)
+            if int(tokens.min()) < 0:
+                fail(f"{where}: negative token id {int(tokens.min())}")
+            if starts[0] != 0 or (n_docs > 1 and not bool(np.all(np.diff(starts) > 0))) or starts[-1] >= n_tok:
+                fail(f"{where}: document starts are not 0, strictly increasing and below {n_tok}")
+            if kind == KIND_FROZEN and n_tok < gen_tokens:
+                fail(f"{where}: a frozen generation of {n_tok} tokens, expected at least {gen_tokens}")
+            parsed.append((kind, int(gid), tokens, starts))
+        if pos != size:
+            fail(f"{size - pos} bytes after the last array")
+        n_frozen = sum(1 for kind, *_ in parsed if kind == KIND_FROZEN)
+        if n_frozen > generations - 1:
+            fail(f"{n_frozen} frozen generations, expected at most {generations - 1}")
+        live_tokens = sum(t.shape[0] for kind, _, t, _ in parsed if kind == KIND_LIVE)
+        if live_tokens >= gen_tokens:
+            fail(f"a live generation of {live_tokens} tokens, expected fewer than {gen_tokens}")
+        for kind, gid, tokens, starts in parsed:
+            (cache._frozen if kind == KIND_FROZEN else cache._levels).append((gid, _build(tokens, starts)))
+        cache._next_id = int(next_id)
+        return cache
+
+
+def _read_regular_file(path: Path) -> bytes:
+    """The bytes of `path`, refusing anything but a regular file (a FIFO would block, a device
+    never end) with an IndexFormatError; the check is made on the opened descriptor."""
+    try:
+        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot open the response cache ({exc.strerror or exc})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise IndexFormatError(f"{path}: not a regular file (a response cache is one file)")
+        chunks, total = [], 0
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+            if total > st.st_size:  # growing under us: whatever it is, it is not a saved cache
+                raise IndexFormatError(f"{path}: the file grew while being read")
+        return b"".join(chunks)
+    except OSError as exc:
+        raise IndexFormatError(f"{path}: cannot read the response cache ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
