@@ -246,3 +246,62 @@ def test_delete_errors_exit_2_and_change_nothing(tmp_path, capsys):
     (ix / "manifest.ssx").write_bytes(b"garbage")
     assert main(["delete", str(ix), "--id", "click/core.py"]) == 2
     assert "manifest.ssx" in capsys.readouterr().err
+
+
+def test_bad_corpus_cli_arguments_exit_2_with_one_line(tmp_path, capsys, small_tokenizer):
+    """Every bad argument of index / info / delete / merge: exit 2, one line on stderr naming what
+    was expected and what came, no traceback, nothing written."""
+    src = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ix = tmp_path / "d.idx"
+    tok = ["--tokenizer", small_tokenizer]
+    assert main(["index", str(src), "-o", str(ix), "--id-field", "id", "--jobs", "1", *tok]) == 0
+    capsys.readouterr()
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    loop = tmp_path / "loop.idx"
+    os.symlink(loop.name, loop)
+    plain = tmp_path / "notes.txt"
+    plain.write_text("not an index")
+    bare = tmp_path / "bare.idx"
+    bare.mkdir()
+    broken = tmp_path / "broken.idx"
+    assert main(["index", str(src), "-o", str(broken), "--jobs", "1", *tok]) == 0
+    (broken / "manifest.ssx").unlink()
+    os.mkfifo(broken / "manifest.ssx")
+    capsys.readouterr()
+    index = ["index", str(src), "-o", str(tmp_path / "new.idx"), *tok]
+    cases = [
+        (index + ["--shard-tokens", "0"], "--shard-tokens: expected a positive integer, got 0"),
+        (index + ["--shard-tokens", "-5"], "--shard-tokens: expected a positive integer, got -5"),
+        (index + ["--jobs", "0"], "--jobs: expected a positive integer, got 0"),
+        (index + ["--wait", "-1"], "--wait: expected a number of seconds >= 0, got -1.0"),
+        (index + ["--wait", "nan"], "--wait: expected a number of seconds >= 0, got nan"),
+        (index + ["--tag", "novalue"], "--tag: expected KEY=VALUE, got 'novalue'"),
+        (["index", str(tmp_path / "nope.txt"), "-o", str(tmp_path / "n.idx"), *tok], "no such file or directory"),
+        (["index", str(fifo), "-o", str(tmp_path / "f.idx"), *tok], "is a FIFO, expected a regular file"),
+        (["index", str(src), "-o", str(plain), *tok], "exists and is not a suffixspec index"),
+        (["index", str(src), "-o", str(tmp_path / "absent.idx"), "--append", *tok], "no such index"),
+        (["info", str(tmp_path / "absent.idx")], "no such index"),
+        (["info", str(fifo)], "not a suffixspec index"),
+        (["info", str(plain)], "not a suffixspec index"),
+        (["info", str(bare)], "no manifest.ssx"),
+        (["info", str(loop)], "symlink loop"),
+        (["info", str(broken)], "is a FIFO, expected a regular file"),
+        (["info", str(ix), "--filter", "repo=click"], "--filter restricts a query"),
+        (["delete", str(ix), "--id", "click/core.py", "--wait", "-3"], "--wait: expected a number of seconds >= 0"),
+        (["delete", str(ix)], "expected --id ID or --filter"),
+        (["delete", str(tmp_path / "absent.idx"), "--id", "x"], "no such index"),
+        (["delete", str(broken), "--id", "x"], "is a FIFO"),
+        (["merge", str(ix), "-o", str(tmp_path / "m.idx"), "--shard-tokens", "0"], "--shard-tokens: expected a positive integer, got 0"),
+        (["merge", str(ix), "-o", str(tmp_path / "m.idx"), "--jobs", "0"], "--jobs: expected a positive integer, got 0"),
+        (["merge", str(ix), "-o", str(tmp_path / "m.idx"), "--wait", "-1"], "--wait: expected a number of seconds >= 0"),
+        (["merge", str(tmp_path / "absent.idx"), "-o", str(tmp_path / "m.idx")], "no such index"),
+        (["merge", str(broken), "-o", str(tmp_path / "m.idx")], "is a FIFO"),
+    ]
+    before = {p.name: p.read_bytes() for p in ix.iterdir()}
+    for argv, msg in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
+    assert {p.name: p.read_bytes() for p in ix.iterdir()} == before
+    assert not any(p.name in ("new.idx", "m.idx", "n.idx", "f.idx") or p.name.startswith(".") for p in tmp_path.iterdir())
