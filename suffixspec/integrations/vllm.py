@@ -53,7 +53,11 @@ The numba kernels (suffixspec's and this module's path kernel) are compiled and 
 from __future__ import annotations
 
 import collections
+import logging
 import math
+import threading
+import time
+import weakref
 
 import numba
 import numpy as np
@@ -81,11 +85,13 @@ OPTIONS = {
     "max_sessions": ((int,), "live sessions kept (default max(256, 4 * max_num_seqs))"),
     "session_timeout_steps": ((int,), "close a session not seen for this many steps (default 64, >= 2)"),
     "step_cost": ((list, tuple), "[[tokens, cost], ...] relative cost of a step verifying that many tokens"),
+    "close_in_background": ((bool,), "close sessions (their output joins the cache) on a worker thread (default true)"),
 }
 _PROPOSER_KNOBS = ("min_match", "match_prior", "recency", "max_children", "match_levels", "global_cache",
                    "cache_tokens", "cache_generations", "max_session_tokens")
 DEFAULT_STEP_COST = ((1, 1.0), (256, 2.0))  # 1 + (T - 1) / 255: a memory-bound accelerator
 _M64 = np.uint64
+log = logging.getLogger(__name__)
 
 
 def _config_options(vllm_config) -> dict:
@@ -190,12 +196,71 @@ def best_paths(tokens, parents, depths, scores, starts, counts, limits, vocab, o
             node = parents[a + node]
 
 
+class _Closer:
+    """Closes sessions on one daemon thread, off vLLM's step (adding an output to the response
+    cache rebuilds part of it). At most `limit` wait; beyond that the caller closes in line."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+
+    def submit(self, session) -> None:
+        with self._cv:
+            inline = len(self._queue) >= self.limit
+            if not inline:
+                self._queue.append(session)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="suffixspec-closer", daemon=True)
+                    self._thread.start()
+                self._cv.notify()
+        if inline:
+            session.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                session = self._queue.popleft()
+                self._busy += 1
+            try:
+                session.close()
+            except Exception:  # a failed close loses one output for the cache, never the engine
+                self.failures += 1
+                log.exception("suffixspec: closing a session failed")
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every submitted session is closed."""
+        with self._cv:
+            while self._queue or self._busy:
+                self._cv.wait()
+
+
 class _Tracked:
     __slots__ = ("session", "slot", "length", "head", "tail", "last_step")
 
 
+_INSTANCES: weakref.WeakSet = weakref.WeakSet()
+
+
+def instances() -> list:
+    """The live `SuffixSpecProposer`s of this process (vLLM holds them; this reads their `stats`)."""
+    return list(_INSTANCES)
+
+
 class SuffixSpecProposer:
-    """vLLM `custom_class` proposer over suffixspec's `Proposer` (see the module docstring)."""
+    """vLLM `custom_class` proposer over suffixspec's `Proposer` (see the module docstring).
+
+    `stats` counts steps, sessions started / refound (rows that moved or skipped steps) /
+    closed / evicted, rows drafted, draft tokens and the seconds spent in `propose`."""
 
     def __init__(self, vllm_config):
         spec = getattr(vllm_config, "speculative_config", None)
@@ -226,6 +291,7 @@ class SuffixSpecProposer:
             raise BadInputError(f"suffixspec options: expected max_nodes >= 1, max_sessions >= 1, session_timeout_steps >= 2; "
                                 f"got {self.max_nodes}, {self.max_sessions}, {self.timeout_steps}")
         self.cost = StepCost(opts.get("step_cost", DEFAULT_STEP_COST))
+        self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
         paths = [corpus] if isinstance(corpus, str) else list(corpus or [])
         self.corpora = [CorpusIndex.open(p) for p in paths]
@@ -233,12 +299,13 @@ class SuffixSpecProposer:
         if self.filter is not None and not self.corpora:
             raise BadInputError('additional_config["suffixspec"]["filter"]: a filter needs a "corpus" (none was given)')
         depth = int(opts.get("max_depth", self.k) or self.k)
-        self._knobs = dict(max_nodes=self.max_nodes, max_depth=min(depth, self.k), min_prob=float(opts.get("min_prob", 0.0)))
-        self._knobs.update({name: opts[name] for name in _PROPOSER_KNOBS if name in opts})
+        self.knobs = dict(max_nodes=self.max_nodes, max_depth=min(depth, self.k), min_prob=float(opts.get("min_prob", 0.0)))
+        self.knobs.update({name: opts[name] for name in _PROPOSER_KNOBS if name in opts})
         self.stats = collections.Counter()
         self._warm_up()
-        self.proposer = Proposer(self.corpora or None, **self._knobs)
+        self.proposer = Proposer(self.corpora or None, **self.knobs)
         self._reset_tracking()
+        _INSTANCES.add(self)
 
     # -- vLLM's interface ----------------------------------------------------------------------
     def load_model(self, *args, **kwargs) -> None:
@@ -250,6 +317,7 @@ class SuffixSpecProposer:
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
         if n_rows == 0:
             return drafts
+        t0 = time.perf_counter()
         lengths = np.asarray(num_tokens_no_spec)
         table = np.asarray(token_ids_cpu)
         if table.ndim != 2 or lengths.ndim != 1 or lengths.shape[0] < n_rows or table.shape[0] < n_rows:
@@ -291,12 +359,23 @@ class SuffixSpecProposer:
         self._expire(step)
         if sessions:
             self._draft(rows, sessions, limits, drafts)
+        self.stats["propose_seconds"] += time.perf_counter() - t0
         return drafts
 
+    @property
+    def live_sessions(self) -> int:
+        return len(self._lru)
+
     def close(self) -> None:
-        """Close every live session (their outputs join the response cache)."""
+        """Close every live session (their outputs join the response cache) and wait for it."""
         for slot in list(self._lru):
             self._close(self._slots[slot])
+        self.flush()
+
+    def flush(self) -> None:
+        """Wait for the sessions being closed in the background (their outputs then are in the cache)."""
+        if self._closer is not None:
+            self._closer.flush()
 
     # -- tracking --------------------------------------------------------------------------
     def _reset_tracking(self) -> None:
@@ -391,7 +470,10 @@ class SuffixSpecProposer:
         self._slots[slot] = None
         self._slot_len[slot] = 0
         self._free.append(slot)
-        session.close()
+        if self._closer is not None:
+            self._closer.submit(session)
+        else:
+            session.close()
         self.stats["sessions_closed"] += 1
 
     def _expire(self, step: int) -> None:
@@ -435,7 +517,7 @@ class SuffixSpecProposer:
 
     def _warm_up(self) -> None:
         """Compile and run every kernel a step uses, on a throwaway proposer of the same knobs."""
-        scratch = Proposer(self.corpora or None, **self._knobs)
+        scratch = Proposer(self.corpora or None, **self.knobs)
         text = np.array([5, 6, 7, 8, 5, 6, 7, 9, 5, 6], np.int32) % max(1, min(self.vocab_size, 10))
         first = scratch.start(text, filter=self.filter)
         first.extend(text[:3])
