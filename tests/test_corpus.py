@@ -579,6 +579,19 @@ def test_bad_arguments(tmp_path):
         CorpusIndex.open(tmp_path / "nope")
     with pytest.raises(BadInputError, match="missing fingerprint"):
         build_index([[1]], tmp_path / "x", tokenizer={"name": "a", "vocab_size": 3})
+    with pytest.raises(BadInputError, match="token id 7 outside the tokenizer's vocabulary"):
+        build_index([[1, 7]], tmp_path / "x", tokenizer={**TOK, "vocab_size": 7})
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(BadInputError, match="shard_tokens: expected a positive integer"):
+            build_index([[1]], tmp_path / "x", tokenizer=TOK, shard_tokens=bad)
+    with pytest.raises(BadInputError, match="wait: expected a number of seconds"):
+        delete_documents(tmp_path / "ix", [0], wait=-1)
+    from suffixspec.corpus import IndexWriteError
+
+    with pytest.raises(IndexWriteError, match="cannot write the index: No such file or directory") as info:
+        build_index([[1]], tmp_path / "no" / "dir" / "x", tokenizer=TOK)
+    assert isinstance(info.value, OSError)
+    assert not (tmp_path / "x").exists()
 
 
 def test_interrupted_append_leaves_index_unchanged(tmp_path):

@@ -32,6 +32,7 @@ delete / merge), `snapshot` (opening and checking one consistent manifest snapsh
 from .build import (
     DEFAULT_SHARD_TOKENS,
     DeleteReport,
+    IndexWriteError,
     append_documents,
     build_index,
     delete_documents,
@@ -50,5 +51,5 @@ __all__ = [
     "FORMAT_VERSION", "DEFAULT_K", "DEFAULT_SHARD_TOKENS",
     "ReadStats", "list_input_files", "IGNORED_DIRS", "JSONL_SUFFIXES", "MAGIC", "MANIFEST", "ALIGN",
     "KIND_MANIFEST", "KIND_SHARD", "KIND_DELETED", "ROOT_DENSE_LIMIT",
-    "IndexLockedError", "DeleteReport", "delete_selected",
+    "IndexLockedError", "IndexWriteError", "DeleteReport", "delete_selected",
 ]

@@ -18,6 +18,7 @@ Contract.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import shutil
 import time
@@ -29,7 +30,7 @@ from typing import Iterable
 
 import numpy as np
 
-from ..errors import BadInputError, IndexFormatError, TokenizerMismatchError
+from ..errors import BadInputError, IndexFormatError, SuffixSpecError, TokenizerMismatchError
 from ..fileio import fsync_dir, remove_stale_temps, temp_name
 from .documents import BuildStats, as_document
 from .format import KIND_DELETED, KIND_MANIFEST, MANIFEST, Container, write_container
@@ -39,10 +40,35 @@ from .query import CorpusIndex, index_dir
 from .shards import ShardWriter, positive_count, sum_phases
 
 __all__ = ["DEFAULT_SHARD_TOKENS", "build_index", "append_documents", "delete_documents", "delete_selected",
-           "DeleteReport", "merge_indexes"]
+           "DeleteReport", "merge_indexes", "IndexWriteError"]
 
 DEFAULT_SHARD_TOKENS = 16_000_000
 REPLACE_ERRNOS = (errno.ENOTEMPTY, errno.EEXIST)  # rename onto a non-empty folder: someone built it first
+
+
+class IndexWriteError(SuffixSpecError, OSError):
+    """The operating system refused a write of an index (no space, no permission, ...); the index
+    is as it was before the call (the change was not committed)."""
+
+
+def _os_errors_named(target_arg: int):
+    """Decorator: an OSError escaping the call becomes an IndexWriteError naming the index."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except OSError as exc:
+                if isinstance(exc, SuffixSpecError):
+                    raise
+                target = args[target_arg] if len(args) > target_arg else kwargs.get("path", kwargs.get("out"))
+                where = f" ({exc.filename})" if exc.filename else ""
+                raise IndexWriteError(f"{target}: cannot write the index: {exc.strerror or exc}{where}") from exc
+
+        return call
+
+    return wrap
 
 
 def _check_target(path: Path) -> None:
@@ -125,6 +151,7 @@ def _build(documents: Iterable, path: Path, info: dict, shard_tokens, jobs, prog
                       time.perf_counter() - t0, empty, sum_phases(records))
 
 
+@_os_errors_named(1)
 def build_index(documents: Iterable, path, *, tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS,
                 jobs: int = 1, progress=None, wait: float = 0.0) -> BuildStats:
     """Build an index of `documents` (`Document`s or token arrays) at exactly `path`, atomically.
@@ -137,6 +164,7 @@ def build_index(documents: Iterable, path, *, tokenizer, shard_tokens: int = DEF
     return _build(documents, Path(path), tokenizer_info(tokenizer), shard_tokens, jobs, progress, check_wait(wait), None)
 
 
+@_os_errors_named(0)
 def append_documents(path, documents: Iterable, *, tokenizer, shard_tokens: int = DEFAULT_SHARD_TOKENS, jobs: int = 1,
                      wait: float = 0.0) -> BuildStats:
     """Add documents to an existing index as new shards, under its writer lock (waiting up to
@@ -187,6 +215,7 @@ class DeleteReport:
     dry_run: bool = False
 
 
+@_os_errors_named(0)
 def delete_selected(path, documents=None, *, ids: Iterable[str] | None = None, tags: dict | None = None,
                     wait: float = 0.0, dry_run: bool = False) -> DeleteReport:
     """Mark documents deleted (see `delete_documents`), resolving the selection under the
@@ -240,6 +269,7 @@ def _same_dir(a: Path, b: Path) -> bool:
         return False
 
 
+@_os_errors_named(1)
 def merge_indexes(paths, out, *, shard_tokens: int | None = None, jobs: int = 1, wait: float = 0.0) -> BuildStats:
     """Compact indexes (all built with one tokenizer, each fully verified) into one at `out`,
     dropping deleted documents; one shard unless `shard_tokens` is given. `out` may be one of
