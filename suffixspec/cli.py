@@ -14,7 +14,7 @@ import sys
 
 from .errors import SuffixSpecError
 
-COMMANDS = ("demo", "index", "info", "delete", "merge", "simulate", "generate", "bench")
+COMMANDS = ("demo", "index", "info", "delete", "merge", "simulate", "generate", "bench", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

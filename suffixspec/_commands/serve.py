@@ -1,0 +1,229 @@
+"""`suffixspec serve`: the OpenAI-compatible HTTP server (`suffixspec.http`) on uvicorn.
+
+The process listens at once (loopback by default) and loads the model in a background thread:
+`/health` answers 503 until the model is loaded and the engine thread runs, then 200. Logs go to
+stderr through a bounded queue and a writer thread, so no request or engine round ever blocks on the
+process's own output (records beyond the bound are dropped and counted). The API key comes from
+`--api-key` or the environment variable `SUFFIXSPEC_API_KEY`. SIGTERM drains: new requests get 503,
+requests already accepted finish (or are cancelled after `--grace-period` seconds), then the process
+exits with status 0. A second SIGTERM, or SIGINT, stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import os
+import queue
+import signal
+import sys
+import threading
+import time
+
+from ..errors import BadInputError
+from .args import open_corpora, parse_budget
+
+ENV_KEY = "SUFFIXSPEC_API_KEY"
+LOG_QUEUE = 10000
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, FIM, predicted outputs)")
+    p.add_argument("--model", default=None, metavar="PATH",
+                   help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--max-batch", type=int, default=8, metavar="N", help="most requests decoded together (default 8)")
+    p.add_argument("--max-queue", type=int, default=256, metavar="N",
+                   help="most requests waiting for a slot; beyond it the answer is 429 (default 256)")
+    p.add_argument("--max-new-tokens-limit", type=int, default=2048, metavar="N",
+                   help="largest max_tokens a request may ask for (default 2048)")
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"require 'Authorization: Bearer KEY' (default: ${ENV_KEY} if set, else no key)")
+    p.add_argument("--served-model-name", action="append", default=[], metavar="NAME",
+                   help="model name(s) clients use (default: the model's name; repeatable)")
+    p.add_argument("--budget", default="auto", metavar="N|auto",
+                   help="draft nodes per request and round (0: plain decoding; default auto)")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template (default: the model's)")
+    p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
+                   help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
+    p.set_defaults(func=run)
+
+
+class DroppingQueueHandler(logging.handlers.QueueHandler):
+    """Never blocks: a record that does not fit the queue is dropped (and counted)."""
+
+    dropped = 0
+
+    def enqueue(self, record):
+        try:
+            self.queue.put_nowait(record)
+        except queue.Full:
+            DroppingQueueHandler.dropped += 1
+
+
+def setup_logging() -> logging.handlers.QueueListener:
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    records: queue.Queue = queue.Queue(LOG_QUEUE)
+    root = logging.getLogger()
+    root.handlers[:] = [DroppingQueueHandler(records)]
+    root.setLevel(logging.INFO)
+    listener = logging.handlers.QueueListener(records, stream, respect_handler_level=False)
+    listener.start()
+    return listener
+
+
+def _check(args) -> None:
+    for name in ("max_batch", "max_queue", "max_new_tokens_limit"):
+        if getattr(args, name) < 1:
+            raise BadInputError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
+    if not 0 <= args.port <= 65535:
+        raise BadInputError(f"--port: expected 0..65535, got {args.port}")
+    if args.grace_period < 0:
+        raise BadInputError(f"--grace-period: expected >= 0, got {args.grace_period}")
+
+
+def run(args) -> int:
+    _check(args)
+    budget = parse_budget(args.budget)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_KEY) or None
+
+    from ..http.chat import find_chat_template  # chat templates need no web stack
+
+    template = find_chat_template(args.model, args.chat_template)
+
+    import uvicorn
+
+    from ..http.app import AppState, create_app
+
+    listener = setup_logging()
+    log = logging.getLogger("suffixspec.serve")
+    names = list(args.served_model_name) or [_default_name(args.model)]
+    state = AppState(names, api_key=api_key)
+    config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_config=None, access_log=False,
+                            timeout_graceful_shutdown=max(1.0, args.grace_period), lifespan="off")
+    server = DrainingServer(config, state, args.grace_period)
+
+    def load() -> None:
+        try:
+            _load(args, budget, template, state, log)
+            log.info("ready: serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
+        except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits
+            state.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("loading the model failed: %s", state.load_error)
+            server.should_exit = True
+
+    threading.Thread(target=load, name="suffixspec-load", daemon=True).start()
+    try:
+        server.run()
+    finally:
+        if state.engine is not None:
+            state.engine.stop()
+        listener.stop()
+    if state.load_error is not None:
+        print(f"suffixspec serve: error: the model failed to load: {state.load_error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def _default_name(model) -> str:
+    if model is None or str(model).strip().lower() in ("default", "smollm2"):
+        return "SmolLM2-135M-Instruct"
+    from pathlib import Path
+
+    path = Path(model)
+    return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
+
+
+def _load(args, budget, template, state, log) -> None:
+    """Load the model, build the engine and start its thread; then `state` is ready."""
+    from ..generate import SpeculativeGenerator
+    from ..http.chat import ChatTemplate, chatml_template
+    from ..http.engine_loop import EngineLoop
+    from ..http.fim import fim_tokens, token_id
+    from ..http.protocol import ModelContext
+    from ..models import load_model
+    from ..options import DecodeOptions
+    from ..proposer import Proposer
+
+    t0 = time.perf_counter()
+    model, tokenizer = load_model(args.model)
+    if tokenizer is None:
+        raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one")
+    corpora = open_corpora(args.corpus, tokenizer)
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
+    server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch)
+    source, where = template
+    if source is None and token_id(tokenizer, "<|im_start|>") is not None:
+        source, where = chatml_template(), "ChatML (the tokenizer has <|im_start|>, the model no template)"
+    chat = ChatTemplate(source, tokenizer) if source else None
+    log.info("chat template: %s", where or "none (chat completions answer 400)")
+    ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,
+                       max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
+                       eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget)
+    _warm_up(server, tokenizer)
+    engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
+    engine.start()
+    state.ctx = ctx
+    state.engine = engine
+    log.info("model loaded in %.1f s (vocabulary %s, context %s, fill-in-the-middle %s)", time.perf_counter() - t0,
+             server.vocab_size, server.max_positions, "yes" if ctx.fim_ids else "no")
+
+
+def _warm_up(server, tokenizer) -> None:
+    """One short request before the first client's: the proposer's kernels compile, the model's
+    first passes run. Its statistics are forgotten."""
+    text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
+    before = (server.stats.rounds, server.stats.plain_rounds)
+    index = server.add(tokenizer.encode(text), max_new_tokens=8)
+    while not server.idle:
+        server.step()
+    server.release(index)
+    stats = server.stats
+    stats.rounds, stats.plain_rounds = before
+    stats.proposer_s = stats.budget_s = stats.verifier_s = 0.0
+    stats.budgets.clear()
+
+
+class DrainingServer:
+    """uvicorn's `Server` whose first SIGTERM drains instead of closing the listening socket: the
+    engine refuses new requests (503) while accepted ones finish, for at most `grace` seconds (then
+    they are cancelled); only then does uvicorn shut down. The signal is not re-raised at exit, so
+    the process exits with status 0."""
+
+    def __new__(cls, config, state, grace: float):
+        import uvicorn
+
+        class _Server(uvicorn.Server):
+            def handle_exit(self, sig, frame):
+                if sig == signal.SIGTERM and not self._draining_started:
+                    self._draining_started = True
+                    threading.Thread(target=self._drain, name="suffixspec-drain", daemon=True).start()
+                    return
+                super().handle_exit(sig, frame)
+
+            def _drain(self) -> None:
+                log = logging.getLogger("suffixspec.serve")
+                engine = state.engine
+                if engine is None:  # still loading: nothing to drain
+                    self.should_exit = True
+                    return
+                engine.draining = True
+                log.info("SIGTERM: draining (%d requests in flight, grace %.0f s)", engine.live, grace)
+                deadline = time.monotonic() + grace
+                while (engine.live or state.inflight) and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                if engine.live or state.inflight:
+                    log.warning("grace period over: cancelling %d requests", engine.live)
+                    engine.cancel_all()
+                    end = time.monotonic() + 5.0
+                    while (engine.live or state.inflight) and time.monotonic() < end:
+                        time.sleep(0.02)
+                log.info("drained; shutting down")
+                self.should_exit = True
+
+        server = _Server(config)
+        server._draining_started = False
+        return server

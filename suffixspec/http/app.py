@@ -1,0 +1,290 @@
+"""The Starlette application of `suffixspec serve`.
+
+Contract of `create_app(state)` (`AppState`: the served names, the API key, the metrics, and, once the
+model is loaded, the `EngineLoop` and the `protocol.ModelContext`):
+
+* `GET /health` (never behind the key): 200 `{"status": "ok"}` once the model is loaded and the engine
+  loop is alive, idle included; 503 with the reason while loading, after the engine thread died, while
+  one step runs past the stall limit, and while draining.
+* `GET /metrics`: the Prometheus text format. `GET /v1/models`: the served names.
+* `POST /v1/completions`, `POST /v1/chat/completions`: the OpenAI shapes (`protocol`). Non-streaming
+  answers one JSON object; `stream: true` answers server-sent events, `data: {chunk}` lines, one chunk
+  per engine round that produced text (every token the round committed), a last chunk with the
+  finish reason, then `data: [DONE]`. With `stream_options.include_usage` the usage comes in one more
+  chunk with no choices, else in the last chunk. A request that fails inside the engine answers 500
+  (in a stream: a `data: {"error": ...}` event); the others go on.
+* A client that disconnects (while waiting or mid-stream) has its request cancelled at once: the
+  engine drops it at its next step.
+* With an API key, every path except `/health` needs `Authorization: Bearer KEY` (compared in
+  constant time), else 401. Every error is an OpenAI-style error object, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from . import protocol
+from .engine_loop import EngineLoop, Final, Handle
+from .metrics import CONTENT_TYPE, Metrics
+from .protocol import APIError, GenerationRequest, ModelContext
+from .text import TextAssembler
+
+__all__ = ["AppState", "create_app"]
+
+log = logging.getLogger(__name__)
+
+
+class AppState:
+    """What the routes share. `engine` and `ctx` stay None until the model is loaded."""
+
+    def __init__(self, names: list[str], api_key: str | None = None, metrics: Metrics | None = None):
+        self.names = list(names)
+        self.api_key = api_key.encode() if api_key else None
+        self.metrics = metrics or Metrics()
+        self.engine: EngineLoop | None = None
+        self.ctx: ModelContext | None = None
+        self.load_error: str | None = None
+        self.inflight = 0  # generation responses not yet complete
+        self.created = int(time.time())
+
+    @property
+    def draining(self) -> bool:
+        return self.engine is not None and self.engine.draining
+
+    def ready(self) -> tuple[EngineLoop, ModelContext]:
+        if self.load_error is not None:
+            raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+        if self.engine is None or self.ctx is None:
+            raise APIError(503, "the model is loading; retry shortly", code="loading",
+                           headers={"Retry-After": "2"})
+        ok, reason = self.engine.health()
+        if not ok:
+            raise APIError(503, f"the server cannot take requests: {reason}", code="unavailable")
+        return self.engine, self.ctx
+
+
+def error_response(err: APIError) -> JSONResponse:
+    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
+
+
+def sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+DONE = b"data: [DONE]\n\n"
+
+
+class AuthMiddleware:
+    """Bearer-token check of every HTTP path but /health (pure ASGI)."""
+
+    def __init__(self, app, state: AppState):
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope, receive, send):
+        key = self.state.api_key
+        if scope["type"] == "http" and key is not None and scope.get("path") != "/health":
+            header = b""
+            for name, value in scope.get("headers", ()):
+                if name == b"authorization":
+                    header = value
+                    break
+            scheme, _, token = header.partition(b" ")
+            if not (scheme.lower() == b"bearer" and hmac.compare_digest(token.strip(), key)):
+                err = APIError(401, "missing or wrong API key: send the header 'Authorization: Bearer KEY'",
+                               code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                self.state.metrics.http_request(scope.get("path", ""), 401)
+                await error_response(err)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class EventStream:
+    """A server-sent-events response over an async iterator of byte chunks; `on_close` runs at the end
+    whatever happens (the client gone included)."""
+
+    def __init__(self, chunks, on_close):
+        self.chunks = chunks
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/event-stream; charset=utf-8"),
+                                    (b"cache-control", b"no-cache"), (b"x-accel-buffering", b"no")]})
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            self.on_close()
+
+
+def _usage(req: GenerationRequest, final: Final) -> dict:
+    return protocol.usage(req.prompt_tokens, final.completion_tokens, final.prediction, final.stats)
+
+
+def create_app(state: AppState) -> Starlette:
+    metrics = state.metrics
+
+    async def health(request: Request) -> Response:
+        if state.load_error is not None:
+            return JSONResponse({"status": f"model failed to load: {state.load_error}"}, status_code=503)
+        if state.engine is None:
+            return JSONResponse({"status": "loading"}, status_code=503)
+        ok, reason = state.engine.health()
+        return JSONResponse({"status": reason}, status_code=200 if ok else 503)
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    async def models(request: Request) -> Response:
+        max_len = state.ctx.max_positions if state.ctx is not None else None
+        data = [{"id": name, "object": "model", "created": state.created, "owned_by": "suffixspec",
+                 "max_model_len": max_len} for name in state.names]
+        metrics.http_request("/v1/models", 200)
+        return JSONResponse({"object": "list", "data": data})
+
+    async def completions(request: Request) -> Response:
+        return await generate(request, "completion")
+
+    async def chat_completions(request: Request) -> Response:
+        return await generate(request, "chat")
+
+    async def generate(request: Request, kind: str) -> Response:
+        path = request.url.path
+        try:
+            engine, ctx = state.ready()
+            raw = await request.body()
+            try:
+                body = json.loads(raw)
+            except (ValueError, UnicodeDecodeError) as exc:
+                raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+            req = protocol.parse_request(body, kind, ctx)
+            handle = Handle(req)
+            engine.submit(handle)
+        except APIError as err:
+            metrics.http_request(path, err.status)
+            return error_response(err)
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error object
+            log.exception("request handling failed")
+            metrics.http_request(path, 500)
+            return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        state.inflight += 1
+        watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handle))
+        closed = [False]
+
+        def close() -> None:
+            if not closed[0]:
+                closed[0] = True
+                state.inflight -= 1
+                watcher.cancel()
+                engine.cancel(handle)  # a no-op once it finished
+
+        try:
+            await handle.wait_accepted()
+        except APIError as err:
+            close()
+            metrics.http_request(path, err.status)
+            return error_response(err)
+        except BaseException:
+            close()
+            raise
+        asm = TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos)
+        rid, created = protocol.new_id(kind), int(time.time())
+        if req.stream:
+            metrics.http_request(path, 200)
+            return EventStream(_stream(req, handle, asm, rid, created), close)
+        try:
+            return await _collect(req, handle, asm, rid, created, path)
+        finally:
+            close()
+
+    async def _watch_disconnect(request: Request, engine: EngineLoop, handle: Handle) -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                engine.cancel(handle)
+                return
+
+    async def _collect(req, handle, asm, rid, created, path) -> Response:
+        final = None
+        async for kind, payload in handle.events():
+            if kind == "tokens":
+                asm.feed(payload)
+            else:
+                final = payload
+        if final.reason in ("error", "cancelled"):
+            status = 500 if final.reason == "error" else 499
+            metrics.http_request(path, status)
+            message = (f"the request failed inside the engine: {final.error}" if final.reason == "error"
+                       else "the request was cancelled")
+            return error_response(APIError(status, message, code="engine_error" if status == 500 else "cancelled"))
+        asm.finish(final.reason, final.tokens)
+        build = protocol.chat_response if req.kind == "chat" else protocol.completion_response
+        metrics.http_request(path, 200)
+        return JSONResponse(build(rid, req.model, asm.text(), protocol.finish_reason(final.reason),
+                                  _usage(req, final), created))
+
+    async def _stream(req, handle, asm, rid, created):
+        chat = req.kind == "chat"
+
+        def chunk(text, reason=None, use=None, choices=True):
+            if chat:
+                delta = None if not choices else ({"content": text} if text else {})
+                return sse(protocol.chat_chunk(rid, req.model, created, delta, reason, use, choices))
+            return sse(protocol.completion_chunk(rid, req.model, created, text, reason, use, choices))
+
+        if chat:
+            yield sse(protocol.chat_chunk(rid, req.model, created, {"role": "assistant", "content": ""}))
+        async for kind, payload in handle.events():
+            if kind == "tokens":
+                text = asm.feed(payload)
+                if text:
+                    yield chunk(text)
+                continue
+            final: Final = payload
+            if final.reason == "cancelled":
+                return
+            if final.reason == "error":
+                metrics.http_request(req.kind + ":stream", 500)
+                yield sse(APIError(500, f"the request failed inside the engine: {final.error}",
+                                   code="engine_error").body())
+                yield DONE
+                return
+            rest = asm.finish(final.reason, final.tokens)
+            use = _usage(req, final)
+            yield chunk(rest, protocol.finish_reason(final.reason), None if req.include_usage else use)
+            if req.include_usage:
+                yield chunk(None, None, use, choices=False)
+            yield DONE
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                       code="not_found" if exc.status_code == 404 else None)
+        return error_response(err)
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        log.exception("unhandled error", exc_info=exc)
+        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.add_middleware(AuthMiddleware, state=state)
+    return app

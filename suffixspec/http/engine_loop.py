@@ -1,0 +1,337 @@
+"""The engine thread: the one owner of an `engine.Server`, and the request handles HTTP handlers hold.
+
+Contract:
+
+* `EngineLoop(server, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
+  alone calls the server (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the server:
+  `submit(handle)` and `cancel(handle)` put messages on a thread-safe inbox, read between rounds, so a
+  new request joins the running batch at the next round. The thread sleeps on the inbox while the
+  server is idle.
+* `submit` answers at once with `APIError` 503 while draining or after the thread died, and 429 (with
+  `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
+  not yet admitted into the running batch. A submitted request is never dropped by the bound.
+* `Handle` (made on the handler's event loop): `await handle.wait_accepted()` raises the `APIError`
+  of a request the server refused (`Server.add`'s checks: 400), then `handle.events()` yields
+  `("tokens", [ids])` once per round that committed tokens and finally `("done", Final)` (whose
+  `tokens` are the last round's). The engine
+  thread hands events over with `loop.call_soon_threadsafe`, never blocking on a slow client.
+* `cancel(handle)` (a client that went away) makes the server drop the request at its next step, so
+  its slot is free for that step's admissions. Finished requests are released from the server at once.
+* A request that fails inside a round finishes with reason "error" alone (the server isolates it).
+  If the thread itself dies, every live handle finishes with "error" and `health()` reports it.
+* `health() -> (ok, reason)`: not ok after the thread died, while draining, or while one step has run
+  for more than `stall_s` seconds.
+* Usage per request (`Final.stats`): rounds, tokens per round, drafted, accepted, acceptance rate,
+  TTFT and queueing milliseconds, and proposer / verifier milliseconds: each step's proposer (budget
+  sizing included) and verifier time shared equally among the requests that took part in its rounds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from ..errors import BadInputError, BadInputTypeError
+from .protocol import APIError, GenerationRequest
+
+__all__ = ["EngineLoop", "Handle", "Final"]
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER_S = 1
+IDLE_WAIT_S = 0.25
+
+
+@dataclass
+class Final:
+    reason: str  # the engine's: "eos", "stop", "length", "cancelled" or "error"
+    error: str
+    completion_tokens: int
+    prediction: tuple[int, int] | None  # (accepted, rejected) prediction tokens, None without a prediction
+    stats: dict = field(default_factory=dict)
+    tokens: list[int] = field(default_factory=list)  # the last round's tokens
+
+
+def _set_result(fut: asyncio.Future, value) -> None:
+    if not fut.done():
+        fut.set_result(value)
+
+
+def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+class Handle:
+    """One HTTP request's view of its generation; made on the handler's event loop."""
+
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None):
+        self.request = request
+        self.loop = loop or asyncio.get_running_loop()
+        self._events: asyncio.Queue = asyncio.Queue()
+        self._accepted = self.loop.create_future()
+        self.index: int | None = None
+        self.final: Final | None = None
+        # engine-thread state
+        self.queued = False
+        self.shares = [0.0, 0.0]  # proposer (budget included) and verifier seconds charged to it
+        self.finished = False
+
+    # ---------------------------------------------------------------- engine side (any thread)
+
+    def _call(self, fn, *args) -> None:
+        try:
+            self.loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:  # the handler's loop is closed: nobody is listening any more
+            pass
+
+    def accept(self, index: int) -> None:
+        self.index = index
+        self._call(_set_result, self._accepted, index)
+
+    def reject(self, error: APIError) -> None:
+        self.finished = True
+        self._call(_set_exception, self._accepted, error)
+
+    def post_tokens(self, tokens: list[int]) -> None:
+        self._call(self._events.put_nowait, ("tokens", tokens))
+
+    def post_final(self, final: Final) -> None:
+        self.finished = True
+        self.final = final
+        self._call(self._events.put_nowait, ("done", final))
+
+    # ---------------------------------------------------------------- handler side (its loop)
+
+    async def wait_accepted(self) -> int:
+        return await self._accepted
+
+    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+        while True:
+            item = await self._events.get()
+            yield item
+            if item[0] == "done":
+                return
+
+
+class EngineLoop:
+    def __init__(self, server, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0):
+        self.server = server
+        self.max_queue = int(max_queue)
+        self.metrics = metrics
+        self.stall_s = float(stall_s)
+        self.draining = False
+        self.dead: str | None = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._waiting = 0  # submitted, not yet admitted (guarded by _lock)
+        self._live = 0  # submitted, not yet finished (guarded by _lock)
+        self._handles: dict[int, Handle] = {}  # engine thread only
+        self._step_started: float | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="suffixspec-engine", daemon=True)
+
+    # ---------------------------------------------------------------- any thread
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting
+
+    @property
+    def live(self) -> int:
+        """Requests submitted and not finished yet."""
+        return self._live
+
+    def submit(self, handle: Handle) -> None:
+        if self.dead is not None:
+            raise APIError(503, f"the engine stopped: {self.dead}", code="engine_dead")
+        if self.draining:
+            raise APIError(503, "the server is shutting down and takes no new requests", code="draining")
+        with self._lock:
+            if self._waiting >= self.max_queue:
+                raise APIError(429, f"too many requests waiting ({self._waiting}, the limit is {self.max_queue}); "
+                               f"retry later", code="queue_full", headers={"Retry-After": str(RETRY_AFTER_S)})
+            self._waiting += 1
+            self._live += 1
+            handle.queued = True
+        self._inbox.put(("add", handle))
+
+    def cancel(self, handle: Handle) -> None:
+        if not handle.finished:
+            self._inbox.put(("cancel", handle))
+
+    def cancel_all(self) -> None:
+        self._inbox.put(("cancel_all", None))
+
+    def health(self) -> tuple[bool, str]:
+        if self.dead is not None:
+            return False, f"engine stopped: {self.dead}"
+        if not self._thread.is_alive():
+            return False, "engine thread not running"
+        if self.draining:
+            return False, "draining"
+        started = self._step_started
+        if started is not None and time.monotonic() - started > self.stall_s:
+            return False, f"one step has run for {time.monotonic() - started:.0f} s (stall limit {self.stall_s:.0f} s)"
+        return True, "ok"
+
+    def stop(self, timeout: float | None = 5.0) -> None:
+        self._stop.set()
+        self._inbox.put(("wake", None))
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    # ---------------------------------------------------------------- the engine thread
+
+    def _unqueue(self, handle: Handle) -> None:
+        with self._lock:
+            if handle.queued:
+                handle.queued = False
+                self._waiting -= 1
+
+    def _done(self, handle: Handle) -> None:
+        self._unqueue(handle)
+        with self._lock:
+            self._live -= 1
+
+    def _take_inbox(self, block: bool) -> None:
+        try:
+            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self._handle_message(*item)
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def _handle_message(self, kind: str, handle: Handle | None) -> None:
+        server = self.server
+        if kind == "add":
+            rq = handle.request
+            try:
+                index = server.add(rq.prompt_ids, max_new_tokens=rq.max_tokens, key=0, filter=rq.filter,
+                                   options=rq.options, prediction=rq.prediction_ids)
+            except (BadInputError, BadInputTypeError) as exc:
+                self._done(handle)
+                handle.reject(APIError(400, str(exc), param=str(exc).split(":", 1)[0] or None))
+                return
+            except Exception as exc:  # noqa: BLE001 - this request's own failure
+                log.exception("adding a request failed")
+                self._done(handle)
+                handle.reject(APIError(500, f"the engine could not take the request: {type(exc).__name__}: {exc}"))
+                return
+            self._handles[index] = handle
+            handle.accept(index)
+        elif kind == "cancel":
+            if handle.index is not None and handle.index in self._handles:
+                server.cancel(handle.index)
+        elif kind == "cancel_all":
+            for index in list(self._handles):
+                server.cancel(index)
+
+    def _run(self) -> None:
+        server = self.server
+        try:
+            while True:
+                self._take_inbox(block=server.idle)
+                if server.idle:
+                    if self._stop.is_set():
+                        return
+                    self._observe(None, (0, 0, 0.0, 0.0, 0.0))
+                    continue
+                before = self._totals()
+                self._step_started = time.monotonic()
+                step = server.step()
+                self._step_started = None
+                self._dispatch(step, before)
+        except BaseException as exc:  # noqa: BLE001 - the thread must say why it died
+            self._step_started = None
+            self.dead = f"{type(exc).__name__}: {exc}"
+            log.exception("the engine thread died")
+            for index, handle in list(self._handles.items()):
+                self._done(handle)
+                handle.post_final(Final("error", self.dead, 0, None))
+            self._handles.clear()
+            self._refuse_inbox()
+
+    def _refuse_inbox(self) -> None:
+        """After the thread died: answer every request still in the inbox (503)."""
+        while True:
+            try:
+                kind, handle = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if kind == "add":
+                self._done(handle)
+                handle.reject(APIError(503, f"the engine stopped: {self.dead}", code="engine_dead"))
+
+    def _totals(self) -> tuple:
+        s = self.server.stats
+        return s.rounds, s.plain_rounds, s.proposer_s, s.budget_s, s.verifier_s
+
+    def _dispatch(self, step, before: tuple) -> None:
+        server = self.server
+        after = self._totals()
+        delta = tuple(a - b for a, b in zip(after, before))
+        for index in step.admitted:
+            handle = self._handles.get(index)
+            if handle is not None:
+                self._unqueue(handle)
+        took_part = {ev.index for ev in step.events if ev.tokens}
+        if took_part:
+            draft_share = (delta[2] + delta[3]) / len(took_part)
+            verify_share = delta[4] / len(took_part)
+            for index in took_part:
+                handle = self._handles.get(index)
+                if handle is not None:
+                    handle.shares[0] += draft_share
+                    handle.shares[1] += verify_share
+        for ev in step.events:
+            handle = self._handles.get(ev.index)
+            if handle is None:
+                continue
+            if ev.finish_reason:
+                self._finish(handle, ev)  # the last tokens come with the end
+            elif ev.tokens:
+                handle.post_tokens(list(ev.tokens))
+        self._observe(step, delta)
+        server.stats.budgets.clear()  # per-round draft sizes: a long-running server must not keep them
+
+    def _finish(self, handle: Handle, ev) -> None:
+        server = self.server
+        rs = server.request_stats(ev.index)
+        prediction = server.prediction_counts(ev.index) if handle.request.prediction_ids is not None else None
+        stats = {
+            "rounds": rs.rounds,
+            "tokens_per_round": round(rs.tokens_per_round, 4),
+            "drafted": rs.drafted,
+            "accepted": rs.accepted,
+            "acceptance_rate": round(rs.accepted / rs.drafted, 4) if rs.drafted else 0.0,
+            "proposer_ms": round(handle.shares[0] * 1e3, 3),
+            "verifier_ms": round(handle.shares[1] * 1e3, 3),
+            "ttft_ms": round(rs.ttft_s * 1e3, 3),
+            "queue_ms": round(rs.queue_s * 1e3, 3),
+        }
+        final = Final(ev.finish_reason, ev.error, rs.new_tokens, prediction, stats, list(ev.tokens))
+        if self.metrics is not None:
+            self.metrics.observe_finished(ev.finish_reason, rs)
+        del self._handles[ev.index]
+        server.release(ev.index)
+        self._done(handle)
+        handle.post_final(final)
+
+    def _observe(self, step, delta: tuple) -> None:
+        if self.metrics is None:
+            return
+        self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta[0],
+                                  plain_rounds=delta[1], proposer_s=delta[2], budget_s=delta[3], verifier_s=delta[4])

@@ -1,0 +1,425 @@
+"""The OpenAI protocol: request bodies in, response objects, stream chunks and errors out.
+
+Contract:
+
+* `parse_request(body, kind, ctx) -> GenerationRequest` checks one decoded JSON body of
+  `/v1/completions` (`kind` "completion") or `/v1/chat/completions` ("chat") against the model
+  (`ModelContext`: served names, tokenizer, vocabulary, context length, the token limit, the chat
+  template, the FIM tokens) and returns everything the engine needs: prompt token ids, `DecodeOptions`,
+  the token limit, the prediction's token ids, the corpus filter. Every problem raises `APIError` with
+  status 400 and an OpenAI-style error object naming the parameter; nothing else escapes.
+* `completions` prompts are raw text encoded exactly as `SpeculativeGenerator.generate([text])`
+  encodes it (no template), or token ids; `chat` messages go through the chat template; `suffix`
+  builds the model's fill-in-the-middle prompt (`fim`). `temperature` 0 is greedy decoding;
+  OpenAI's default temperature is 1 (sampling). `max_tokens` defaults to 16 for completions and to
+  the room left in the context (at most the server's limit) for chat.
+* Extensions: `top_k`; a `suffixspec` object with `filter` (corpus document tags) and `budget`
+  ("auto" or an integer >= 0; 0 is plain decoding).
+* `completion_response`, `chat_response`, `completion_chunk`, `chat_chunk`, `usage` build the
+  response shapes; `APIError.body()` the error object `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..errors import BadInputError, BadInputTypeError
+from ..options import DecodeOptions
+from . import fim
+
+__all__ = ["APIError", "ModelContext", "GenerationRequest", "parse_request", "completion_response", "chat_response",
+           "completion_chunk", "chat_chunk", "usage", "LogitBias"]
+
+MAX_STOPS = 4
+DEFAULT_COMPLETION_TOKENS = 16
+ROLES = ("system", "user", "assistant", "tool", "developer")
+# parameters accepted at their neutral value only
+NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1, "echo": False, "logprobs": None,
+           "top_logprobs": None, "tools": None, "functions": None}
+
+
+class APIError(Exception):
+    """An HTTP error answered with an OpenAI-style error object."""
+
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 type: str | None = None, headers: dict | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+        self.type = type or _error_type(status)
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def _error_type(status: int) -> str:
+    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+
+
+def bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+@dataclass
+class ModelContext:
+    """What request checking needs to know about the served model."""
+
+    names: list[str]
+    tokenizer: Any
+    vocab_size: int | None
+    max_positions: int | None
+    max_new_tokens_limit: int
+    eos: frozenset = frozenset()
+    chat: Any = None  # a chat.ChatTemplate, or None when the model has none
+    fim_ids: tuple[int, int, int] | None = None
+    budget: Any = "auto"  # the server's default budget
+
+
+@dataclass
+class GenerationRequest:
+    kind: str  # "completion" | "chat"
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    options: DecodeOptions
+    stream: bool = False
+    include_usage: bool = False
+    stops: list[str] = field(default_factory=list)
+    prediction_ids: list[int] | None = None
+    filter: dict | None = None
+    seeded: bool = False
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_ids)
+
+
+class LogitBias:
+    """A logits processor adding OpenAI's `logit_bias` (token id -> bias in [-100, 100]) to the scores."""
+
+    def __init__(self, bias: dict[int, float]):
+        self.bias = dict(bias)
+        self._ids = None
+        self._values = None
+
+    def __call__(self, input_ids, scores):
+        import torch
+
+        if self._ids is None or self._ids.device != scores.device:
+            self._ids = torch.tensor(list(self.bias), dtype=torch.long, device=scores.device)
+            self._values = torch.tensor(list(self.bias.values()), dtype=scores.dtype, device=scores.device)
+        scores = scores.clone()
+        scores[:, self._ids] += self._values.to(scores.dtype)
+        return scores
+
+
+# ----------------------------------------------------------------------------------- field checks
+
+def _number(body: dict, name: str, ok: Callable[[float], bool], expected: str, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise bad(f"{name}: expected {expected}, got {value!r}", name, "invalid_type")
+    if not ok(value):
+        raise bad(f"{name}: expected {expected}, got {value!r}", name)
+    return value
+
+
+def _integer(body: dict, name: str, low: int | None = None, high: int | None = None, default=None):
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"{name}: expected an integer, got {value!r}", name, "invalid_type")
+    if (low is not None and value < low) or (high is not None and value > high):
+        bounds = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise bad(f"{name}: expected an integer {bounds}, got {value}", name)
+    return value
+
+
+def _text_content(content, name: str) -> str:
+    """A message or prediction content: a string or a list of {"type": "text", "text": ...} parts."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for i, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise bad(f"{name}[{i}]: expected a text part {{\"type\": \"text\", \"text\": \"...\"}}, got {part!r}",
+                          name, "invalid_type")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise bad(f"{name}: expected a string or a list of text parts, got {type(content).__name__}", name, "invalid_type")
+
+
+def _stops(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad(f"stop: expected a string or a list of strings, got {stop!r}", "stop", "invalid_type")
+    if len(stops) > MAX_STOPS:
+        raise bad(f"stop: expected at most {MAX_STOPS} stop sequences, got {len(stops)}", "stop")
+    if any(not s for s in stops):
+        raise bad("stop: stop sequences must not be empty", "stop")
+    return list(stops)
+
+
+def _token_ids(value, name: str, ctx: ModelContext) -> list[int]:
+    if not value:
+        raise bad(f"{name}: the prompt is empty", name)
+    for t in value:
+        if isinstance(t, bool) or not isinstance(t, int):
+            raise bad(f"{name}: expected token ids (integers), got {t!r}", name, "invalid_type")
+        if t < 0 or (ctx.vocab_size is not None and t >= ctx.vocab_size):
+            raise bad(f"{name}: token id {t} is outside the model's vocabulary [0, {ctx.vocab_size})", name)
+    return list(value)
+
+
+def _prompt_ids(body: dict, ctx: ModelContext) -> list[int]:
+    if "prompt" not in body or body["prompt"] is None:
+        raise bad("prompt: required", "prompt", "missing_required_parameter")
+    prompt = body["prompt"]
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]  # one prompt in a list
+    suffix = body.get("suffix")
+    if suffix is not None:
+        if not isinstance(suffix, str):
+            raise bad(f"suffix: expected a string, got {type(suffix).__name__}", "suffix", "invalid_type")
+        if not isinstance(prompt, str):
+            raise bad("prompt: with suffix (fill-in-the-middle), the prompt must be text", "prompt", "invalid_type")
+        if ctx.fim_ids is None:
+            raise bad(fim.missing_message(), "suffix", "fim_unsupported")
+        return fim.fim_prompt(ctx.tokenizer, ctx.fim_ids, prompt, suffix)
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad("prompt: the prompt is empty", "prompt")
+        ids = list(ctx.tokenizer.encode(prompt))
+        if not ids:
+            raise bad("prompt: the prompt encodes to no tokens", "prompt")
+        return ids
+    if isinstance(prompt, list):
+        if prompt and all(isinstance(p, (str, list)) for p in prompt):
+            raise bad(f"prompt: one prompt per request (got {len(prompt)}); send one request per prompt", "prompt")
+        return _token_ids(prompt, "prompt", ctx)
+    raise bad(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}", "prompt", "invalid_type")
+
+
+def _chat_ids(body: dict, ctx: ModelContext) -> list[int]:
+    from .chat import ChatTemplateError
+
+    messages = body.get("messages")
+    if messages is None:
+        raise bad("messages: required", "messages", "missing_required_parameter")
+    if not isinstance(messages, list):
+        raise bad(f"messages: expected a list of messages, got {type(messages).__name__}", "messages", "invalid_type")
+    if not messages:
+        raise bad("messages: the conversation is empty", "messages")
+    turns = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict):
+            raise bad(f"messages[{i}]: expected an object with role and content", f"messages[{i}]", "invalid_type")
+        role = m.get("role")
+        if role not in ROLES:
+            raise bad(f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+        content = m.get("content")
+        turns.append({"role": role, "content": "" if content is None else
+                      _text_content(content, f"messages[{i}].content")})
+    if not any(t["content"] for t in turns):
+        raise bad("messages: every message is empty", "messages")
+    if ctx.chat is None:
+        raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
+                       param="messages", code="no_chat_template")
+    try:
+        text = ctx.chat.render(turns)
+    except ChatTemplateError as exc:
+        raise bad(str(exc), "messages") from None
+    ids = list(ctx.tokenizer.encode(text))
+    if not ids:
+        raise bad("messages: the conversation encodes to no tokens", "messages")
+    return ids
+
+
+def _prediction(body: dict, ctx: ModelContext) -> list[int] | None:
+    pred = body.get("prediction")
+    if pred is None:
+        return None
+    if not isinstance(pred, dict) or pred.get("type") != "content" or "content" not in pred:
+        raise bad('prediction: expected {"type": "content", "content": "..."}', "prediction", "invalid_type")
+    text = _text_content(pred["content"], "prediction.content")
+    return list(ctx.tokenizer.encode(text)) if text else []
+
+
+def _extension(body: dict, ctx: ModelContext) -> tuple[dict | None, Any]:
+    ext = body.get("suffixspec")
+    if ext is None:
+        return None, ctx.budget
+    if not isinstance(ext, dict):
+        raise bad(f"suffixspec: expected an object, got {type(ext).__name__}", "suffixspec", "invalid_type")
+    unknown = sorted(set(ext) - {"filter", "budget"})
+    if unknown:
+        raise bad(f"suffixspec: unknown field(s) {', '.join(unknown)} (expected filter, budget)", "suffixspec")
+    flt = ext.get("filter")
+    if flt is not None and (not isinstance(flt, dict) or not all(isinstance(k, str) and isinstance(v, str)
+                                                                for k, v in flt.items())):
+        raise bad(f"suffixspec.filter: expected an object of string tags, got {flt!r}", "suffixspec.filter", "invalid_type")
+    budget = ext.get("budget", ctx.budget)
+    if budget is None:
+        budget = ctx.budget
+    if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
+        raise bad(f"suffixspec.budget: expected 'auto' or an integer >= 0, got {budget!r}", "suffixspec.budget")
+    return (flt or None), budget
+
+
+def _logit_bias(body: dict, ctx: ModelContext):
+    raw = body.get("logit_bias")
+    if raw is None or raw == {}:
+        return None
+    if not isinstance(raw, dict):
+        raise bad(f"logit_bias: expected an object of token id -> bias, got {type(raw).__name__}", "logit_bias",
+                  "invalid_type")
+    bias = {}
+    for key, value in raw.items():
+        try:
+            tok = int(key)
+        except (TypeError, ValueError):
+            raise bad(f"logit_bias: expected token ids as keys, got {key!r}", "logit_bias", "invalid_type") from None
+        if tok < 0 or (ctx.vocab_size is not None and tok >= ctx.vocab_size):
+            raise bad(f"logit_bias: token id {tok} is outside the model's vocabulary [0, {ctx.vocab_size})",
+                      "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not -100 <= value <= 100:
+            raise bad(f"logit_bias: expected biases in [-100, 100], got {value!r} for token {tok}", "logit_bias")
+        bias[tok] = float(value)
+    return [LogitBias(bias)]
+
+
+def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_type")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model: required (a string; see GET /v1/models)", "model", "missing_required_parameter")
+    if model not in ctx.names:
+        raise bad(f"model: {model!r} is not served here (served: {', '.join(ctx.names)})", "model", "model_not_found")
+    n = _integer(body, "n", low=1, default=1)
+    if n != 1:
+        raise bad(f"n: only n=1 is supported, got {n}", "n", "unsupported_value")
+    for name, neutral in NEUTRAL.items():
+        value = body.get(name)
+        if value is not None and value != neutral and not (neutral is None and value is False):
+            raise bad(f"{name}: not supported by this server (got {value!r})", name, "unsupported_parameter")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise bad(f"stream: expected true or false, got {stream!r}", "stream", "invalid_type")
+    include_usage = False
+    opts = body.get("stream_options")
+    if opts is not None:
+        if not isinstance(opts, dict):
+            raise bad("stream_options: expected an object", "stream_options", "invalid_type")
+        include_usage = opts.get("include_usage", False)
+        if not isinstance(include_usage, bool):
+            raise bad("stream_options.include_usage: expected true or false", "stream_options.include_usage",
+                      "invalid_type")
+    temperature = _number(body, "temperature", lambda t: t >= 0, "a number >= 0", default=1.0)
+    top_p = _number(body, "top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
+    top_k = _integer(body, "top_k", low=-1)
+    seed = _integer(body, "seed", low=0, high=2**63 - 1)
+    stops = _stops(body)
+    user = body.get("user")
+    if user is not None and not isinstance(user, str):
+        raise bad("user: expected a string", "user", "invalid_type")
+
+    if kind == "chat":
+        prompt_ids = _chat_ids(body, ctx)
+        tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    else:
+        prompt_ids = _prompt_ids(body, ctx)
+        tokens_name = "max_tokens"
+    room = None if ctx.max_positions is None else int(ctx.max_positions) - len(prompt_ids)
+    if room is not None and room < 1:
+        raise bad(f"prompt: {len(prompt_ids)} prompt tokens leave no room in the model's context of "
+                  f"{ctx.max_positions} positions", "messages" if kind == "chat" else "prompt", "context_length_exceeded")
+    max_tokens = _integer(body, tokens_name, low=1)
+    if max_tokens is None:
+        default = DEFAULT_COMPLETION_TOKENS if kind == "completion" else ctx.max_new_tokens_limit
+        max_tokens = min(default, ctx.max_new_tokens_limit, room if room is not None else default)
+    elif max_tokens > ctx.max_new_tokens_limit:
+        raise bad(f"{tokens_name}: {max_tokens} exceeds this server's limit of {ctx.max_new_tokens_limit}", tokens_name)
+    elif room is not None and max_tokens > room:
+        raise bad(f"{tokens_name}: {len(prompt_ids)} prompt tokens plus {max_tokens} new tokens exceed the model's "
+                  f"context of {ctx.max_positions} positions", tokens_name, "context_length_exceeded")
+    prediction_ids = _prediction(body, ctx)
+    flt, budget = _extension(body, ctx)
+    do_sample = temperature > 0
+    try:
+        options = DecodeOptions(max_new_tokens=max_tokens, do_sample=do_sample,
+                                temperature=float(temperature) if do_sample else 1.0,
+                                top_k=None if top_k is None or top_k <= 0 else top_k,
+                                top_p=None if top_p is None else float(top_p), seed=seed,
+                                stop=stops or None, logits_processor=_logit_bias(body, ctx), budget=budget)
+    except (BadInputError, BadInputTypeError) as exc:
+        name = str(exc).split(":", 1)[0]
+        raise bad(str(exc), name) from None
+    return GenerationRequest(kind, model, prompt_ids, max_tokens, options, stream, include_usage, stops,
+                             prediction_ids, flt, seed is not None)
+
+
+# ----------------------------------------------------------------------------------- responses
+
+def finish_reason(reason: str) -> str:
+    """The engine's finish reason as OpenAI's: an EOS token or a stop string is "stop"."""
+    return "length" if reason == "length" else "stop"
+
+
+def new_id(kind: str) -> str:
+    return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
+
+
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None, stats: dict) -> dict:
+    out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+           "total_tokens": prompt_tokens + completion_tokens}
+    accepted, rejected = prediction if prediction is not None else (0, 0)
+    out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
+    out["suffixspec"] = stats
+    return out
+
+
+def completion_response(rid: str, model: str, text: str, reason: str, use: dict, created: int | None = None) -> dict:
+    return {"id": rid, "object": "text_completion", "created": created or int(time.time()), "model": model,
+            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": use}
+
+
+def chat_response(rid: str, model: str, text: str, reason: str, use: dict, created: int | None = None) -> dict:
+    return {"id": rid, "object": "chat.completion", "created": created or int(time.time()), "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                         "finish_reason": reason}], "usage": use}
+
+
+def completion_chunk(rid: str, model: str, created: int, text: str | None, reason: str | None = None,
+                     use: dict | None = None, choices: bool = True) -> dict:
+    chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
+             "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}] if choices else []}
+    if use is not None:
+        chunk["usage"] = use
+    return chunk
+
+
+def chat_chunk(rid: str, model: str, created: int, delta: dict | None, reason: str | None = None,
+               use: dict | None = None, choices: bool = True) -> dict:
+    chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": reason}] if choices else []}
+    if use is not None:
+        chunk["usage"] = use
+    return chunk

@@ -1,0 +1,199 @@
+"""Helpers of the HTTP server tests (a tiny FIM-capable model directory, a real `suffixspec serve`
+subprocess on a free loopback port) and unit tests of the pieces that need no server: incremental
+detokenization with stop strings, the GGUF chat-template reader, FIM prompts, request checking."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>",
+            "<|fim_pad|>"]
+# differs from plain ChatML on purpose (the system line) so the tests can tell the model's template was used
+TINY_TEMPLATE = ("{{ '<|im_start|>system\\ntiny<|im_end|>\\n' }}{% for m in messages %}{{ '<|im_start|>' + m['role'] + "
+                 "'\\n' + m['content'] + '<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}"
+                 "{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def make_tiny_model_dir(path: Path, fim: bool = True) -> Path:
+    """A byte-level BPE tokenizer (Qwen-style FIM tokens when `fim`) and a tiny random Qwen2 model."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from tiny_models import tiny_model
+
+    path.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = SPECIALS if fim else SPECIALS[:3]
+    trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    corpus = [(ROOT / "suffixspec" / name).read_text() for name in ("options.py", "stats.py", "tree.py")]
+    tok.train_from_iterator(corpus, trainer)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
+                                                            "chat_template": TINY_TEMPLATE}))
+    model = tiny_model("qwen2", vocab=tok.get_vocab_size(), sharpen=8.0)
+    model.save_pretrained(str(path))
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class ServerProcess:
+    """`suffixspec serve ARGS` on a free loopback port; its stderr goes to a file (printed on failure)."""
+
+    def __init__(self, args, log_path: Path, env=None, ready_timeout=240.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **(env or {}))
+        self._log = open(log_path, "wb")
+        self.proc = subprocess.Popen([sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(self.port), *args],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(ROOT))
+        self.wait_ready(ready_timeout)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self, timeout: float = 30.0) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+# ----------------------------------------------------------------------------------- unit tests
+
+
+def test_text_assembler_holds_back_partial_characters_and_stop_strings():
+    from suffixspec.http.text import TextAssembler
+
+    data = "héllo wörld STOP tail".encode()
+    # one byte per token: a decoder of byte ids, replacing incomplete UTF-8 like a tokenizer does
+    decode = lambda ids: bytes(ids).decode("utf-8", errors="replace")  # noqa: E731
+    asm = TextAssembler(decode, stops=["STOP"], eos=[])
+    pieces = []
+    end = data.index(b"STOP") + 4
+    for b in data[: end - 1]:
+        piece = asm.feed([b])
+        assert "\ufffd" not in piece
+        pieces.append(piece)
+    assert "".join(pieces) == "héllo wörld "  # "STO" held back as it grew
+    pieces.append(asm.finish("stop", [data[end - 1]]))  # the round that completes "STOP" ends the request
+    assert "".join(pieces) == asm.text() == "héllo wörld "
+
+
+def test_text_assembler_drops_the_eos_token_and_releases_a_false_stop_start():
+    from suffixspec.http.text import TextAssembler
+
+    decode = lambda ids: "".join(chr(i) for i in ids)  # noqa: E731
+    asm = TextAssembler(decode, stops=["ab"], eos=[ord("$")])
+    assert asm.feed([ord("x"), ord("a")]) == "x"  # "a" may start "ab"
+    assert asm.feed([ord("c")]) == "ac"
+    assert asm.finish("eos") == "" and asm.text() == "xac"
+    asm = TextAssembler(decode, stops=[], eos=[ord("$")])
+    assert asm.feed([ord("q")]) == "q"
+    assert asm.finish("eos", [ord("r"), ord("$")]) == "r"
+    assert asm.text() == "qr"
+    asm = TextAssembler(decode, stops=["ab"], eos=[])
+    assert asm.feed([ord("x"), ord("a"), ord("b"), ord("c")]) == "x"  # a whole stop string is never sent
+
+
+def test_gguf_chat_template_reader_matches_the_gguf_package():
+    from gguf import GGUFWriter
+
+    from suffixspec.http.chat import gguf_string_field
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.gguf"
+        w = GGUFWriter(str(path), "llama")
+        w.add_array("tokenizer.ggml.tokens", ["a", "bb", "ccc"])
+        w.add_uint32("x.count", 7)
+        w.add_string("tokenizer.chat_template", "{{ messages }}é")
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.close()
+        assert gguf_string_field(path, "tokenizer.chat_template") == "{{ messages }}é"
+        assert gguf_string_field(path, "missing.key") is None
+
+
+def test_fim_prompt_and_missing_tokens(tmp_path):
+    from suffixspec import load_tokenizer
+    from suffixspec.http import fim
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<fim_prefix>", "<fim_middle>", "<fim_suffix>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["def f(x):\n    return x\n"], trainer)
+    tok.save(str(tmp_path / "tokenizer.json"))
+    t = load_tokenizer(tmp_path)
+    ids = fim.fim_tokens(t)
+    assert ids == (0, 2, 1)  # StarCoder family: prefix, suffix, middle
+    prompt = fim.fim_prompt(t, ids, "def f(", "):\n")
+    assert prompt[0] == 0 and prompt[-1] == 1 and 2 in prompt
+    assert prompt == [0, *t.encode("def f("), 2, *t.encode("):\n"), 1]
+    assert "<|fim_prefix|>" in fim.missing_message()
+
+
+def test_parse_request_errors_name_the_parameter():
+    from suffixspec.http.protocol import APIError, ModelContext, parse_request
+
+    class Tok:
+        def encode(self, text):
+            return [ord(c) % 50 for c in text]
+
+    ctx = ModelContext(names=["m"], tokenizer=Tok(), vocab_size=50, max_positions=64, max_new_tokens_limit=32)
+    good = {"model": "m", "prompt": "hello", "max_tokens": 8}
+    req = parse_request(good, "completion", ctx)
+    assert req.prompt_ids == Tok().encode("hello") and req.max_tokens == 8 and req.options.do_sample
+    assert not parse_request({**good, "temperature": 0}, "completion", ctx).options.do_sample
+    cases = [({"prompt": "x", "max_tokens": 1}, "model"), ({**good, "model": "other"}, "model"),
+             ({**good, "prompt": ""}, "prompt"), ({**good, "prompt": [1, 99]}, "prompt"),
+             ({**good, "max_tokens": 60}, "max_tokens"), ({**good, "max_tokens": "8"}, "max_tokens"),
+             ({**good, "temperature": -0.5}, "temperature"), ({**good, "top_p": 0}, "top_p"),
+             ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 2}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
+             ({**good, "suffix": "x"}, "suffix"), ({**good, "logit_bias": {"77": 1}}, "logit_bias"),
+             ({**good, "suffixspec": {"budget": -1}}, "suffixspec.budget"), ("[1]", None)]
+    for body, param in cases:
+        with pytest.raises(APIError) as info:
+            parse_request(body, "completion", ctx)
+        assert info.value.status == 400 and info.value.param == param, (body, info.value.body())
+    with pytest.raises(APIError) as info:
+        parse_request({"model": "m", "messages": [{"role": "user", "content": "hi"}]}, "chat", ctx)
+    assert info.value.param == "messages" and "chat template" in info.value.message

@@ -1,0 +1,290 @@
+"""`suffixspec serve` on a tiny random-weight Qwen2 model (a byte-level tokenizer with Qwen-style FIM
+tokens and a chat template of its own), one server process for the module, with an API key; talked to
+with the official `openai` client and raw `httpx`. References come from the same model directory
+loaded in this process (`SpeculativeGenerator.generate`, plain decoding with budget 0)."""
+
+import asyncio
+import json
+import time
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from test_http_support import ServerProcess, make_tiny_model_dir
+
+KEY = "test-key-123"
+PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in range(32)]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    import tiny_models  # noqa: F401  (one torch thread, as the server)
+
+    from suffixspec import SpeculativeGenerator, load_model
+
+    root = tmp_path_factory.mktemp("http_tiny")
+    model_dir = make_tiny_model_dir(root / "tiny")
+    server = ServerProcess(["--model", str(model_dir), "--api-key", KEY, "--max-batch", "8"], root / "server.log")
+    model, tokenizer = load_model(str(model_dir))
+    gen = SpeculativeGenerator(model, tokenizer)
+    yield server, gen, tokenizer, model_dir
+    code = server.stop()
+    assert code == 0, server.log()
+
+
+def client(server, **kw):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, **kw)
+
+
+def local_text(gen, tokenizer, ids, **kw):
+    out = gen.generate([ids], **kw).sequences[0]
+    eos = tokenizer.eos_token_id
+    return tokenizer.decode(out[:-1] if out and out[-1] == eos else out)
+
+
+def test_models_auth_and_health(tiny):
+    server = tiny[0]
+    assert httpx.get(server.url + "/health").status_code == 200  # open without the key
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": KEY}):
+        r = httpx.get(server.url + "/v1/models", headers=headers)
+        assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        r = httpx.post(server.url + "/v1/completions", headers=headers, json={"model": "tiny", "prompt": "x"})
+        assert r.status_code == 401
+    assert httpx.get(server.url + "/metrics").status_code == 401
+    models = client(server).models.list()
+    assert [m.id for m in models.data] == ["tiny"]
+
+
+def test_greedy_equals_generate_and_plain_decoding(tiny):
+    server, gen, tokenizer, _ = tiny
+    c = client(server)
+    for prompt in PROMPTS[:3]:
+        r = c.completions.create(model="tiny", prompt=prompt, max_tokens=40, temperature=0)
+        ids = tokenizer.encode(prompt)
+        assert r.usage.prompt_tokens == len(ids)
+        assert r.choices[0].text == local_text(gen, tokenizer, ids, max_new_tokens=40)
+        assert r.choices[0].text == local_text(gen, tokenizer, ids, max_new_tokens=40, budget=0)
+        assert r.choices[0].finish_reason in ("length", "stop")
+        extra = r.usage.model_extra["suffixspec"]
+        assert extra["rounds"] >= 1 and extra["verifier_ms"] > 0
+
+
+def test_seeded_sampling_equals_in_process(tiny):
+    server, gen, tokenizer, _ = tiny
+    c = client(server)
+    ids = tokenizer.encode(PROMPTS[5])
+    r = c.completions.create(model="tiny", prompt=PROMPTS[5], max_tokens=40, temperature=0.8, top_p=0.9, seed=7)
+    local = local_text(gen, tokenizer, ids, max_new_tokens=40, do_sample=True, temperature=0.8, top_p=0.9, seed=7)
+    assert r.choices[0].text == local
+    other = local_text(gen, tokenizer, ids, max_new_tokens=40, do_sample=True, temperature=0.8, top_p=0.9, seed=8)
+    assert other != local  # the seed matters: the equality above is not a coincidence
+
+
+def test_streamed_chunks_join_to_the_non_streamed_text(tiny):
+    server, _, tokenizer, _ = tiny
+    c = client(server)
+    whole = c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=60, temperature=0)
+    chunks = list(c.completions.create(model="tiny", prompt=PROMPTS[1], max_tokens=60, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}))
+    texts = [ch.choices[0].text for ch in chunks if ch.choices]
+    assert "".join(texts) == whole.choices[0].text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == whole.usage.completion_tokens == 60
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == whole.choices[0].finish_reason
+    rounds = chunks[-1].usage.model_extra["suffixspec"]["rounds"]
+    assert len([t for t in texts if t]) <= rounds  # one chunk per round at most: several tokens per chunk
+
+    messages = [{"role": "user", "content": "Rewrite: " + PROMPTS[2]}]
+    whole = c.chat.completions.create(model="tiny", messages=messages, max_tokens=50, temperature=0)
+    stream = list(c.chat.completions.create(model="tiny", messages=messages, max_tokens=50, temperature=0,
+                                            stream=True))
+    assert stream[0].choices[0].delta.role == "assistant"
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream) == whole.choices[0].message.content
+    assert stream[-1].usage.completion_tokens == whole.usage.completion_tokens  # usage in the last chunk
+
+
+def test_chat_uses_the_models_template(tiny):
+    server, gen, tokenizer, model_dir = tiny
+    from suffixspec.http.chat import ChatTemplate, find_chat_template
+
+    source, where = find_chat_template(str(model_dir))
+    assert where.endswith("tokenizer_config.json") and "tiny" in source
+    messages = [{"role": "user", "content": "hello there"}]
+    text = ChatTemplate(source).render(messages)
+    r = client(server).chat.completions.create(model="tiny", messages=messages, max_tokens=20, temperature=0)
+    ids = tokenizer.encode(text)
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].message.content == local_text(gen, tokenizer, ids, max_new_tokens=20)
+
+
+def test_stop_strings_are_cut_and_end_the_request(tiny):
+    server, gen, tokenizer, _ = tiny
+    c = client(server)
+    full = c.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=60, temperature=0).choices[0].text
+    stop = next(full[i : i + 2] for i in range(8, len(full) - 2) if full[i : i + 2].strip() and
+                full.find(full[i : i + 2]) == i)
+    cut = full[: full.index(stop)]
+    r = c.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=60, temperature=0, stop=[stop])
+    assert r.choices[0].text == cut and r.choices[0].finish_reason == "stop"
+    streamed = list(c.completions.create(model="tiny", prompt=PROMPTS[3], max_tokens=60, temperature=0, stop=stop,
+                                         stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == cut
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_logit_bias_and_budget_extension(tiny):
+    server, gen, tokenizer, _ = tiny
+    c = client(server)
+    tok = tokenizer.encode(" return")[0]
+    r = c.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=10, temperature=0, logit_bias={str(tok): 100})
+    assert r.choices[0].text == tokenizer.decode([tok] * 10)
+    plain = c.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0,
+                                 extra_body={"suffixspec": {"budget": 0}})
+    spec = c.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0)
+    assert plain.choices[0].text == spec.choices[0].text
+    assert plain.usage.model_extra["suffixspec"]["drafted"] == 0
+    assert plain.usage.model_extra["suffixspec"]["rounds"] == 30
+
+
+def test_fill_in_the_middle(tiny):
+    server, gen, tokenizer, _ = tiny
+    from suffixspec.http.fim import fim_prompt, fim_tokens
+
+    prefix, suffix = "def area(w, h):\n    ", "\n    return result\n"
+    r = client(server).completions.create(model="tiny", prompt=prefix, suffix=suffix, max_tokens=30, temperature=0)
+    ids = fim_prompt(tokenizer, fim_tokens(tokenizer), prefix, suffix)
+    assert ids[0] == tokenizer.backend.token_to_id("<|fim_prefix|>")
+    assert r.usage.prompt_tokens == len(ids)
+    assert r.choices[0].text == local_text(gen, tokenizer, ids, max_new_tokens=30)
+
+
+BAD = [
+    (b"{not json", "invalid_json", None),
+    ({"model": "tiny", "prompt": 5}, "invalid_type", "prompt"),
+    ({"model": "nope", "prompt": "x"}, "model_not_found", "model"),
+    ({"model": "tiny", "prompt": ""}, "invalid_value", "prompt"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": 600}, "context_length_exceeded", "max_tokens"),
+    ({"model": "tiny", "prompt": [1, 2, 100000]}, "invalid_value", "prompt"),
+    ({"model": "tiny", "prompt": "x", "temperature": -1}, "invalid_value", "temperature"),
+    ({"model": "tiny", "prompt": "x", "top_p": 0}, "invalid_value", "top_p"),
+    ({"model": "tiny", "prompt": "x", "top_p": 1.01}, "invalid_value", "top_p"),
+    ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, "invalid_type", "max_tokens"),
+    ({"model": "tiny", "prompt": "x", "stream": "yes"}, "invalid_type", "stream"),
+    ({"model": "tiny", "prompt": "x", "n": 3}, "unsupported_value", "n"),
+    ({"model": "tiny", "prompt": "x", "seed": -4}, "invalid_value", "seed"),
+    ([1, 2], "invalid_type", None),
+]
+
+
+def test_bad_requests_answer_400_with_an_error_object(tiny):
+    server = tiny[0]
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.Client(base_url=server.url, headers=headers, timeout=30) as http:
+        for body, code, param in BAD:
+            for path in ("/v1/completions",):
+                content = body if isinstance(body, bytes) else json.dumps(body).encode()
+                r = http.post(path, content=content, headers={"Content-Type": "application/json"})
+                assert r.status_code == 400, (body, r.text)
+                err = r.json()["error"]
+                assert set(err) == {"message", "type", "param", "code"} and err["type"] == "invalid_request_error"
+                assert err["code"] == code and err["param"] == param, (body, err)
+                assert "Traceback" not in r.text
+        chat_bad = [({"model": "tiny", "messages": []}, "messages"), ({"model": "tiny", "messages": "hi"}, "messages"),
+                    ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+                    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
+                     "max_completion_tokens")]
+        for body, param in chat_bad:
+            r = http.post("/v1/chat/completions", json=body)
+            assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+        assert http.get("/v1/nothing").status_code == 404
+        assert http.get("/health").status_code == 200  # nothing stuck, still serving
+        r = http.post("/v1/completions", json={"model": "tiny", "prompt": "x", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+async def _stream_text(http, prompt, max_tokens, drop_after=None, budget=None):
+    body = {"model": "tiny", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    if budget is not None:
+        body["suffixspec"] = {"budget": budget}
+    text, reason, seen = [], None, 0
+    async with http.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                return "".join(text), reason
+            chunk = json.loads(line[6:])
+            text.append(chunk["choices"][0]["text"])
+            reason = chunk["choices"][0]["finish_reason"] or reason
+            seen += 1
+            if drop_after is not None and seen >= drop_after:
+                return None, "dropped"  # leaving the block closes the connection mid-stream
+    raise AssertionError("stream ended without [DONE]")
+
+
+def _metric(server, name, labels=None):
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    total = 0.0
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in (labels or {}).items()):
+                total += s.value
+    return total
+
+
+def test_32_concurrent_streams_and_a_disconnect_storm(tiny):
+    server = tiny[0]
+    c = client(server)
+    refs = [c.completions.create(model="tiny", prompt=p, max_tokens=24, temperature=0).choices[0].text
+            for p in PROMPTS]
+    cancelled_before = _metric(server, "suffixspec_requests_finished_total", {"reason": "cancelled"})
+
+    async def run(storm: bool):
+        limits = httpx.Limits(max_connections=64)
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"}, timeout=120,
+                                     limits=limits) as http:
+            jobs = []
+            for i, p in enumerate(PROMPTS):
+                if storm and i % 2:  # long and plain (one token a round): surely still running when dropped
+                    jobs.append(_stream_text(http, p, 400, drop_after=2, budget=0))
+                else:
+                    jobs.append(_stream_text(http, p, 24))
+            return await asyncio.gather(*jobs)
+
+    got = asyncio.run(run(storm=False))
+    assert [g[0] for g in got] == refs  # every request completed, nothing lost or duplicated
+    got = asyncio.run(run(storm=True))
+    for i, (text, reason) in enumerate(got):
+        if i % 2:
+            assert reason == "dropped"
+        else:
+            assert text == refs[i], i
+    assert httpx.get(server.url + "/health").status_code == 200
+    # every dropped stream was cancelled inside the engine and its slot freed
+    for _ in range(100):
+        if _metric(server, "suffixspec_running_requests") == 0:
+            break
+        time.sleep(0.05)
+    assert _metric(server, "suffixspec_running_requests") == 0 and _metric(server, "suffixspec_queue_depth") == 0
+    assert _metric(server, "suffixspec_requests_finished_total", {"reason": "cancelled"}) - cancelled_before == 16
+    # the freed slots serve new requests: 8 at once (the batch) come back right
+    again = asyncio.run(run(storm=False))
+    assert [g[0] for g in again] == refs
+
+
+def test_metrics_parse(tiny):
+    server = tiny[0]
+    text = httpx.get(server.url + "/metrics", headers={"Authorization": f"Bearer {KEY}"}).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    for name in ("suffixspec_http_requests", "suffixspec_requests_finished", "suffixspec_queue_depth",
+                 "suffixspec_running_requests", "suffixspec_ttft_seconds", "suffixspec_tpot_seconds",
+                 "suffixspec_e2e_seconds", "suffixspec_tokens_per_round", "suffixspec_acceptance_rate",
+                 "suffixspec_drafted_tokens", "suffixspec_accepted_tokens", "suffixspec_speculation_share",
+                 "suffixspec_proposer_seconds", "suffixspec_verifier_seconds"):
+        assert name in families, name
+    assert _metric(server, "suffixspec_http_requests_total", {"endpoint": "/v1/completions", "status": "200"}) > 0
+    assert _metric(server, "suffixspec_ttft_seconds_count") > 0
+    assert _metric(server, "suffixspec_verifier_seconds_total") > 0
+    assert 0 <= _metric(server, "suffixspec_speculation_share") <= 1
