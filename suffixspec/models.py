@@ -71,7 +71,11 @@ def load_model(spec=None, dtype=None, device=None, prepack=None):
         else:
             raise BadInputError(f"model {str(spec)!r}: expected 'default', a local model directory or a .gguf file")
     dtype = dtype if dtype is not None else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(directory), dtype=dtype, local_files_only=True)
+    except (ValueError, KeyError, OSError) as exc:  # unknown model_type, missing or foreign weights
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise BadInputError(f"model directory {str(directory)!r}: transformers cannot load it as a causal LM ({first})") from None
     model.eval()
     if device is not None:
         model.to(device)

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .tokenids import as_tokens
 from .automaton import SuffixAutomaton
 from .errors import BadInputError
 from .proposer import Proposer
+from .textinput import read_utf8
+from .tokenids import as_tokens
 
 STAT_KEYS = ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "accepted_by_position",
              "rounds", "propose_us_p50", "propose_us_p99", "oracle_mean_accepted_tokens")
@@ -35,37 +36,42 @@ class Trace:
     id: object = None
 
 
-def load_traces(path, tokenizer=None) -> list[Trace]:
-    """Read JSONL traces: `prompt_ids`/`output_ids` (win when present) or `prompt`/`output` text."""
+def load_traces(path, tokenizer=None, vocab_size: int | None = None) -> list[Trace]:
+    """Read JSONL traces: `prompt_ids`/`output_ids` (win when present) or `prompt`/`output` text.
+    The file must be UTF-8 JSON lines; `vocab_size` (else the tokenizer's, when given) bounds token ids."""
     path = Path(path)
     traces = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise BadInputError(f"{where}: malformed JSON ({exc.msg})") from None
-            if not isinstance(rec, dict):
-                raise BadInputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
-            parts = []
-            for key in ("prompt", "output"):
-                if f"{key}_ids" in rec:
-                    try:
-                        parts.append(as_tokens(rec[f"{key}_ids"], f"{key}_ids"))
-                    except (TypeError, ValueError) as exc:
-                        raise BadInputError(f"{where}: {exc}") from None
-                elif key in rec:
-                    if tokenizer is None:
-                        raise BadInputError(f"{where}: text field {key!r} needs a tokenizer (--tokenizer)")
-                    if not isinstance(rec[key], str):
-                        raise BadInputError(f"{where}: expected {key!r} to be a string")
-                    parts.append(np.asarray(tokenizer.encode(rec[key]), np.int32))
-                else:
-                    raise BadInputError(f"{where}: expected '{key}_ids' or '{key}'")
-            traces.append(Trace(parts[0], parts[1], rec.get("id")))
+    if vocab_size is None and tokenizer is not None:
+        vocab_size = getattr(tokenizer, "vocab_size", None)
+    for lineno, line in enumerate(read_utf8(path, "traces").split("\n"), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise BadInputError(f"{where}: malformed JSON ({exc.msg})") from None
+        if not isinstance(rec, dict):
+            raise BadInputError(f"{where}: expected a JSON object, got {type(rec).__name__}")
+        parts = []
+        for key in ("prompt", "output"):
+            if f"{key}_ids" in rec:
+                try:
+                    parts.append(as_tokens(rec[f"{key}_ids"], f"{key}_ids"))
+                except (TypeError, ValueError) as exc:
+                    raise BadInputError(f"{where}: {exc}") from None
+            elif key in rec:
+                if tokenizer is None:
+                    raise BadInputError(f"{where}: text field {key!r} needs a tokenizer (--tokenizer)")
+                if not isinstance(rec[key], str):
+                    raise BadInputError(f"{where}: expected {key!r} to be a string")
+                parts.append(np.asarray(tokenizer.encode(rec[key]), np.int32))
+            else:
+                raise BadInputError(f"{where}: expected '{key}_ids' or '{key}'")
+            if vocab_size is not None and len(parts[-1]) and int(parts[-1].max()) >= vocab_size:
+                raise BadInputError(f"{where}: expected {key} token ids in [0, {vocab_size}) (the vocabulary), "
+                                    f"got {int(parts[-1].max())}")
+        traces.append(Trace(parts[0], parts[1], rec.get("id")))
     if not traces:
         raise BadInputError(f"{path}: no traces")
     return traces

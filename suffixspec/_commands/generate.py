@@ -7,6 +7,8 @@ import sys
 import time
 
 from ..errors import BadInputError
+from ..options import DecodeOptions
+from ..textinput import read_utf8
 from .args import open_corpora, parse_budget, parse_filters
 
 
@@ -41,13 +43,14 @@ def run(args) -> int:
     budget = parse_budget(args.budget)
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens: expected >= 0, got {args.max_new_tokens}")
-    if args.prompt is not None:
-        prompt = args.prompt
-    elif args.prompt_file == "-":
-        prompt = sys.stdin.read()
-    else:
-        with open(args.prompt_file, encoding="utf-8") as handle:
-            prompt = handle.read()
+    if args.temperature is not None and not args.temperature >= 0:
+        raise BadInputError(f"--temperature: expected a number >= 0 (0: greedy), got {args.temperature}")
+    do_sample = args.temperature is not None and args.temperature > 0
+    # every sampling setting is checked before the model loads
+    DecodeOptions(max_new_tokens=args.max_new_tokens, do_sample=do_sample,
+                  temperature=args.temperature if do_sample else 1.0, top_k=args.top_k, top_p=args.top_p,
+                  seed=args.seed, budget=budget)
+    prompt = args.prompt if args.prompt is not None else read_utf8(args.prompt_file, "--prompt-file")
     if args.chat:
         prompt = chatml(prompt)
 
@@ -67,7 +70,6 @@ def run(args) -> int:
     if filters and not corpora:
         raise BadInputError("--filter needs at least one --corpus index")
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
-    do_sample = args.temperature is not None and args.temperature > 0
     ids = tokenizer.encode(prompt)
 
     shown = [""]

@@ -15,6 +15,8 @@ def add_parser(sub) -> None:
     p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
     p.add_argument("--budget", type=int, default=16, metavar="N", help="draft-tree nodes per round (default 16)")
     p.add_argument("--tokenizer", default=None, metavar="TOK", help="tokenizer for text traces (default: embedded)")
+    p.add_argument("--vocab-size", type=int, default=None, metavar="N",
+                   help="token ids must be below N (default: the tokenizer's or the corpus's vocabulary, when known)")
     p.add_argument("--no-global-cache", action="store_true", help="do not learn from earlier traces' outputs")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
@@ -24,24 +26,31 @@ def run(args) -> int:
     from ..proposer import Proposer
     from ..simulate import load_traces, simulate
 
+    if args.budget < 1:
+        raise BadInputError(f"--budget: expected an integer >= 1, got {args.budget}")
+    if args.vocab_size is not None and args.vocab_size < 1:
+        raise BadInputError(f"--vocab-size: expected an integer >= 1, got {args.vocab_size}")
     tokenizer = None
     if args.tokenizer is not None:
         from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(args.tokenizer)
     try:
-        traces = load_traces(args.traces, tokenizer)
+        traces = load_traces(args.traces, tokenizer, args.vocab_size)
     except BadInputError as exc:
         if tokenizer is not None or "needs a tokenizer" not in str(exc):
             raise
         from ..tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(None)  # text traces and no --tokenizer: the embedded default
-        traces = load_traces(args.traces, tokenizer)
+        traces = load_traces(args.traces, tokenizer, args.vocab_size)
     filters = parse_filters(args.filter)
     corpora = open_corpora(args.corpus, tokenizer)
     if filters and not corpora:
         raise BadInputError("--filter needs at least one --corpus index")
+    vocab = args.vocab_size or next((int(c.tokenizer_info["vocab_size"]) for c in corpora), None)
+    if vocab is not None and args.vocab_size is None and tokenizer is None:
+        load_traces(args.traces, None, vocab)  # id traces against the corpus's vocabulary
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_global_cache)
     stats = simulate(traces, proposer, args.budget, filter=filters or None)
     print(f"traces            {len(traces)}")
