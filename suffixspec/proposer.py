@@ -434,6 +434,7 @@ _tree = DraftTree._trusted
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
+_CUR_STATE, _CUR_LEN = pk.CUR_STATE, pk.CUR_LEN
 
 
 class Session:
@@ -458,9 +459,9 @@ class Session:
                 self._restricted.append(_RestrictedSource(c, c.subset(tags=filter)))
             else:
                 self._restricted.append(_RestrictedSource(c, c.subset(filter) if filter is not None else None))
-        # one cursor row (state, length) per source of self._automata; state -1: not used
+        # one cursor row (pk.CUR_STATE, pk.CUR_LEN) per source of self._automata; state -1: not used
         self._automata: list[FrozenAutomaton] = list(proposer._static)
-        self._cur = np.zeros((len(self._automata), 2), np.int64)
+        self._cur = np.zeros((len(self._automata), pk.CUR_COLS), np.int64)
         for j, (fa, owner) in enumerate(zip(self._automata, proposer._static_owner)):
             if owner in restricted_owner:
                 self._cur[j] = (-1, 0)
@@ -495,8 +496,8 @@ class Session:
                 self._frame = self._hot = None
             cur = self._cur
             for j, fa in enumerate(self._automata):
-                if cur[j, 0] >= 0:
-                    cur[j] = fa._advance(int(cur[j, 0]), int(cur[j, 1]), toks)
+                if cur[j, _CUR_STATE] >= 0:
+                    cur[j] = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
 
     def _sync(self, src: _Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
@@ -509,7 +510,7 @@ class Session:
         if src is old:
             return
         n_static = src.n_static
-        cur = np.empty((len(src.automata), 2), np.int64)
+        cur = np.empty((len(src.automata), pk.CUR_COLS), np.int64)
         cur[:n_static] = self._cur[:n_static]
         by_object, by_generation = {}, {}
         if old is not None:

@@ -75,7 +75,15 @@ def _heap_pop(hkey, hval, n):
 
 WS_HEADER = 3  # the int64 buffer's header: cap, budget, n_sources
 WS_CAP, WS_BUDGET, WS_SOURCES = 0, 1, 2
-CAND_COLS = 6  # token, parent (output node, -1: the context), state, matched length, depth, part
+# candidate rows: token, parent (output node, -1: the context), state, matched length, depth, part
+C_TOK, C_PARENT, C_STATE, C_LEN, C_DEPTH, C_PART = range(6)
+CAND_COLS = 6
+# rows of the children of one state: token, state, count, last end position
+K_TOK, K_STATE, K_COUNT, K_LAST = range(4)
+KID_COLS = 4
+# the tuple of `workspace_views`, by position
+(V_CAND, V_KEYS, V_VALS, V_KIDS, V_DEEP, V_FIRST_CHILD, V_NEXT_SIB, V_PART_SRC, V_PART_STATE,
+ V_PART_LEN) = range(10)
 
 
 @njit(cache=True, nogil=True)
@@ -86,7 +94,7 @@ def workspace_buffers(budget, max_children, n_sources):
     node is expanded at most once per part, max_children each (the memory grows with the parts:
     ~36 (budget + 1) n_sources max_children bytes)."""
     cap = (budget + 1) * n_sources * max_children + 1
-    i64 = np.empty(WS_HEADER + CHILD_BUF * 4, np.int64)
+    i64 = np.empty(WS_HEADER + CHILD_BUF * KID_COLS, np.int64)
     i64[WS_CAP] = cap
     i64[WS_BUDGET] = budget
     i64[WS_SOURCES] = n_sources
@@ -115,7 +123,7 @@ def workspace_views(i32, f64, i64):
     part_state = i32[o + n_sources : o + 2 * n_sources]
     part_len = i32[o + 2 * n_sources : o + 3 * n_sources]
     keys = f64[:cap]
-    kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * 4].reshape((CHILD_BUF, 4))
+    kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * KID_COLS].reshape((CHILD_BUF, KID_COLS))
     return (cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len)
 
 
@@ -213,8 +221,8 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 p, c, n_heap = _heap_pop(hkey, hval, n_heap)
             # the candidate's output node, found or created (written out again in the chain
             # below: as an inline helper it made the batch kernel 2.7x slower)
-            parent = cand[c, 1]
-            tok = cand[c, 0]
+            parent = cand[c, C_PARENT]
+            tok = cand[c, C_TOK]
             slot = budget if parent < 0 else parent
             x = first_child[slot]
             while x != -1 and out_tok[at + x] != tok:
@@ -224,20 +232,20 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                 out_tok[at + x] = tok
                 out_par[at + x] = parent
                 out_prob[at + x] = p
-                out_depth[at + x] = cand[c, 4]
+                out_depth[at + x] = cand[c, C_DEPTH]
                 next_sib[x] = first_child[slot]
                 first_child[slot] = x
                 n_out += 1
                 if n_out >= budget:
                     break
             here = x
-            v = cand[c, 2]
-            length = cand[c, 3]
-            depth = cand[c, 4]
-            q = cand[c, 5]
+            v = cand[c, C_STATE]
+            length = cand[c, C_LEN]
+            depth = cand[c, C_DEPTH]
+            q = cand[c, C_PART]
         live = part_src[q] < 0
         if not live:
-            offsets, etok, eto, counts, lasts = source_arrays(frozen, part_src[q])[:5]
+            offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
             # every index read below is checked against these (a damaged source drafts nothing)
             n_frozen = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
             n_edges = min(etok.shape[0], eto.shape[0])
@@ -303,10 +311,10 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             e = S[v, sk.HEAD]
             if e != -1 and E[e, sk.NEXT] == -1:
                 # one child: its share is 1 whatever its count, so no count read is needed
-                kids[0, 0] = E[e, sk.TOK]
-                kids[0, 1] = E[e, sk.TO]
-                kids[0, 2] = 1
-                kids[0, 3] = 0
+                kids[0, K_TOK] = E[e, sk.TOK]
+                kids[0, K_STATE] = E[e, sk.TO]
+                kids[0, K_COUNT] = 1
+                kids[0, K_LAST] = 0
                 k = 1
                 total = 1.0
                 top = 0
@@ -334,10 +342,10 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                     if steps > WALK_SPLAY and n_deep < deep.shape[0]:
                         deep[n_deep] = w
                         n_deep += 1
-                kids[k, 0] = E[e, sk.TOK]
-                kids[k, 1] = w
-                kids[k, 2] = cnt
-                kids[k, 3] = lst
+                kids[k, K_TOK] = E[e, sk.TOK]
+                kids[k, K_STATE] = w
+                kids[k, K_COUNT] = cnt
+                kids[k, K_LAST] = lst
                 total += cnt
                 if k == 0 or lst > top:
                     top = lst
@@ -352,10 +360,10 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                     if w < 0 or w >= n_frozen:
                         k = 0  # damaged arrays: draft nothing from here
                         break
-                    kids[k, 0] = etok[e]
-                    kids[k, 1] = w
-                    kids[k, 2] = counts[w]
-                    kids[k, 3] = lasts[w]
+                    kids[k, K_TOK] = etok[e]
+                    kids[k, K_STATE] = w
+                    kids[k, K_COUNT] = counts[w]
+                    kids[k, K_LAST] = lasts[w]
                     total += counts[w]
                     if k == 0 or lasts[w] > top:
                         top = lasts[w]
@@ -364,35 +372,35 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
         if k == 0 or total <= 0:
             continue
         scale = p * length / ((length + prior) * total * (1.0 + rec))
-        bonus = rec * total  # the most recent child's (kids[i, 3] == top)
+        bonus = rec * total  # the most recent child's (kids[i, K_LAST] == top)
         # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
         # recent one), ties in gather order: one pass over the k children, inserting into the
         # top m (a state may have thousands of children; most are not compared twice)
         m = min(max_children, k)
         for i in range(1, k):
-            wi = kids[i, 2] + (bonus if kids[i, 3] == top else 0.0)
+            wi = kids[i, K_COUNT] + (bonus if kids[i, K_LAST] == top else 0.0)
             j = i
             if i >= m:
-                if not wi > kids[m - 1, 2] + (bonus if kids[m - 1, 3] == top else 0.0):
+                if not wi > kids[m - 1, K_COUNT] + (bonus if kids[m - 1, K_LAST] == top else 0.0):
                     continue
-                for col in range(4):
+                for col in range(KID_COLS):
                     kids[i, col], kids[m - 1, col] = kids[m - 1, col], kids[i, col]
                 j = m - 1
-            while j > 0 and wi > kids[j - 1, 2] + (bonus if kids[j - 1, 3] == top else 0.0):
-                for col in range(4):
+            while j > 0 and wi > kids[j - 1, K_COUNT] + (bonus if kids[j - 1, K_LAST] == top else 0.0):
+                for col in range(KID_COLS):
                     kids[j, col], kids[j - 1, col] = kids[j - 1, col], kids[j, col]
                 j -= 1
         for taken in range(m):
-            best_w = kids[taken, 2] + (bonus if kids[taken, 3] == top else 0.0)
+            best_w = kids[taken, K_COUNT] + (bonus if kids[taken, K_LAST] == top else 0.0)
             prob = best_w * scale
             if prob < min_prob or n_cand >= cand.shape[0]:
                 break
-            cand[n_cand, 0] = kids[taken, 0]
-            cand[n_cand, 1] = here
-            cand[n_cand, 2] = kids[taken, 1]
-            cand[n_cand, 3] = length + 1
-            cand[n_cand, 4] = depth + 1
-            cand[n_cand, 5] = q
+            cand[n_cand, C_TOK] = kids[taken, K_TOK]
+            cand[n_cand, C_PARENT] = here
+            cand[n_cand, C_STATE] = kids[taken, K_STATE]
+            cand[n_cand, C_LEN] = length + 1
+            cand[n_cand, C_DEPTH] = depth + 1
+            cand[n_cand, C_PART] = q
             if taken == 0 and seeded >= n_parts and (n_heap == 0 or prob > hkey[0]):
                 # the best child, more probable than every waiting candidate, is the next pop:
                 # it skips the heap (its siblings score no higher)

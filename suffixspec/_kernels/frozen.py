@@ -112,6 +112,7 @@ def out_edges(offsets, etok, eto, state):
 # then their lengths. One array argument, where a typed list of tuples cost ~0.9 us per call to
 # type-check and unbox. The caller keeps the arrays alive while kernels may read them.
 N_SOURCE_ARRAYS = 7
+SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS = range(N_SOURCE_ARRAYS)
 
 
 def source_table(arrays) -> np.ndarray:

@@ -30,6 +30,10 @@ from ..errors import InternalError
 
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
+# a cursor row (int64): state (-1: the session does not use that source), matched length
+CUR_STATE, CUR_LEN = 0, 1
+CUR_COLS = 2
+
 F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS = range(9)
 FRAME_LEN = 9
 
@@ -37,7 +41,7 @@ FRAME_LEN = 9
 def session_frame(live, cur, table, params, min_match, levels) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
     `source_table` they index, the proposer's params and knobs (the caller keeps them alive)."""
-    if cur.ndim != 2 or cur.shape[1] != 2 or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
+    if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
         raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
     if live.shape != (sk.LIVE_LEN,):
@@ -57,7 +61,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j."""
-    part_src, part_state, part_len = ws[7], ws[8], ws[9]
+    part_src, part_state, part_len = ws[dk.V_PART_SRC], ws[dk.V_PART_STATE], ws[dk.V_PART_LEN]
     n_parts = 0
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
@@ -72,11 +76,11 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
         state = S[state, sk.LINK]
         length = S[state, sk.LEN] if state > 0 else 0
     for j in range(cur.shape[0]):
-        state = cur[j, 0]
-        length = cur[j, 1]
+        state = cur[j, CUR_STATE]
+        length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        links, lens = source_arrays(frozen, j)[5:]
+        _offsets, _etok, _eto, _counts, _lasts, links, lens = source_arrays(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
                 break
@@ -138,7 +142,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
         return -1
     out = view_i32(wsf[dk.WS_OUT_I32], 3 * cap)
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
-    cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], 2)
+    cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
     params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
     k, stack = propose_one(S, E, L, M, stack, cur, table, budget, params, frame[F_MIN_MATCH], frame[F_LEVELS],
