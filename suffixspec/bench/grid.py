@@ -1,0 +1,130 @@
+"""The rollout grid: workloads x concurrency x output length, one verdict per cell, and a heat map.
+
+Contract: `GRID` names the default grid ({code_edit, chat, qa} x concurrency {1, 4, 16} x
+max_new_tokens {48, 128}); `grid_cells(records_by_length)` turns the `summarize` records of each
+(workload, max_new_tokens) benchmark into one cell per concurrency (speculative against plain: the
+median speed-up over repeats, the worst repeat, TTFT ratio, drafted tokens per request-round), each
+with a `verdict(...)`:
+
+- "loses": the median speed-up < 0.97, or the worst repeat < 0.93 (whatever the median);
+- "speculate": the median >= 1.03 (and no repeat below 0.93);
+- "off": the median within [0.97, 1.03) and speculation drafted little (fewer than
+  `OFF_DRAFTED_PER_ROUND` draft tokens verified per request-round: the automatic budget switched
+  itself off);
+- "neutral": the median within [0.97, 1.03) while still drafting (or with no draft counts, from an
+  endpoint that does not report them): drafting costs what it pays back.
+
+The TTFT ratio (speculative / plain, medians) is reported beside the verdict, not part of it.
+`format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
+one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
+median speed-up on a diverging scale centred on 1.0 and labelled with the speed-up, the worst
+repeat and the verdict.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+__all__ = ["GRID", "SPECULATE_AT", "LOSES_BELOW", "WORST_BELOW", "OFF_DRAFTED_PER_ROUND", "verdict", "grid_cells",
+           "format_grid", "write_heatmap"]
+
+GRID = {"workloads": ("code_edit", "chat", "qa"), "concurrency": (1, 4, 16), "max_new_tokens": (48, 128)}
+SPECULATE_AT = 1.03  # median speed-up at or above which speculation pays
+LOSES_BELOW = 0.97  # median speed-up below which it loses
+WORST_BELOW = 0.93  # a repeat below this loses the cell whatever the median
+OFF_DRAFTED_PER_ROUND = 0.5  # fewer draft tokens verified per request-round than this: speculation was off
+
+
+def verdict(median: float, worst: float, drafted_per_round: float | None) -> str:
+    """The cell's verdict from its median speed-up, worst repeat and drafting (module docstring)."""
+    if median < LOSES_BELOW or worst < WORST_BELOW:
+        return "loses"
+    if median >= SPECULATE_AT:
+        return "speculate"
+    if drafted_per_round is not None and drafted_per_round < OFF_DRAFTED_PER_ROUND:
+        return "off"
+    return "neutral"
+
+
+def grid_cells(results: list[tuple[str, int, list[dict[str, Any]]]], mode: str = "speculative",
+               baseline: str = "plain") -> list[dict[str, Any]]:
+    """Cells from `(workload, max_new_tokens, records)` triples: one per concurrency at which both
+    `mode` and `baseline` ran and a speed-up was measured, in the order given, then by concurrency."""
+    cells = []
+    for workload, max_new, records in results:
+        base = {r["concurrency"]: r for r in records if r["mode"] == baseline}
+        for rec in sorted((r for r in records if r["mode"] == mode), key=lambda r: r["concurrency"]):
+            c = rec["concurrency"]
+            if c not in base or "speedup" not in rec:
+                continue
+            plain = base[c]
+            drafted = rec.get("drafted_per_round")  # None where the backend reports no rounds
+            ttft_ratio = rec["ttft_ms"] / plain["ttft_ms"] if plain.get("ttft_ms") else None
+            cells.append({
+                "workload": workload, "max_new_tokens": max_new, "concurrency": c,
+                "speedup": rec["speedup"], "speedup_min": rec["speedup_min"], "speedup_max": rec["speedup_max"],
+                "repeats": rec["repeats"], "ttft_ratio": ttft_ratio, "drafted_per_round": drafted,
+                "tokens_per_round": rec.get("mean_accepted_tokens"), "acceptance_rate": rec.get("acceptance_rate"),
+                "plain_tok_s": plain["throughput_tok_s"], "tok_s": rec["throughput_tok_s"],
+                "mismatches": rec.get("mismatches", 0), "failures": rec.get("failures", 0) + plain.get("failures", 0),
+                "verdict": verdict(rec["speedup"], rec["speedup_min"], drafted),
+            })
+    return cells
+
+
+def format_grid(cells: list[dict[str, Any]]) -> str:
+    head = ["workload", "max_new", "conc", "plain tok/s", "spec tok/s", "speedup [min-max]", "TTFT x", "drafted/rd",
+            "tok/round", "mism", "verdict"]
+    rows = [head]
+    for c in cells:
+        rows.append([c["workload"], str(c["max_new_tokens"]), str(c["concurrency"]), f"{c['plain_tok_s']:.1f}",
+                     f"{c['tok_s']:.1f}", f"{c['speedup']:.2f}x [{c['speedup_min']:.2f}-{c['speedup_max']:.2f}]",
+                     "-" if c["ttft_ratio"] is None else f"{c['ttft_ratio']:.2f}",
+                     "-" if c["drafted_per_round"] is None else f"{c['drafted_per_round']:.2f}",
+                     "-" if c["tokens_per_round"] is None else f"{c['tokens_per_round']:.2f}",
+                     str(c["mismatches"]), c["verdict"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(x.rjust(w) if 0 < i < len(head) - 1 else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def write_heatmap(path, cells: list[dict[str, Any]], title: str = "") -> str:
+    """The grid's speed-ups as a PNG heat map (module docstring); returns its path."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import TwoSlopeNorm
+
+    rows = list(dict.fromkeys((c["workload"], c["max_new_tokens"]) for c in cells))
+    cols = sorted({c["concurrency"] for c in cells})
+    grid = np.full((len(rows), len(cols)), np.nan)
+    for c in cells:
+        grid[rows.index((c["workload"], c["max_new_tokens"])), cols.index(c["concurrency"])] = c["speedup"]
+    finite = grid[np.isfinite(grid)]
+    spread = max(0.1, float(np.max(np.abs(finite - 1.0)))) if finite.size else 0.5
+    norm = TwoSlopeNorm(vmin=1.0 - min(spread, 0.99), vcenter=1.0, vmax=1.0 + spread)
+    fig, ax = plt.subplots(figsize=(1.9 * len(cols) + 2.8, 0.85 * len(rows) + 1.6))
+    image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", norm=norm, aspect="auto")
+    for c in cells:
+        i, j = rows.index((c["workload"], c["max_new_tokens"])), cols.index(c["concurrency"])
+        shade = norm(c["speedup"])
+        ax.text(j, i, f"{c['speedup']:.2f}x (min {c['speedup_min']:.2f})\n{c['verdict']}", ha="center", va="center",
+                fontsize=9, color="white" if shade < 0.15 or shade > 0.85 else "black",
+                fontweight="bold" if c["verdict"] == "loses" else "normal")
+    ax.set_xticks(range(len(cols)), [str(c) for c in cols])
+    ax.set_yticks(range(len(rows)), [f"{w}, {m} tokens" for w, m in rows])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_title(f"Speculative throughput / plain (median of repeats) {title}".strip(), fontsize=10)
+    bar = fig.colorbar(image, ax=ax, fraction=0.05)
+    bar.set_label("speed-up over plain")
+    fig.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
