@@ -21,7 +21,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import IndexFormatError, SuffixSpecError
+from ..errors import BadInputError, IndexFormatError, SuffixSpecError
 from ..fileio import remove_stale_temps
 from .manifest import index_files, is_index_file
 
@@ -49,8 +49,6 @@ os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def check_wait(wait) -> float:
-    from ..errors import BadInputError
-
     if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not wait >= 0 or wait == float("inf"):
         raise BadInputError(f"wait: expected a number of seconds >= 0, got {wait!r}")
     return float(wait)
@@ -132,8 +130,11 @@ class WriterLock:
 
 def clean(directory: Path, meta: dict | None) -> list[Path]:
     """Under the writer lock: remove dead writers' leftovers inside the index `directory`
-    (temporary files, and shard / bitmap files the manifest `meta` does not name)."""
-    removed = remove_stale_temps(directory, everything=True)
+    (temporary files, and shard / bitmap files the manifest `meta` does not name), and the
+    temporary siblings of the index (`.NAME.*.tmp`) whose writer is provably gone."""
+    directory = Path(directory)
+    removed = remove_stale_temps(directory.parent, prefix=f".{directory.name}.")
+    removed += remove_stale_temps(directory, everything=True)
     if meta is None:
         return removed  # no valid manifest: nothing proves which index files are unused
     named = set(index_files(meta))
