@@ -468,3 +468,83 @@ def test_end_to_end_on_tiny_model(tmp_path):
     for rec in bench.summarize(runs, poisson):
         assert rec["mismatches"] == 0 and rec["failures"] == 0 and rec["new_tokens"] == 24
     assert all(q["queue_s"] >= 0 and q["ttft_s"] >= q["queue_s"] for run in runs for q in run.requests)
+
+
+# ------------------------------------------------------------------------------------------ the grid
+
+
+def test_grid_verdict_rule_boundaries():
+    from suffixspec.bench.grid import verdict
+
+    assert verdict(1.03, 1.0, 0.0) == "speculate"  # at the threshold
+    assert verdict(1.5, 0.93, 5.0) == "speculate"  # the worst repeat exactly at 0.93 is allowed
+    assert verdict(1.5, 0.9299, 5.0) == "loses"  # one bad repeat loses the cell whatever the median
+    assert verdict(1.0299, 0.99, 0.49) == "off"  # within the band, speculation drafted little
+    assert verdict(0.97, 0.95, 0.0) == "off"
+    assert verdict(1.0, 0.99, 0.5) == "neutral"  # within the band while still drafting
+    assert verdict(1.0, 0.99, None) == "neutral"  # no draft counts (an endpoint that reports none)
+    assert verdict(0.9699, 0.95, 0.0) == "loses"
+
+
+class GridFake(FakeBackend):
+    """Speculation that pays at one row (3 tokens a round), is switched off at 2 rows (1 token a round,
+    rounds 1% dearer), still drafts without paying at 3 rows (2 tokens a round at twice the cost) and
+    loses at 4 rows (1 token a round, rounds 10% dearer)."""
+
+    def serve(self, **kw):
+        engine = super().serve(**kw)
+        if kw["budget"] != 0:
+            k, cost = {1: (3, 1.0), 2: (1, 1.01), 3: (2, 2.0), 4: (1, 1.1)}[kw["max_batch"]]
+            engine.k, engine.base, engine.per_row = k, cost * engine.base, cost * engine.per_row
+        return engine
+
+
+def test_grid_cells_verdicts_table_and_heatmap(tmp_path):
+    from suffixspec.bench.grid import format_grid, grid_cells, write_heatmap
+
+    results = []
+    for name in ("wa", "wb"):
+        for max_new in (6, 12):
+            settings = BenchSettings(concurrency=[1, 2, 3, 4], max_new_tokens=max_new, budget="auto", repeat=2,
+                                     modes=("plain", "speculative"))
+            records, _, _ = run_fake(settings, n=4, fake=GridFake())
+            results.append((name, max_new, records))
+    cells = grid_cells(results)
+    assert [(c["workload"], c["max_new_tokens"], c["concurrency"]) for c in cells] == [
+        (w, m, c) for w in ("wa", "wb") for m in (6, 12) for c in (1, 2, 3, 4)]
+    by_c = {}
+    for c in cells:
+        by_c.setdefault(c["concurrency"], set()).add(c["verdict"])
+    assert by_c == {1: {"speculate"}, 2: {"off"}, 3: {"neutral"}, 4: {"loses"}}
+    one = next(c for c in cells if c["concurrency"] == 1 and c["max_new_tokens"] == 12)
+    assert one["speedup"] == pytest.approx(3.0) and one["speedup_min"] == pytest.approx(3.0)
+    assert one["tokens_per_round"] == pytest.approx(3.0) and one["drafted_per_round"] == pytest.approx(2.0)
+    assert one["ttft_ratio"] == pytest.approx(1.0)  # the first round costs the same, commits more
+    off = next(c for c in cells if c["concurrency"] == 2 and c["max_new_tokens"] == 12)
+    assert off["speedup"] == pytest.approx(1 / 1.01) and off["drafted_per_round"] == 0.0
+    table = format_grid(cells)
+    assert len(table.splitlines()) == 2 + len(cells) and "3.00x [3.00-3.00]" in table and "loses" in table
+
+    path = write_heatmap(tmp_path / "grid.png", cells, "(fake)")
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    assert img.shape[0] > 200 and img.shape[1] > 400
+    r, g = img[..., 0], img[..., 1]
+    # winning cells are drawn green, losing ones red: both take a visible share of the picture
+    assert np.mean(g > r + 0.25) > 0.02 and np.mean(r > g + 0.25) > 0.02
+
+
+def test_grid_cli_arguments():
+    from suffixspec._commands.bench import grid_from_args, settings_from_args
+    from suffixspec.cli import build_parser
+
+    args = build_parser().parse_args(["bench", "--grid"])
+    assert grid_from_args(args) == (["code_edit", "chat", "qa"], [1, 4, 16], [48, 128])
+    assert "prompt_lookup" not in settings_from_args(args).modes  # the grid compares speculative with plain
+    args = build_parser().parse_args(["bench", "--grid", "--grid-workloads", "chat,qa,chat", "--grid-concurrency", "8,2",
+                                      "--grid-max-new-tokens", "32"])
+    assert grid_from_args(args) == (["chat", "qa"], [2, 8], [32])
+    for flag, bad in (("--grid-concurrency", "0"), ("--grid-max-new-tokens", "x"), ("--grid-workloads", ",")):
+        with pytest.raises(BadInputError, match=flag):
+            grid_from_args(build_parser().parse_args(["bench", "--grid", flag, bad]))

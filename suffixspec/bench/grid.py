@@ -17,8 +17,9 @@ with a `verdict(...)`:
 The TTFT ratio (speculative / plain, medians) is reported beside the verdict, not part of it.
 `format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
 one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
-median speed-up on a diverging scale centred on 1.0 and labelled with the speed-up, the worst
-repeat and the verdict.
+median speed-up on a diverging scale centred on 1.0 (full red at 0.9x or the worst cell below it,
+full green at 1.5x or the best cell above it) and labelled with the speed-up, the worst repeat and
+the verdict.
 """
 
 from __future__ import annotations
@@ -106,8 +107,10 @@ def write_heatmap(path, cells: list[dict[str, Any]], title: str = "") -> str:
     for c in cells:
         grid[rows.index((c["workload"], c["max_new_tokens"])), cols.index(c["concurrency"])] = c["speedup"]
     finite = grid[np.isfinite(grid)]
-    spread = max(0.1, float(np.max(np.abs(finite - 1.0)))) if finite.size else 0.5
-    norm = TwoSlopeNorm(vmin=1.0 - min(spread, 0.99), vcenter=1.0, vmax=1.0 + spread)
+    # the two sides of 1.0 scale apart, so that a 10% loss is as red as the best cell is green
+    low = min(0.9, float(finite.min())) if finite.size else 0.9
+    high = max(1.5, float(finite.max())) if finite.size else 1.5
+    norm = TwoSlopeNorm(vmin=low, vcenter=1.0, vmax=high)
     fig, ax = plt.subplots(figsize=(1.9 * len(cols) + 2.8, 0.85 * len(rows) + 1.6))
     image = ax.imshow(np.ma.masked_invalid(grid), cmap="RdYlGn", norm=norm, aspect="auto")
     for c in cells:
