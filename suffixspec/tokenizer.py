@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .errors import TokenizerError
+from .errors import BadInputError, TokenizerError
 from .fileio import CACHE_ENV, cache_dir  # noqa: F401  (cache_dir is part of this module's public names)
 
 if TYPE_CHECKING:
@@ -78,10 +78,11 @@ class Tokenizer:
         return self.backend.decode([int(i) for i in ids], skip_special_tokens=False)
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The raw bytes token ``token_id`` stands for."""
+        """The raw bytes token ``token_id`` stands for (BadInputError outside the vocabulary)."""
         data = self._id_bytes[token_id] if 0 <= token_id < self.vocab_size else None
         if data is None:
-            raise IndexError(f"no token has id {token_id} (vocab_size {self.vocab_size})")
+            raise BadInputError(f"token_id: expected an id in [0, {self.vocab_size - 1}] with bytes "
+                                f"(vocab_size {self.vocab_size}), got {token_id}")
         return data
 
     @functools.cached_property

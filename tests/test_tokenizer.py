@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from suffixspec import tokenizer as tk
-from suffixspec.errors import TokenizerError
+from suffixspec.errors import BadInputError, TokenizerError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
@@ -135,7 +135,7 @@ def test_digits_are_split_like_llama_cpp_smollm(default_tok):
 def test_token_bytes_bounds(default_tok):
     assert default_tok.token_bytes(0) == b"<|endoftext|>"
     for bad in (-1, default_tok.vocab_size):
-        with pytest.raises(IndexError):
+        with pytest.raises(BadInputError, match=rf"token_id: .*got {bad}"):
             default_tok.token_bytes(bad)
 
 
