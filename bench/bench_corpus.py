@@ -123,7 +123,6 @@ def main():
     t_data = time.perf_counter() - t
     n_docs = len(meta)
     docs = [Document(tokens[offsets[i]:offsets[i + 1]], meta[i][0], {"repo": meta[i][1], "pkg": meta[i][2]}) for i in range(n_docs)]
-    rows = []
     work = Path(tempfile.mkdtemp(prefix="bench_corpus_", dir=CACHE if CACHE.exists() else None))
     try:
         out = work / "stdlib.idx"

@@ -305,3 +305,26 @@ def test_bad_corpus_cli_arguments_exit_2_with_one_line(tmp_path, capsys, small_t
         assert msg in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)
     assert {p.name: p.read_bytes() for p in ix.iterdir()} == before
     assert not any(p.name in ("new.idx", "m.idx", "n.idx", "f.idx") or p.name.startswith(".") for p in tmp_path.iterdir())
+
+
+def test_info_verify_and_no_verify(tmp_path, capsys):
+    """`info` verifies every checksum by default (--verify); --no-verify makes only the cheap
+    checks of every open, so a flipped byte inside the automaton's arrays passes it unseen."""
+    from suffixspec.corpus.format import KIND_SHARD, SHARD_DTYPES, Container
+
+    src = write_jsonl(tmp_path / "d.jsonl", ROWS)
+    ix = tmp_path / "d.idx"
+    assert main(["index", str(src), "-o", str(ix), "--jobs", "1"]) == 0
+    shard = ix / "shard-00000.ssx"
+    code, off, count, _ = Container(shard, KIND_SHARD, SHARD_DTYPES).entries["lasts"]
+    data = bytearray(shard.read_bytes())
+    data[off + 4] ^= 0x01  # the last end of state 1: in range, only a checksum sees it
+    shard.write_bytes(bytes(data))
+    capsys.readouterr()
+    assert main(["info", str(ix), "--no-verify", "--json"]) == 0
+    info = last_json(capsys.readouterr().out)
+    assert info["verified"] is False and info["verify_ms"] is None
+    for argv in (["info", str(ix)], ["info", str(ix), "--verify"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "shard-00000.ssx: array lasts is damaged (checksum mismatch)" in err and len(err.strip().splitlines()) == 1

@@ -7,7 +7,6 @@ always opens, the reader never sees an error. A writer killed with SIGKILL at a 
 leaves the previous index intact, and the next write removes what it left.
 """
 
-import json
 import os
 import random
 import signal
@@ -199,3 +198,36 @@ def test_writer_killed_at_random_moments(tmp_path):
     assert not target.exists() and [q.name for q in tmp_path.iterdir() if q.name.startswith(".fresh.")]
     build_index(docs("new", 2, rng), target, tokenizer=TOK)
     assert leftovers(target) == [] and CorpusIndex.open(target, verify=True).n_documents == 2
+
+
+def test_open_rides_out_a_swap_between_manifest_and_shards(tmp_path, monkeypatch):
+    """A reader that read the manifest, then finds its shards removed by a writer's swap (here a
+    merge into the index, run right after the manifest was read), opens the new manifest instead
+    of reporting a missing file; damage with no swap is still reported."""
+    from suffixspec.corpus import merge_indexes, snapshot
+    from suffixspec.errors import IndexFormatError
+
+    rng = np.random.default_rng(9)
+    path = tmp_path / "ix"
+    build_index(docs("d", 6, rng), path, tokenizer=TOK, shard_tokens=100)
+    old_files = {s["file"] for s in CorpusIndex.open(path).manifest["shards"]}
+    real = snapshot.Shard
+    calls = []
+
+    def racing_shard(*args, **kwargs):
+        if not calls:
+            calls.append(1)
+            merge_indexes([path], path)  # removes every file the manifest being opened names
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(snapshot, "Shard", racing_shard)
+    ix = CorpusIndex.open(path)
+    assert calls and ix.n_shards == 1 and not old_files & {s["file"] for s in ix.manifest["shards"]}
+    assert [d.id for d in ix.iter_documents()] == [f"d{i}" for i in range(6)]
+    monkeypatch.setattr(snapshot, "Shard", real)
+    (path / ix.manifest["shards"][0]["file"]).unlink()  # no writer: a real missing file
+    try:
+        CorpusIndex.open(path)
+        raise AssertionError("a missing shard was not reported")
+    except IndexFormatError as exc:
+        assert "missing file" in str(exc)

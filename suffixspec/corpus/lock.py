@@ -16,7 +16,6 @@ their files are mapped, and `CorpusIndex.open` retries when a swap removes a fil
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import time
 from pathlib import Path
@@ -45,7 +44,8 @@ def _close_held_in_child() -> None:
     HELD.clear()
 
 
-os.register_at_fork(after_in_child=_close_held_in_child)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_close_held_in_child)
 
 
 def check_wait(wait) -> float:
@@ -70,6 +70,10 @@ class WriterLock:
         self.release()
 
     def acquire(self) -> None:
+        try:
+            import fcntl  # POSIX only: importing the package elsewhere must still work
+        except ImportError:
+            raise IndexFormatError(f"{self.path}: changing an index needs POSIX file locks (fcntl), not available here") from None
         deadline = time.monotonic() + self.wait
         pause = POLL_S[0]
         lock_path = self.path / LOCK_FILE
