@@ -6,7 +6,8 @@ Copyright the Spec-Bench authors). We keep, per workload (deterministic, in file
 - `chat`: every MT-bench question (first turn), 8 categories;
 - `math_reasoning`: every GSM8K question (Spec-Bench ships no reference answers);
 - `summarization`: the first 12 CNN/DailyMail articles ("Summarize: ...");
-- `long_context`: the first 12 retrieval-augmented QA prompts (`rag`, ~3 KB of passages each).
+- `long_context`: the first 12 retrieval-augmented QA prompts (`rag`, ~3 KB of passages each);
+- `qa`: every Natural Questions question (`qa`, short factual questions with short answers).
 
     python corpora/make_bench_prompts.py ../shared/data/specbench-dev.jsonl -o corpora/bench_prompts.jsonl
 """
@@ -15,7 +16,8 @@ import argparse
 import json
 
 MT_BENCH = {"writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities"}
-KEEP = {"summarization": ("summarization", 12), "rag": ("long_context", 12), "math_reasoning": ("math_reasoning", 10**6)}
+KEEP = {"summarization": ("summarization", 12), "rag": ("long_context", 12), "math_reasoning": ("math_reasoning", 10**6),
+        "qa": ("qa", 10**6)}
 
 
 def main(argv=None):

@@ -318,11 +318,16 @@ def test_charset_constraint():
 
 
 def test_named_workloads_load():
-    for name in ("code_edit", "chat", "mtbench", "math", "summarization", "long_context", "math_reasoning", "code_completion"):
+    for name in ("code_edit", "chat", "qa", "mtbench", "math", "summarization", "long_context", "math_reasoning",
+                 "code_completion"):
         wl = bench.load_workload(name, limit=3)
         assert len(wl.requests) == 3 and all(r.prompt for r in wl.requests), name
     assert bench.load_workload("math").checkable
     assert bench.load_workload("chat", 1).requests[0].prompt.startswith("<|im_start|>system")
+    qa = bench.load_workload("qa")
+    assert len(qa.requests) == 70 and qa.requests[0].messages == [
+        {"role": "user", "content": "When is the figure skating part of the olympics?"}]
+    assert qa.requests[0].prompt == bench.chatml(qa.requests[0].messages[0]["content"])
     mt = bench.load_workload("mtbench")
     assert len(mt.requests) == 80 and len({r.id for r in mt.requests}) == 80
     assert "Hawaii" in mt.requests[0].prompt and "<|im_start|>user\n" in mt.requests[0].prompt

@@ -255,6 +255,8 @@ WORKLOADS: dict[str, Callable[[], Workload]] = {
     "code_edit": _code_edit,
     "code_completion": _code_completion,
     "chat": lambda: Workload("chat", _spec_bench("chat"), "Spec-Bench MT-bench questions (Apache-2.0)", "first turns"),
+    "qa": lambda: Workload("qa", _spec_bench("qa"), "Spec-Bench Natural Questions (Apache-2.0)",
+                           "short factual questions, short answers"),
     "math": _math,
     "math_reasoning": lambda: Workload("math_reasoning", _spec_bench("math_reasoning"),
                                        "Spec-Bench GSM8K questions (Apache-2.0)", "no reference answers shipped"),
