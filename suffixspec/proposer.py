@@ -22,7 +22,7 @@ several sources scoring its best.
 
 Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live
 frame, its cursors, the sources' table, the knobs) and of its thread's workspace frame: three
-integer arguments, where passing the arrays themselves cost ~0.5 us per call to type-check.
+integer arguments (passing the arrays themselves costs a type check and unboxing per array).
 Trees are written into the thread's output arena and returned as views of it (an arena holds
 at least 64 trees of the budget, is replaced when full, and lives while any of its trees does).
 The empty tree is one shared, read-only instance. The knobs are fixed at construction
@@ -37,12 +37,11 @@ the shared sources; the cache is guarded by a lock).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
-that torch uses (after a numba OpenMP region, torch passes were measured 4-20x slower here) nor
-competes with the model for cores. With more threads it is a prange over sessions; parallel
+that torch uses (after a numba OpenMP region, torch's passes were measured several times slower)
+nor competes with the model for cores. With more threads it is a prange over sessions; parallel
 launches are serialised process-wide and use numba's workqueue pool unless the process chose a
-threading layer (the pool takes one launch at a time). On this project's 2-core CPU a batch of
-64 sessions took 0.12 ms at budget 64 on one thread; two threads gained ~20% when the second
-core was idle and cost ~16 ms whenever a busy process held it.
+threading layer (the pool takes one launch at a time). More threads help only when cores are
+idle: a busy process holding the second core makes a parallel launch wait for it.
 """
 
 from __future__ import annotations
@@ -131,8 +130,8 @@ _PARALLEL_LAUNCH = threading.Lock()
 
 def _prefer_workqueue() -> None:
     """Before numba's first parallel launch, pick its own workqueue pool over its OpenMP layer:
-    torch shares that OpenMP runtime, and after a numba OpenMP region torch's passes ran 4-20x
-    slower here. An explicit NUMBA_THREADING_LAYER is respected."""
+    torch shares that OpenMP runtime, and after a numba OpenMP region torch's passes ran several
+    times slower. An explicit NUMBA_THREADING_LAYER is respected."""
     from numba.np.ufunc import parallel
 
     if (not getattr(parallel, "_is_initialized", False) and "NUMBA_THREADING_LAYER" not in os.environ

@@ -126,10 +126,11 @@ def set_arena(wsf, out_i32, out_f64) -> None:
 def propose_framed(frame_addr, wsf_addr, budget):
     """`propose_one` for the session whose `session_frame` lies at `frame_addr`, in the workspace
     whose `dk.workspace_frame` lies at `wsf_addr`, into the next free nodes of its output arena.
-    Returns (offset << TREE_SHIFT) | count (`tree_span` decodes it): the tree lies at [offset, offset + count) of the arena's four
-    blocks; -1 (nothing written) when the workspace is too small for `budget` nodes from the
-    session's parts or the arena has no room for them. Three integer arguments and no output
-    allocation (passing the arrays themselves cost ~0.5 us of dispatch per call); the addresses
+    Returns (offset << TREE_SHIFT) | count (`tree_span` decodes it): the tree lies at
+    [offset, offset + count) of the arena's four blocks; -1 (nothing written) when the workspace
+    is too small for `budget` nodes from the session's parts or the arena has no room for them.
+    Three integer arguments and no output allocation (passing the arrays themselves costs the
+    dispatcher a type check and unboxing per array); the addresses
     must come from `address.address` of live frames (see address.py). A link-cut stack outgrown
     here is dropped with the call (the automaton's own operations grow its stack as they need)."""
     frame = view_i64(frame_addr, FRAME_LEN)
