@@ -71,7 +71,8 @@ def test_concurrent_writers_lose_nothing_and_readers_never_fail(tmp_path):
     build_index(docs("base", 12, rng), path, tokenizer=TOK, shard_tokens=200)
     expected = {f"base{i}" for i in range(12)}
     cli = [sys.executable, "-m", "suffixspec.cli"]
-    rounds = [["append", "delete"], ["append", "append", "delete", "merge"], ["delete", "append", "merge", "delete"]]
+    rounds = [["append", "delete"], ["append", "append", "delete", "merge"], ["merge", "append"],
+              ["delete", "append", "merge", "delete"]]
     victims = iter(sorted(expected))
     for r, kinds in enumerate(rounds):
         stop, seen = threading.Event(), {}
