@@ -361,12 +361,18 @@ def test_atomic_write(tmp_path):
     docs = random_docs(9)
     build(tmp_path, docs)
     build(tmp_path, docs[:3])  # an existing index is replaced
-    assert CorpusIndex.open(tmp_path / "ix").n_documents == len([d for d in docs[:3] if d])
+    ix = CorpusIndex.open(tmp_path / "ix", verify=True)
+    assert ix.n_documents == len([d for d in docs[:3] if d])
+    # the old generation's files are gone: the folder holds what the manifest names, and the lock
+    assert {p.name for p in (tmp_path / "ix").iterdir()} == {"lock", "manifest.ssx", *(s["file"] for s in ix.manifest["shards"])}
 
     def failing():
         yield Document(np.array([1, 2, 3], np.int32))
         raise RuntimeError("interrupted")
 
+    with pytest.raises(RuntimeError):  # an interrupted rebuild leaves the index as it was
+        build_index(failing(), tmp_path / "ix", tokenizer=TOK)
+    assert CorpusIndex.open(tmp_path / "ix", verify=True).document_ids == ix.document_ids
     with pytest.raises(RuntimeError):
         build_index(failing(), tmp_path / "new", tokenizer=TOK)
     assert not (tmp_path / "new").exists()
