@@ -427,6 +427,16 @@ class FrozenAutomaton(_Queries):
     def arrays(self) -> dict[str, np.ndarray]:
         return {f: getattr(self, f) for f in self._FIELDS}
 
+    @property
+    def longest_document(self) -> int:
+        """Tokens in the longest document (no match is longer); computed once."""
+        got = self.__dict__.get("_longest_document")
+        if got is None:
+            n = len(self)
+            bounds = np.append(np.asarray(self.doc_starts, np.int64), n)
+            got = self.__dict__["_longest_document"] = int(np.diff(bounds).max()) if n else 0
+        return got
+
     KERNEL_FIELDS = ("offsets", "etok", "eto", "counts", "lasts", "links", "lens")
 
     def kernel_arrays(self) -> tuple:

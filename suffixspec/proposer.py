@@ -503,7 +503,8 @@ class Session:
         that did not change keep their cursors; a new snapshot of the same (growing) generation
         keeps the state ids, so its cursor carries over (normalised past clones that took its
         shorter strings: a still valid, possibly not longest, match that grows token by token);
-        a new generation re-finds the match of the last `resync_tokens` tokens."""
+        a new generation re-finds the match of the last `resync_tokens` tokens (at most its
+        longest document's length of them: no match is longer)."""
         src = src if src is not None else self.proposer._current_sources()
         old = self._src
         if src is old:
@@ -526,7 +527,8 @@ class Session:
             if row is None:
                 if tail is None:
                     tail = self._sam.tokens[-self.proposer.resync_tokens :]
-                row = fa._advance(0, 0, tail)
+                # no match is longer than the automaton's longest document: re-reading more is waste
+                row = fa._advance(0, 0, tail[max(0, tail.shape[0] - fa.longest_document) :])
             cur[j] = row
         self._cur = cur
         self._automata = src.automata

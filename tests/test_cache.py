@@ -352,7 +352,7 @@ def test_corruption_fuzzer(tmp_path):
         batch = lines[w::n_workers]
         proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps(contexts), str(good)],
                               input="".join(json.dumps(c) + "\n" for c in batch), capture_output=True, text=True,
-                              timeout=120)
+                              timeout=900)  # generous: a first run may compile the kernels
         started = None
         for line in proc.stdout.splitlines():
             rec = json.loads(line)
@@ -387,3 +387,27 @@ def test_load_errors_name_the_file_and_the_damage(tmp_path):
         ResponseCache.load(p)
     with pytest.raises(IndexFormatError, match="regular file"):
         ResponseCache.load(tmp_path)
+
+
+def test_resynced_cursors_are_the_longest_matches():
+    """After the cache changes, a session's cursor into every new level is exactly the longest
+    suffix of its last `resync_tokens` tokens found there, as a match from scratch over all of
+    them finds it (the resync re-reads only the level's longest document's length of them)."""
+    rng = np.random.default_rng(8)
+    prop = Proposer(cache_tokens=4000, cache_generations=2, resync_tokens=64)
+    sessions = [prop.start(rng.integers(0, 3, 40)) for _ in range(6)]
+    checked = shorter = 0
+    for step in range(40):
+        for s in sessions:
+            before = {id(fa) for fa in s._automata}
+            s.extend(rng.integers(0, 3, int(rng.integers(1, 6))))
+            s.propose(4)
+            tail = s._sam.tokens[-prop.resync_tokens :]
+            for fa, row in zip(s._automata, s._cur.tolist()):
+                if id(fa) not in before:
+                    assert tuple(row) == fa.match(tail)
+                    checked += 1
+                    shorter += fa.longest_document < len(tail)
+        sessions.pop(int(rng.integers(len(sessions)))).close()
+        sessions.append(prop.start(rng.integers(0, 3, int(rng.integers(5, 120)))))
+    assert checked > 50 and shorter > 10
