@@ -55,7 +55,7 @@ def free_port() -> int:
 class ServerProcess:
     """`suffixspec serve ARGS` on a free loopback port; its stderr goes to a file (printed on failure)."""
 
-    def __init__(self, args, log_path: Path, env=None, ready_timeout=240.0):
+    def __init__(self, args, log_path: Path, env=None, ready_timeout=600.0, wait=True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
@@ -63,12 +63,15 @@ class ServerProcess:
         self._log = open(log_path, "wb")
         self.proc = subprocess.Popen([sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(self.port), *args],
                                      stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=str(ROOT))
-        self.wait_ready(ready_timeout)
+        self.ready_timeout = ready_timeout
+        if wait:
+            self.wait_ready()
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float | None = None) -> None:
+        timeout = self.ready_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

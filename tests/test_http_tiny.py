@@ -1,10 +1,13 @@
 """`suffixspec serve` on a tiny random-weight Qwen2 model (a byte-level tokenizer with Qwen-style FIM
-tokens and a chat template of its own), one server process for the module, with an API key; talked to
-with the official `openai` client and raw `httpx`. References come from the same model directory
-loaded in this process (`SpeculativeGenerator.generate`, plain decoding with budget 0)."""
+tokens and a chat template of its own), talked to with the official `openai` client and raw `httpx`.
+Two server processes for the module, started together: the main one (an API key, 8 slots) and a
+limited one (one slot, a queue of two: 429 with Retry-After, then SIGTERM drains it). References come
+from the same model directory loaded in this process (`SpeculativeGenerator.generate`, and plain
+decoding with budget 0)."""
 
 import asyncio
 import json
+import signal
 import time
 
 import httpx
@@ -19,19 +22,40 @@ PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in 
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+def servers(tmp_path_factory):
+    """Both servers of the module, started together (their start-ups overlap): the main one (API key,
+    8 slots) and a limited one (one slot, a queue of two, for 429 and the drain)."""
+    import tiny_models  # noqa: F401  (one torch thread, as the servers)
 
     from suffixspec import SpeculativeGenerator, load_model
 
     root = tmp_path_factory.mktemp("http_tiny")
     model_dir = make_tiny_model_dir(root / "tiny")
-    server = ServerProcess(["--model", str(model_dir), "--api-key", KEY, "--max-batch", "8"], root / "server.log")
-    model, tokenizer = load_model(str(model_dir))
-    gen = SpeculativeGenerator(model, tokenizer)
-    yield server, gen, tokenizer, model_dir
-    code = server.stop()
-    assert code == 0, server.log()
+    main = ServerProcess(["--model", str(model_dir), "--api-key", KEY, "--max-batch", "8"], root / "server.log",
+                         wait=False)
+    limited = ServerProcess(["--model", str(model_dir), "--max-batch", "1", "--max-queue", "2",
+                             "--grace-period", "60"], root / "limited.log", wait=False)
+    try:
+        model, tokenizer = load_model(str(model_dir))
+        gen = SpeculativeGenerator(model, tokenizer)
+        main.wait_ready()
+        limited.wait_ready()
+        yield main, limited, gen, tokenizer, model_dir
+    finally:
+        limited.stop()
+        code = main.stop()
+    assert code == 0, main.log()
+
+
+@pytest.fixture(scope="module")
+def tiny(servers):
+    main, _, gen, tokenizer, model_dir = servers
+    return main, gen, tokenizer, model_dir
+
+
+@pytest.fixture(scope="module")
+def limited(servers):
+    return servers[1]
 
 
 def client(server, **kw):
@@ -288,3 +312,85 @@ def test_metrics_parse(tiny):
     assert _metric(server, "suffixspec_ttft_seconds_count") > 0
     assert _metric(server, "suffixspec_verifier_seconds_total") > 0
     assert 0 <= _metric(server, "suffixspec_speculation_share") <= 1
+
+
+# ----------------------------------------------------------------------------------- limits (one slot, queue 2)
+
+LIMIT_PROMPT = "def g(a):\n    return a + 1\n"
+
+
+def body(max_tokens, stream=True, budget=0):
+    return {"model": "tiny", "prompt": LIMIT_PROMPT, "max_tokens": max_tokens, "temperature": 0, "stream": stream,
+            "suffixspec": {"budget": budget}}
+
+
+def lines_of(response):
+    """One line iterator per response: leaving an `aiter_lines` loop early closes the connection."""
+    if not hasattr(response, "_test_lines"):
+        response._test_lines = response.aiter_lines()
+    return response._test_lines
+
+
+async def read_rest(response):
+    """The text chunks and finish reason of an SSE response, up to [DONE]."""
+    texts, reason = [], None
+    async for line in lines_of(response):
+        if line == "data: [DONE]":
+            return "".join(texts), reason
+        if line.startswith("data: "):
+            chunk = json.loads(line[6:])
+            texts.append(chunk["choices"][0]["text"])
+            reason = chunk["choices"][0]["finish_reason"] or reason
+    raise AssertionError("no [DONE]")
+
+
+async def first_chunk(response):
+    lines = lines_of(response)
+    while True:
+        line = await lines.__anext__()
+        if line.startswith("data: "):
+            return json.loads(line[6:])["choices"][0]["text"]
+
+
+def test_429_beyond_the_queue_and_nothing_accepted_is_dropped(limited):
+    async def scenario():
+        async with httpx.AsyncClient(base_url=limited.url, timeout=120) as http:
+            async with http.stream("POST", "/v1/completions", json=body(450)) as r1:  # takes the one slot
+                first = await first_chunk(r1)
+                async with http.stream("POST", "/v1/completions", json=body(20)) as r2, \
+                        http.stream("POST", "/v1/completions", json=body(20)) as r3:  # fill the queue of 2
+                    assert r2.status_code == r3.status_code == 200
+                    r4 = await http.post("/v1/completions", json=body(5, stream=False))
+                    assert r4.status_code == 429, r4.text
+                    assert r4.headers["Retry-After"].isdigit()
+                    assert r4.json()["error"]["type"] == "rate_limit_error"
+                    rest1 = await read_rest(r1)
+                    done2, done3 = await read_rest(r2), await read_rest(r3)
+            whole = await http.post("/v1/completions", json=body(20, stream=False))
+            return first, rest1, done2, done3, whole.json()
+
+    first, rest1, done2, done3, whole = asyncio.run(scenario())
+    assert rest1[1] == "length"
+    assert done2 == done3 == (whole["choices"][0]["text"], "length")  # the queued ones ran, unchanged
+
+
+def test_sigterm_drains_then_exits_zero(limited):
+    async def scenario():
+        async with httpx.AsyncClient(base_url=limited.url, timeout=120) as http:
+            async with http.stream("POST", "/v1/completions", json=body(300)) as r1:
+                first = await first_chunk(r1)
+                limited.proc.send_signal(signal.SIGTERM)
+                deadline = time.monotonic() + 30
+                while (await http.get("/health")).status_code == 200:
+                    assert time.monotonic() < deadline, "health never went 503 after SIGTERM"
+                    await asyncio.sleep(0.02)
+                refused = await http.post("/v1/completions", json=body(5, stream=False))
+                assert limited.proc.poll() is None  # still serving the request in flight
+                text, reason = await read_rest(r1)
+            return first + text, reason, refused
+
+    text, reason, refused = asyncio.run(scenario())
+    assert refused.status_code == 503 and refused.json()["error"]["code"] in ("draining", "unavailable")
+    assert reason == "length" and text
+    assert limited.proc.wait(60) == 0, limited.log()
+    assert "drained" in limited.log()
