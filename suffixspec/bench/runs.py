@@ -202,9 +202,9 @@ def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: i
 
 def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0) -> None:
     """One batch of `prompts` in full, decoded together for two tokens through `backend.serve`: the
-    first pass of a process over that many rows pays for its memory (16 code-edit prompts took 7.1 s
-    to prefill the first time, 4.2 s afterwards), which would otherwise fall on whichever mode runs
-    first at that concurrency."""
+    first pass of a process over that many rows pays for its memory (a first prefill of a large batch
+    is markedly slower than later ones), which would otherwise fall on whichever mode runs first at
+    that concurrency."""
     if len(prompts) <= 2:  # `warm_up` has served two rows together already
         return
     backend = backend.fresh() if hasattr(backend, "fresh") else backend
