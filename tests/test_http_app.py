@@ -1,0 +1,163 @@
+"""The HTTP app and the engine loop in this process (no server process): a request that fails inside
+the engine answers 500 alone while the others go on; an engine thread that dies, or one step that
+stalls, turns /health to 503 and fails the requests in flight."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+
+from test_http_support import make_tiny_model_dir
+
+
+class Boom:
+    """A logits processor that raises: the request using it fails inside the round."""
+
+    def __call__(self, input_ids, scores):
+        raise RuntimeError("boom")
+
+
+@pytest.fixture(scope="module")
+def app_state(tmp_path_factory):
+    import tiny_models  # noqa: F401  (one torch thread)
+
+    from suffixspec import SpeculativeGenerator, load_model
+    from suffixspec.http.app import AppState
+    from suffixspec.http.engine_loop import EngineLoop
+    from suffixspec.http.protocol import ModelContext
+
+    model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("http_app") / "tiny")
+    model, tokenizer = load_model(str(model_dir))
+    gen = SpeculativeGenerator(model, tokenizer)
+    server = gen.serve(max_batch=4)
+    state = AppState(["tiny"])
+    state.ctx = ModelContext(names=["tiny"], tokenizer=tokenizer, vocab_size=server.vocab_size,
+                             max_positions=server.max_positions, max_new_tokens_limit=256,
+                             eos=frozenset(server.decoding.eos))
+    state.engine = EngineLoop(server, metrics=state.metrics)
+    state.engine.start()
+    yield state, gen, tokenizer
+    state.engine.stop()
+
+
+def test_a_request_failing_in_the_engine_answers_500_alone(app_state, monkeypatch):
+    from suffixspec.http import protocol
+    from suffixspec.http.app import create_app
+
+    state, gen, tokenizer = app_state
+    real = protocol.parse_request
+
+    def parse(body, kind, ctx):
+        req = real(body, kind, ctx)
+        if "FAIL" in str(body.get("prompt")):
+            req.options = req.options.replace(logits_processor=[Boom()])
+        return req
+
+    monkeypatch.setattr(protocol, "parse_request", parse)
+    prompts = ["def ok_one(x):\n", "FAIL here\n", "def ok_two(y):\n"]
+
+    async def go():
+        transport = httpx.ASGITransport(app=create_app(state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://app") as http:
+            return await asyncio.gather(*(http.post("/v1/completions", json={
+                "model": "tiny", "prompt": p, "max_tokens": 20, "temperature": 0}) for p in prompts))
+
+    ok1, failed, ok2 = asyncio.run(go())
+    assert failed.status_code == 500, failed.text
+    err = failed.json()["error"]
+    assert err["code"] == "engine_error" and "boom" in err["message"] and "Traceback" not in failed.text
+    for r, p in ((ok1, prompts[0]), (ok2, prompts[2])):
+        assert r.status_code == 200
+        out = gen.generate([p], max_new_tokens=20).sequences[0]
+        eos = tokenizer.eos_token_id
+        assert r.json()["choices"][0]["text"] == tokenizer.decode(out[:-1] if out[-1] == eos else out)
+    assert state.engine.health() == (True, "ok")
+
+
+class FakeServer:
+    """Just enough of `engine.Server` for the loop: `step` runs `on_step`."""
+
+    def __init__(self, on_step):
+        from suffixspec.stats import GenerationStats, RequestStats
+
+        self.on_step = on_step
+        self.stats = GenerationStats(requests=[])
+        self._rs = RequestStats
+        self.queued = []
+        self.running = 0
+
+    @property
+    def idle(self):
+        return not self.queued
+
+    @property
+    def waiting(self):
+        return len(self.queued)
+
+    def add(self, prompt, **kw):
+        self.queued.append(len(self.queued))
+        return self.queued[-1]
+
+    def step(self):
+        return self.on_step()
+
+    def cancel(self, index):
+        return True
+
+
+def _request():
+    from suffixspec.http.protocol import GenerationRequest
+    from suffixspec.options import DecodeOptions
+
+    return GenerationRequest("completion", "m", [1, 2], 4, DecodeOptions(max_new_tokens=4))
+
+
+def test_a_dead_engine_thread_fails_its_requests_and_health():
+    from suffixspec.http.engine_loop import EngineLoop, Handle
+
+    def explode():
+        raise MemoryError("no room")
+
+    loop = EngineLoop(FakeServer(explode))
+    loop.start()
+    assert loop.health() == (True, "ok")
+
+    async def go():
+        handle = Handle(_request())
+        loop.submit(handle)
+        await handle.wait_accepted()
+        return [item async for item in handle.events()]
+
+    events = asyncio.run(asyncio.wait_for(go(), 10))
+    assert events[-1][0] == "done" and events[-1][1].reason == "error" and "no room" in events[-1][1].error
+    ok, reason = loop.health()
+    assert not ok and "MemoryError" in reason
+    from suffixspec.http.protocol import APIError
+
+    with pytest.raises(APIError) as info:
+        loop.submit(Handle(_request(), asyncio.new_event_loop()))
+    assert info.value.status == 503
+
+
+def test_a_stalled_step_turns_health_503():
+    from suffixspec.http.engine_loop import EngineLoop, Handle
+
+    release = threading.Event()
+
+    def slow():
+        release.wait(10)
+        raise SystemExit  # ends the thread once the test is done
+
+    loop = EngineLoop(FakeServer(slow), stall_s=0.2)
+    loop.start()
+    asyncio_loop = asyncio.new_event_loop()
+    loop.submit(Handle(_request(), asyncio_loop))
+    deadline = time.monotonic() + 10
+    while loop.health()[0] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ok, reason = loop.health()
+    release.set()
+    assert not ok and "stall limit" in reason
+    asyncio_loop.close()
