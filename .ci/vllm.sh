@@ -62,6 +62,8 @@ PY="$VENV/bin/python"
     || { echo "vllm step FAILED: suffixspec does not install into $VENV (see $LOG)"; exit 1; }
 t1=$(date +%s)
 echo "vllm step: venv ready in $((t1 - t0)) s ($("$PY" -c 'import vllm, torch, numba, transformers; print("vllm", vllm.__version__, "torch", torch.__version__, "numba", numba.__version__, "transformers", transformers.__version__)' 2>/dev/null))"
+# numba caches of this venv's own: the project's venv runs another numba over the same kernels
+export NUMBA_CACHE_DIR="$VENV/numba-cache"
 VLLM_ENABLE_V1_MULTIPROCESSING=0 "$PY" -m pytest -q -p no:cacheprovider tests_vllm
 rc=$?
 echo "vllm step: tests took $(( $(date +%s) - t1 )) s, exit $rc"

