@@ -368,15 +368,18 @@ class BudgetPolicy:
     predicted committed tokens per second beat plain decoding by this factor (a margin for the error
     of the prediction), plus `batch_margin` per row beyond the first. `prefill_margin`: drafts ride
     along a prompt's first pass only when their predicted tokens exceed this many times the decode
-    steps their extra pass time would buy. `cost_model`: measured on first use when None."""
+    steps their extra pass time would buy, and only while they make that pass at most `prefill_slack`
+    dearer (a prompt's pass is every newcomer's time to first token). `cost_model`: measured on first
+    use when None."""
 
     def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
                  min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
-                 calibration: RankCalibration | None = None):
+                 prefill_slack: float = 0.03, calibration: RankCalibration | None = None):
         self.max_budget = int(max_budget)
         self.min_gain = float(min_gain)
         self.batch_margin = float(batch_margin)
         self.prefill_margin = float(prefill_margin)
+        self.prefill_slack = float(prefill_slack)
         self.cost_model = cost_model
         self.calibration = RankCalibration() if calibration is None else calibration
 
@@ -395,8 +398,9 @@ class BudgetPolicy:
         entry (default 1). Scores are calibrated by rank (`RankCalibration`) and scaled by the row's
         `row_factors` entry (default 1: how the request's own drafts fared so far). A prefill round
         (`width` > 1, dominated by the prompts) takes k nodes only when their expected tokens beat
-        `prefill_margin` times what their extra pass time buys in plain decode rounds: that time
-        delays every row's first token (TTFT), so it counts more than time spent later."""
+        `prefill_margin` times what their extra pass time buys in plain decode rounds, and only up to
+        `prefill_slack` of the pass's cost: that time delays every row's first token (TTFT), so it
+        counts more than time spent later."""
         b = len(trees)
         scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
         best_scores = [self.calibration.apply(np.sort(t.scores)[::-1], f) if len(t) else np.zeros(0)
@@ -413,6 +417,7 @@ class BudgetPolicy:
         if width > 1:
             plain_rate = float(w.sum()) / float(self.cost_model(b, batch=b))
             value = gains - self.prefill_margin * plain_rate * (cost - cost[0])
+            value[cost > (1.0 + self.prefill_slack) * cost[0]] = -np.inf
             k = int(np.argmax(value))
             if value[k] <= 0:
                 k = 0

@@ -37,19 +37,20 @@ class SpeculativeGenerator:
     `proposer`: an object with `start(prompt_ids, request_id=None, filter=None)` returning sessions
     (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
     `policy`: the automatic budget (`BudgetPolicy`); by default one built from `max_budget`,
-    `cost_model`, `min_gain`, `batch_margin` and `prefill_margin` (see `BudgetPolicy`).
+    `cost_model`, `min_gain`, `batch_margin`, `prefill_margin` and `prefill_slack` (see `BudgetPolicy`).
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.06,
-                 prefill_margin: float = 2.0, policy: BudgetPolicy | None = None, **proposer_options):
+                 prefill_margin: float = 2.0, prefill_slack: float = 0.03, policy: BudgetPolicy | None = None,
+                 **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
         self._proposer_options = proposer_options
         self.policy = policy if policy is not None else BudgetPolicy(
             max_budget=max_budget, cost_model=cost_model, min_gain=min_gain, batch_margin=batch_margin,
-            prefill_margin=prefill_margin)
+            prefill_margin=prefill_margin, prefill_slack=prefill_slack)
         self._unsupported: str | None = None
         self._checked = False
 

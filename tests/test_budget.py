@@ -120,7 +120,8 @@ def test_cost_model_converges_to_every_observed_size():
 
 def test_auto_budget_weights_and_prefill_margin():
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
-                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1, 1.6, 2.2, 4, 8]))
+                               cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1, 1.6, 2.2, 4, 8]),
+                               prefill_slack=float("inf"))  # the margin alone (the slack: the next test)
     gen.calibration = RankCalibration(prior_ratio=1.0)  # the scores as they are
     good = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.9))
     trees, limits = [good, DraftTree.empty()], [64, 64]
@@ -301,3 +302,18 @@ def test_failing_drafts_lower_the_request_factor():
     assert out.sequences == [ref]
     drafted_rounds = [b > 0 for b in out.stats.budgets]
     assert sum(drafted_rounds[:5]) >= 1 and sum(drafted_rounds[-20:]) <= 2
+
+
+def test_prefill_drafts_stay_within_the_ttft_slack():
+    """A prompt's pass takes drafts only while they make it at most `prefill_slack` dearer."""
+    from suffixspec.budget import BudgetPolicy
+
+    linear = CostModel([1, 1024], [1.0, 1024.0])  # cost proportional to the tokens fed
+    sure = DraftTree(np.arange(1, 65), np.arange(64) - 1, np.full(64, 0.99))
+    for slack, rows, width, want in [(0.03, 1, 100, 3), (0.03, 4, 500, 15), (0.0, 2, 300, 0), (0.1, 1, 100, 10)]:
+        policy = BudgetPolicy(cost_model=linear, prefill_slack=slack, prefill_margin=1e-6,
+                              calibration=RankCalibration(prior_ratio=1.0))
+        sized = policy.size_round([sure] * rows, [128] * rows, width=width)
+        assert [len(t) for t in sized] == [want] * rows, (slack, rows, width)
+        cost = linear(rows * (np.array([0, want]) + width))
+        assert cost[1] <= (1 + slack) * cost[0]
