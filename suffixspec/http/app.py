@@ -204,7 +204,7 @@ def create_app(state: AppState) -> Starlette:
         rid, created = protocol.new_id(kind), int(time.time())
         if req.stream:
             metrics.http_request(path, 200)
-            return EventStream(_stream(req, handle, asm, rid, created), close)
+            return EventStream(_stream(req, handle, asm, rid, created, path), close)
         try:
             return await _collect(req, handle, asm, rid, created, path)
         finally:
@@ -236,7 +236,7 @@ def create_app(state: AppState) -> Starlette:
         return JSONResponse(build(rid, req.model, asm.text(), protocol.finish_reason(final.reason),
                                   _usage(req, final), created))
 
-    async def _stream(req, handle, asm, rid, created):
+    async def _stream(req, handle, asm, rid, created, path):
         chat = req.kind == "chat"
 
         def chunk(text, reason=None, use=None, choices=True):
@@ -257,7 +257,7 @@ def create_app(state: AppState) -> Starlette:
             if final.reason == "cancelled":
                 return
             if final.reason == "error":
-                metrics.http_request(req.kind + ":stream", 500)
+                metrics.http_request(path, 500)  # (its 200 was counted when the stream began)
                 yield sse(APIError(500, f"the request failed inside the engine: {final.error}",
                                    code="engine_error").body())
                 yield DONE

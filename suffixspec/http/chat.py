@@ -10,7 +10,7 @@ Contract:
   when the model carries none.
 * `ChatTemplate(source, tokenizer)`: `render(messages) -> str`, the prompt text of the conversation
   with the assistant's turn opened (`add_generation_prompt=True`), rendered in jinja2's sandbox
-  (templates are data). Template errors become `ChatTemplateError` (a ValueError) with jinja2's message.
+  (templates are data). Template errors become `ChatTemplateError` (a `BadInputError`) with jinja2's message.
 * `chatml_template()`: the ChatML form (`<|im_start|>role\\ncontent<|im_end|>\\n`...), the fallback the
   server uses for tokenizers that hold `<|im_start|>` but carry no template.
 """
@@ -22,14 +22,16 @@ import mmap
 import struct
 from pathlib import Path
 
+from ..errors import BadInputError
+
 __all__ = ["ChatTemplate", "ChatTemplateError", "find_chat_template", "gguf_string_field", "chatml_template"]
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
-class ChatTemplateError(ValueError):
-    """A chat template failed to load or to render."""
+class ChatTemplateError(BadInputError):
+    """A chat template failed to load or to render (a ValueError)."""
 
 
 def chatml_template() -> str:
