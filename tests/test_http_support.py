@@ -192,7 +192,8 @@ def test_parse_request_errors_name_the_parameter():
              ({**good, "temperature": -0.5}, "temperature"), ({**good, "top_p": 0}, "top_p"),
              ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 2}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
              ({**good, "suffix": "x"}, "suffix"), ({**good, "logit_bias": {"77": 1}}, "logit_bias"),
-             ({**good, "suffixspec": {"budget": -1}}, "suffixspec.budget"), ("[1]", None)]
+             ({**good, "suffixspec": {"budget": -1}}, "suffixspec.budget"), ("[1]", None),
+             ({**good, "suffixspec": {"filter": {"repo": "x"}}}, "suffixspec.filter")]
     for body, param in cases:
         with pytest.raises(APIError) as info:
             parse_request(body, "completion", ctx)

@@ -162,7 +162,8 @@ def _load(args, budget, template, state, log) -> None:
     log.info("chat template: %s", where or "none (chat completions answer 400)")
     ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,
                        max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
-                       eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget)
+                       eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
+                       has_corpus=bool(corpora))
     _warm_up(server, tokenizer)
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
     engine.start()

@@ -81,6 +81,7 @@ class ModelContext:
     chat: Any = None  # a chat.ChatTemplate, or None when the model has none
     fim_ids: tuple[int, int, int] | None = None
     budget: Any = "auto"  # the server's default budget
+    has_corpus: bool = False  # a corpus index to draft from (`suffixspec.filter` needs one)
 
 
 @dataclass
@@ -273,6 +274,9 @@ def _extension(body: dict, ctx: ModelContext) -> tuple[dict | None, Any]:
     if flt is not None and (not isinstance(flt, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                                 for k, v in flt.items())):
         raise bad(f"suffixspec.filter: expected an object of string tags, got {flt!r}", "suffixspec.filter", "invalid_type")
+    if flt and not ctx.has_corpus:
+        raise bad("suffixspec.filter: document filters need a corpus index; start the server with --corpus INDEX",
+                  "suffixspec.filter")
     budget = ext.get("budget", ctx.budget)
     if budget is None:
         budget = ctx.budget
