@@ -19,17 +19,20 @@ of the final chunk; without usage, the number of chunks that carried text, count
 mismatches compare texts across modes. `usage.suffixspec` (our server) adds rounds, drafted and
 accepted tokens and proposer/verifier milliseconds (summed over requests). A request that fails
 (HTTP error status, an error object in the stream, a broken connection) finishes with reason
-"error" and its message; it never stops the run. Requests run on one thread each through one
-`httpx.Client`; `step()` returns what arrived, waiting at most `poll_s` (so arrivals are admitted on
-time), and `close()` abandons streams still open. httpx is imported when an engine is built.
+"error" and its message; it never stops the run. Requests run on one thread and one connection
+each (the standard library's `http.client`: nothing to install); `step()` returns what arrived,
+waiting at most `poll_s` (so arrivals are admitted on time), and `close()` abandons streams still
+open.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import queue
 import threading
 import time
+import urllib.parse
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -87,38 +90,66 @@ def _error_text(status: int, raw: bytes) -> str:
     return f"HTTP {status}: {message}"
 
 
+def open_request(url: str, method: str, path: str, body: dict | None, api_key: str | None, timeout: float):
+    """Send one request to `url` (http or https, optionally with a path prefix) + `path`; returns the
+    connection and its response (the caller closes the connection). Raises OSError or
+    http.client.HTTPException when the endpoint does not answer."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise BadInputError(f"--url: expected http://HOST:PORT (or https://...), got {url!r}")
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.hostname, parts.port, timeout=timeout)
+    headers = {"Accept": "application/json, text/event-stream", **_headers(api_key)}
+    data = None
+    if body is not None:
+        data = json.dumps(body).encode()
+        headers["Content-Type"] = "application/json"
+    try:
+        conn.request(method, parts.path.rstrip("/") + path, body=data, headers=headers)
+        return conn, conn.getresponse()
+    except BaseException:
+        conn.close()
+        raise
+
+
+def _json_call(url: str, method: str, path: str, body: dict | None, api_key: str | None, timeout: float):
+    try:
+        conn, resp = open_request(url, method, path, body, api_key, timeout)
+        try:
+            raw = resp.read()
+        finally:
+            conn.close()
+    except (OSError, http.client.HTTPException) as exc:
+        raise BadInputError(f"--url {url}: no answer from {method} {path} ({type(exc).__name__}: {exc})") from None
+    if resp.status != 200:
+        raise BadInputError(f"--url {url}: {method} {path}: {_error_text(resp.status, raw)}")
+    try:
+        return json.loads(raw)
+    except ValueError:
+        raise BadInputError(f"--url {url}: {method} {path}: expected JSON, got {raw[:200]!r}") from None
+
+
 def list_models(url: str, api_key: str | None = None, timeout: float = 30.0) -> list[str]:
     """Model ids `GET /v1/models` lists; a clear `BadInputError` when the endpoint does not answer."""
-    import httpx
-
+    data = _json_call(url, "GET", "/v1/models", None, api_key, timeout)
     try:
-        resp = httpx.get(url.rstrip("/") + "/v1/models", headers=_headers(api_key), timeout=timeout)
-    except httpx.HTTPError as exc:
-        raise BadInputError(f"--url {url}: no answer from GET /v1/models ({type(exc).__name__}: {exc})") from None
-    if resp.status_code != 200:
-        raise BadInputError(f"--url {url}: GET /v1/models: {_error_text(resp.status_code, resp.content)}")
-    try:
-        return [str(m["id"]) for m in resp.json()["data"]]
-    except (ValueError, KeyError, TypeError):
+        return [str(m["id"]) for m in data["data"]]
+    except (KeyError, TypeError):
         raise BadInputError(f"--url {url}: GET /v1/models: expected {{\"data\": [{{\"id\": ...}}]}}, "
-                            f"got {resp.text[:200]!r}") from None
+                            f"got {json.dumps(data)[:200]}") from None
 
 
 def complete_text(url: str, body: dict, api_key: str | None = None, timeout: float = 600.0) -> str:
     """One non-streaming request (`body` with `prompt` or `messages`); returns the text."""
-    import httpx
-
     body = dict(body)
     base = body.pop("base_url", None) or url
-    path = ENDPOINTS["chat" if "messages" in body else "completions"]
+    chat = "messages" in body
+    data = _json_call(base, "POST", ENDPOINTS["chat" if chat else "completions"], body, api_key, timeout)
     try:
-        resp = httpx.post(base.rstrip("/") + path, json=body, headers=_headers(api_key), timeout=timeout)
-    except httpx.HTTPError as exc:
-        raise BadInputError(f"{base}{path}: {type(exc).__name__}: {exc}") from None
-    if resp.status_code != 200:
-        raise BadInputError(f"{base}{path}: {_error_text(resp.status_code, resp.content)}")
-    choice = resp.json()["choices"][0]
-    return choice["message"]["content"] if "messages" in body else choice["text"]
+        choice = data["choices"][0]
+        return choice["message"]["content"] if chat else choice["text"]
+    except (KeyError, IndexError, TypeError):
+        raise BadInputError(f"--url {base}: expected a completion with choices, got {json.dumps(data)[:200]}") from None
 
 
 class HTTPBackend:
@@ -183,14 +214,11 @@ class HTTPEngine:
 
     def __init__(self, backend: HTTPBackend, max_batch: int, max_new_tokens: int, sampling: dict, seed: int,
                  clock: Callable[[], float] = time.perf_counter):
-        import httpx
-
         self.backend, self.max_batch, self.max_new = backend, max_batch, max_new_tokens
         self.sampling, self.seed = sampling, seed
         self._clock, self._t0 = clock, clock()
-        self._client = httpx.Client(timeout=httpx.Timeout(backend.timeout, connect=30.0),
-                                    limits=httpx.Limits(max_connections=max_batch + 2, max_keepalive_connections=max_batch + 2),
-                                    headers=_headers(backend.api_key))
+        self._connections: dict[int, Any] = {}  # the connections of open streams, closed by close()
+        self._lock = threading.Lock()
         self._streams: list[_Stream] = []
         self._waiting: deque[int] = deque()
         self._open = 0  # streams started and not yet reported finished
@@ -254,19 +282,26 @@ class HTTPEngine:
 
     def _run(self, s: _Stream) -> None:
         """One streaming request, on its own thread: chunks into `_inbox` as (index, time, final)."""
-        import httpx
-
-        url = self.backend.url + ENDPOINTS[self.backend.endpoint]
+        backend = self.backend
+        conn = None
         try:
-            with self._client.stream("POST", url, json=s.body) as resp:
-                if resp.status_code != 200:
-                    s.error = _error_text(resp.status_code, resp.read())
-                else:
-                    self._read(s, resp)
-        except httpx.HTTPError as exc:
-            s.error = f"{type(exc).__name__}: {exc}"
+            conn, resp = open_request(backend.url, "POST", ENDPOINTS[backend.endpoint], s.body, backend.api_key,
+                                      backend.timeout)
+            with self._lock:
+                self._connections[s.index] = conn
+            if self._closed.is_set():
+                s.error = "cancelled: the benchmark closed the engine"
+            elif resp.status != 200:
+                s.error = _error_text(resp.status, resp.read())
+            else:
+                self._read(s, resp)
         except Exception as exc:  # noqa: BLE001 - a bad stream fails its request, never the run
-            s.error = f"{type(exc).__name__}: {exc}"
+            s.error = s.error or f"{type(exc).__name__}: {exc}"
+        finally:
+            with self._lock:
+                self._connections.pop(s.index, None)
+            if conn is not None:
+                conn.close()
         s.done_s = self.now()
         if s.error:
             s.finish_reason = "error"
@@ -276,10 +311,14 @@ class HTTPEngine:
 
     def _read(self, s: _Stream, resp) -> None:
         chat = self.backend.endpoint == "chat"
-        for line in resp.iter_lines():
+        while True:
+            raw = resp.readline()
+            if not raw:
+                return  # the connection ended (a stream should end with [DONE] first)
             if self._closed.is_set():
                 s.error = "cancelled: the benchmark closed the engine"
                 return
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
             if not line.startswith("data:"):
                 continue  # blank separators, comments, event names
             data = line[5:].strip()
@@ -315,14 +354,17 @@ class HTTPEngine:
         """Abandon what has not finished (streams still open end at their next chunk)."""
         self._closed.set()
         self._waiting.clear()
-        if any(thread.is_alive() for thread in self._threads):
+        with self._lock:
+            open_now = list(self._connections.values())
+        for conn in open_now:  # streams still open fail at once and finish with an error
             try:
-                self._client.close()  # streams still open fail at once and finish with an error
-            except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+                sock = conn.sock
+                if sock is not None:
+                    sock.shutdown(2)  # SHUT_RDWR: wakes a thread blocked reading it
+            except OSError:
                 pass
         for thread in self._threads:
-            thread.join(timeout=2.0)
-        self._client.close()
+            thread.join(timeout=5.0)
 
     def result(self):
         """Texts and per-request statistics (`suffixspec.stats`) of every request added."""
