@@ -46,6 +46,7 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", default="auto", metavar="N|auto",
                    help="draft nodes per request and round (0: plain decoding; default auto)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template (default: the model's)")
+    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
     p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
     p.set_defaults(func=run)
@@ -81,6 +82,8 @@ def _check(args) -> None:
             raise BadInputError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
     if not 0 <= args.port <= 65535:
         raise BadInputError(f"--port: expected 0..65535, got {args.port}")
+    if args.threads is not None and args.threads < 1:
+        raise BadInputError(f"--threads: expected >= 1, got {args.threads}")
     if args.grace_period < 0:
         raise BadInputError(f"--grace-period: expected >= 0, got {args.grace_period}")
 
@@ -149,6 +152,10 @@ def _load(args, budget, template, state, log) -> None:
     from ..proposer import Proposer
 
     t0 = time.perf_counter()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one")
