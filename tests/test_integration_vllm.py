@@ -372,6 +372,7 @@ def test_options_and_vllm_fields():
 
     p = SuffixSpecProposer(config(spec=Spec()))
     assert p.knobs["max_depth"] == 8 and p.knobs["min_prob"] == 0.0 and p.max_nodes == 32  # defaults: not mapped
+    assert p.knobs["recency"] == 0.0
     p = SuffixSpecProposer(config(spec=Spec(suffix_decoding_max_tree_depth=5, suffix_decoding_min_token_prob=0.3)))
     assert p.knobs["max_depth"] == 5 and p.knobs["min_prob"] == 0.3
     p = SuffixSpecProposer(config(spec=Spec(suffix_decoding_min_token_prob=0.3), min_prob=0.05, max_nodes=12, recency=0.25))

