@@ -289,3 +289,25 @@ def test_cli_grid_against_the_fake_server(fake_server, tmp_path, capsys):
     assert "verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) in printed
     assert counts["off"] == counts["neutral"] == 0
     assert (out / "grid_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_second_turns_are_answered_through_the_baseline_mode(fake_server):
+    from suffixspec._commands.bench import RemoteTarget, settings_from_args
+    from suffixspec.bench import FIRST_TURN_TOKENS, chatml_followup, load_workload
+    from suffixspec.cli import build_parser
+
+    fake, url = fake_server
+    fake.bodies.clear()
+    args = build_parser().parse_args(["bench", "--url", url, "--api-key", KEY, "--endpoint", "chat"])
+    target = RemoteTarget(args, settings_from_args(args))
+    first = load_workload("mtbench_turn2", 2)
+    workload, prompts = target.prompts(first)
+    assert len(fake.bodies) == 2  # one untimed, non-streaming greedy answer per first turn
+    for body, req, new, prompt in zip(fake.bodies, first.requests, workload.requests, prompts):
+        assert not body.get("stream") and body["temperature"] == 0.0 and body["max_tokens"] == FIRST_TURN_TOKENS
+        assert body["suffixspec"] == {"budget": 0} and body["model"] == "fake-model" and "base_url" not in body
+        answer = "".join(answer_words(req.messages[-1]["content"], FIRST_TURN_TOKENS))
+        assert new.prompt == chatml_followup(req.prompt, answer, req.followup) and new.followup is None
+        assert new.messages == [*req.messages, {"role": "assistant", "content": answer},
+                                {"role": "user", "content": req.followup}]
+        assert prompt == {"prompt": new.prompt, "messages": new.messages}
