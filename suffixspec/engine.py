@@ -133,10 +133,11 @@ class Server:
     `options`: the default `DecodeOptions` of every request (or its fields as keyword arguments:
     `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `seed`, `eos_token_id`, `stop`,
     `logits_processor`, `budget`). `max_batch`: most requests decoded together (None: no limit).
-    `stream(index, tokens)`: called with each round's committed tokens. `clock`: seconds."""
+    `stream(index, tokens)`: called with each round's committed tokens. `filter`: the corpus document
+    filter of requests added without one. `clock`: seconds."""
 
     def __init__(self, gen, *, options: DecodeOptions | None = None, max_batch: int | None = None,
-                 stream: Callable[[int, list[int]], Any] | None = None,
+                 stream: Callable[[int, list[int]], Any] | None = None, filter=None,
                  clock: Callable[[], float] = time.perf_counter, **option_fields):
         from .verify import KVState
 
@@ -153,6 +154,7 @@ class Server:
         self.decoding = options.resolve(self.model, self.tokenizer)
         self.max_batch = None if max_batch is None else int(max_batch)
         self.stream = stream
+        self.filter = filter
         self.min_weight = 0.25  # floor of `tail_weights`
         self.stats = GenerationStats(requests=[])
         self._requests: dict[int, RequestStats] = {}
@@ -225,7 +227,8 @@ class Server:
         self._added_s[q] = self.now()
         self._requests[q] = RequestStats(prompt_tokens=len(ids))
         self.stats.requests.append(self._requests[q])
-        rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids), filter=filter,
+        rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
+                     filter=self.filter if filter is None else filter,
                      request_id=request_id, prediction=predicted)
         if limit == 0:
             self._requests[q].finish_reason = "length"

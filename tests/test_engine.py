@@ -315,3 +315,28 @@ def test_release_forgets_a_finished_request():
     assert len(server.output(q)) == 4
     server.release(q)
     assert server.result().sequences == [] and server.stats.requests == []
+
+
+def test_the_server_filter_reaches_every_session_without_its_own():
+    seen = []
+
+    class Recording:
+        def start(self, prompt_ids, request_id=None, filter=None):
+            seen.append(filter)
+            return self
+
+        def extend(self, tokens):
+            pass
+
+        def propose(self, budget):
+            return DraftTree.empty()
+
+        def close(self):
+            pass
+
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=Recording(), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    server = gen.serve(max_new_tokens=2, budget=4, filter={"repo": "a"})
+    server.add([1, 2, 3])
+    server.add([4, 5, 6], filter={"repo": "b"})
+    server.run()
+    assert seen == [{"repo": "a"}, {"repo": "b"}]

@@ -131,9 +131,8 @@ class LocalTarget:
         self.args, self.filters = args, filters
         self.model, self.tokenizer = load_model(args.model)
         corpora = open_corpora(args.corpus, self.tokenizer)
-        if filters:
-            corpora = [c.restrict(filters) for c in corpora]
-        self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None))
+        self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
+                                             filter=filters or None)
         self.backends = {"plain": self.spec, "speculative": self.spec}
         if "prompt_lookup" in settings.modes:
             self.backends["prompt_lookup"] = bench.PromptLookupBackend(self.model, settings.prompt_lookup_num_tokens)

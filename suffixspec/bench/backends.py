@@ -22,15 +22,16 @@ class SpeculativeBackend:
     """`SpeculativeGenerator` behind the benchmark's backend interface; `fresh()` makes a new generator
     with a new proposer (so no run learns from an earlier run's responses), sharing the cost model."""
 
-    def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None):
+    def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None):
         self.model, self.tokenizer, self.make_proposer = model, tokenizer, make_proposer
         self.cost_model = cost_model
+        self.filter = filter  # corpus document filter of every request
         self._gen = None
 
     def fresh(self) -> SpeculativeBackend:
         from ..generate import SpeculativeGenerator
 
-        backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model)
+        backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model, self.filter)
         backend._gen = SpeculativeGenerator(self.model, self.tokenizer, proposer=self.make_proposer(),
                                             cost_model=self.cost_model)
         return backend
@@ -42,7 +43,7 @@ class SpeculativeBackend:
             self._gen = self.fresh()._gen
         engine = self._gen.serve(max_batch=max_batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, budget=budget,
-                                 logits_processor=logits_processor)
+                                 logits_processor=logits_processor, filter=self.filter)
         if self.cost_model is None:
             self.cost_model = self._gen.cost_model
         return engine
@@ -56,7 +57,7 @@ class SpeculativeBackend:
         result = self._gen.generate(prompts, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                     temperature=temperature, top_k=top_k, top_p=top_p,
                                     seed=seed * 1_000_003 + request_offset, budget=budget,
-                                    logits_processor=logits_processor)
+                                    logits_processor=logits_processor, filter=self.filter)
         if self.cost_model is None:
             self.cost_model = self._gen.cost_model
         return result
