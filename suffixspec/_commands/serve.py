@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", default="auto", metavar="N|auto",
                    help="draft nodes per request and round (0: plain decoding; default auto)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template (default: the model's)")
+    p.add_argument("--no-response-cache", action="store_true",
+                   help="do not draft from earlier requests' outputs (by default finished outputs join a cache every "
+                        "later request drafts from)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
     p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
@@ -160,7 +163,8 @@ def _load(args, budget, template, state, log) -> None:
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one")
     corpora = open_corpora(args.corpus, tokenizer)
-    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
+    proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache)
+    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
     server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch)
     source, where = template
     if source is None and token_id(tokenizer, "<|im_start|>") is not None:
