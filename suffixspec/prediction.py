@@ -16,17 +16,19 @@ from .tree import DraftTree
 
 __all__ = ["Prediction", "with_path"]
 
-ANCHORS = (12, 8, 5, 3)  # output tail lengths tried, longest first, to re-anchor after a divergence
+ANCHORS = (16, 12, 8)  # output tail lengths tried, longest first, to re-anchor after a divergence
+# (shorter tails, in code, match in many places: a wrong anchor drafts a wrong path first)
 
 
 class Prediction:
     """The predicted tokens of one request and where its output stands in them."""
 
-    __slots__ = ("tokens", "cursor", "drafted", "accepted")
+    __slots__ = ("tokens", "cursor", "last", "drafted", "accepted")
 
     def __init__(self, tokens):
         self.tokens = np.asarray(tokens, np.int64)  # int64[m]
         self.cursor: int | None = 0  # index of the predicted token expected next; None: lost
+        self.last = 0  # the cursor before it was lost: an edit moves forward through the prediction
         self.drafted = 0  # prediction tokens verified as drafts
         self.accepted = 0  # of which accepted
 
@@ -52,13 +54,17 @@ class Prediction:
         if self.cursor is not None:
             end = self.cursor + len(committed)
             if end <= len(self) and self.tokens[self.cursor : end].tolist() == list(committed):
-                self.cursor = end
+                self.cursor = self.last = end
                 return
+            self.last = self.cursor
         self.cursor = self._anchor(output)
+        if self.cursor is not None:
+            self.last = self.cursor
 
     def _anchor(self, output: list[int]) -> int | None:
-        """Where the prediction continues the output's tail: after the latest occurrence of its
-        longest tail that the prediction holds (None when none of `ANCHORS` is found)."""
+        """Where the prediction continues the output's tail: after the first occurrence of its longest
+        tail that the prediction holds at or after where the output last stood in it, else after the
+        latest occurrence before (None when none of `ANCHORS` is found)."""
         m = len(self)
         for k in ANCHORS:
             if len(output) < k or m < k:
@@ -67,7 +73,8 @@ class Prediction:
             windows = np.lib.stride_tricks.sliding_window_view(self.tokens, k)  # [m - k + 1, k]
             hits = np.flatnonzero((windows == tail).all(axis=1))
             if len(hits):
-                return int(hits[-1]) + k
+                ahead = hits[hits + k >= self.last]
+                return int(ahead[0] if len(ahead) else hits[-1]) + k
         return None
 
 
