@@ -26,7 +26,6 @@ from .errors import (
     IndexFormatError,
     SuffixSpecError,
     TokenizerError,
-    EngineError,
     InternalError,
     TokenizerMismatchError,
 )
@@ -74,7 +73,6 @@ __all__ = [
     "TokenizerError",
     "TokenizerMismatchError",
     "InternalError",
-    "EngineError",
     *_LAZY,
 ]
 

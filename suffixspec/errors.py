@@ -31,7 +31,3 @@ class TokenizerMismatchError(TokenizerError):
 
 class InternalError(SuffixSpecError, RuntimeError):
     """A broken invariant inside suffixspec: a bug, never the caller's fault."""
-
-
-class EngineError(SuffixSpecError, RuntimeError):
-    """One request failed inside the engine (its forward pass or acceptance raised); it fails alone."""

@@ -385,7 +385,7 @@ class Proposer:
                 for g in held:
                     g.release()
         if fast:
-            trusted = DraftTree._trusted
+            trusted = DraftTree.unchecked
             out_tok, out_par, out_depth, out_prob = outs
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
                 e = a + k
@@ -429,7 +429,7 @@ class _NoCache:
         self._version -= 1
 
 
-_tree = DraftTree._trusted
+_tree = DraftTree.unchecked
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span

@@ -58,8 +58,6 @@ class DraftTree:
         tree.scores = scores
         return tree
 
-    _trusted = unchecked
-
     @classmethod
     def empty(cls) -> DraftTree:
         """The empty tree: one shared instance over read-only arrays (proposers return it often)."""
