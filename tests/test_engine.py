@@ -9,7 +9,7 @@ from suffixspec.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
 from suffixspec.tree import DraftTree
 
-from tiny_models import hf_generate, oracle_proposer, random_tree_proposer, tiny_model
+from tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
 
 
@@ -278,20 +278,8 @@ def test_a_prediction_is_drafted_first_and_never_changes_the_output():
     prompt = prompts_for()[0]
     ref = hf_generate(model, prompt, NEW)
 
-    class Nothing:
-        def start(self, prompt_ids, request_id=None, filter=None):
-            return self
-
-        def extend(self, tokens):
-            pass
-
-        def propose(self, budget):
-            return DraftTree.empty()
-
-        def close(self):
-            pass
-
-    gen = SpeculativeGenerator(model, proposer=Nothing(), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    nothing = StandInProposer(lambda session, budget: DraftTree.empty())  # the prediction is the only source
+    gen = SpeculativeGenerator(model, proposer=nothing, cost_model=CostModel([1, 1024], [1.0, 1.0]))
     server = gen.serve(max_new_tokens=NEW, budget=16)
     right = server.add(prompt, prediction=ref)
     wrong = server.add(prompt, prediction=[(t + 1) % VOCAB for t in ref])
@@ -320,21 +308,13 @@ def test_release_forgets_a_finished_request():
 def test_the_server_filter_reaches_every_session_without_its_own():
     seen = []
 
-    class Recording:
+    class Recording(StandInProposer):
         def start(self, prompt_ids, request_id=None, filter=None):
             seen.append(filter)
-            return self
+            return super().start(prompt_ids, request_id, filter)
 
-        def extend(self, tokens):
-            pass
-
-        def propose(self, budget):
-            return DraftTree.empty()
-
-        def close(self):
-            pass
-
-    gen = SpeculativeGenerator(tiny_model("llama"), proposer=Recording(), cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    recording = Recording(lambda session, budget: DraftTree.empty())
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=recording, cost_model=CostModel([1, 1024], [1.0, 1.0]))
     server = gen.serve(max_new_tokens=2, budget=4, filter={"repo": "a"})
     server.add([1, 2, 3])
     server.add([4, 5, 6], filter={"repo": "b"})

@@ -33,3 +33,13 @@ def open_corpora(paths, tokenizer=None):
     from ..corpus import CorpusIndex
 
     return [CorpusIndex.open(p, tokenizer=tokenizer) for p in paths]
+
+
+def check_writer_args(args) -> None:
+    """`--shard-tokens` / `--jobs` (where the command has them) positive, `--wait` finite and >= 0."""
+    for name in ("shard_tokens", "jobs"):
+        value = getattr(args, name, None)
+        if value is not None and value < 1:
+            raise BadInputError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
+    if not args.wait >= 0 or args.wait == float("inf"):
+        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")

@@ -28,7 +28,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from ..corpus import delete_selected
     from ..errors import BadInputError
-    from .args import parse_filters
+    from .args import check_writer_args, parse_filters
 
     tags = parse_filters(args.filter)
     ids = list(args.ids) if args.ids is not None else None
@@ -36,8 +36,7 @@ def run(args) -> int:
         ids = (ids or []) + [tags.pop("id")]
     if ids is None and not tags:
         raise BadInputError("delete: expected --id ID or --filter KEY=VALUE (deleting every document needs an explicit filter)")
-    if not args.wait >= 0 or args.wait == float("inf"):
-        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
+    check_writer_args(args)
     # the selection is resolved under the index's writer lock, against the index as it is then
     r = delete_selected(args.index, ids=ids, tags=tags or None, wait=args.wait, dry_run=args.dry_run)
     report = {"index": str(args.index), "selected": r.selected, "newly_deleted": r.newly_deleted,

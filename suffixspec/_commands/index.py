@@ -55,14 +55,10 @@ def run(args) -> int:
     from ..corpus import DEFAULT_SHARD_TOKENS, Document, ReadStats, append_documents, build_index, list_input_files, read_documents
     from ..errors import BadInputError
     from ..tokenizer import load_tokenizer
+    from .args import check_writer_args
 
     t0 = time.perf_counter()
-    for name in ("shard_tokens", "jobs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise BadInputError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
-    if not args.wait >= 0 or args.wait == float("inf"):
-        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
+    check_writer_args(args)
     tags = parse_tags(args.tag)
     tok = load_tokenizer(args.tokenizer)
     files = list_input_files(args.inputs, args.glob)

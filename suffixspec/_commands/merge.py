@@ -19,14 +19,9 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ..corpus import merge_indexes
-    from ..errors import BadInputError
+    from .args import check_writer_args
 
-    for name in ("shard_tokens", "jobs"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise BadInputError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
-    if not args.wait >= 0 or args.wait == float("inf"):
-        raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
+    check_writer_args(args)
     t0 = time.perf_counter()
     r = merge_indexes(args.indexes, args.output, shard_tokens=args.shard_tokens, jobs=args.jobs, wait=args.wait)
     print(f"merged {len(args.indexes)} index(es): {r.n_documents} documents, {r.n_tokens} tokens in {r.n_shards} shard(s) "
