@@ -453,14 +453,10 @@ class Server:
     def _feed(self, rows: list[RowRound]) -> None:
         """Committed tokens back into the proposer sessions; finished requests' sessions close."""
         for r in rows:
-            session = r.request.session
-            if session is None:
-                continue
             if r.reason:
-                session.close()
-                r.request.session = None
-            else:
-                session.extend(r.tokens)
+                self._close_session(r.request)
+            elif r.request.session is not None:
+                r.request.session.extend(r.tokens)
 
     def _learn(self, rows: list[RowRound]) -> None:
         """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
