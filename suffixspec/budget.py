@@ -6,8 +6,9 @@ hardware and corrected online); its drafts are worth their calibrated acceptance
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
 verified, followed as `Shadow`s). `BudgetPolicy.size_round` picks the one draft size k for the round
 that maximises expected committed tokens per second, which is 0 (plain decoding) when speculation
-would not pay; `tail_weights` weighs rows by how long they keep the batch busy. The policy only reads
-trees and statistics and returns pruned trees: it never touches the model or the proposer.
+would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
+out the proposals of a batch that keeps choosing plain decoding. The policy only reads trees and
+statistics and returns pruned trees: it never touches the model or the proposer.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 from .fileio import atomic_write_json, cache_dir
 from .tree import DraftTree, prune_tree
 
-__all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "tail_weights",
+__all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "tail_weights",
            "DEFAULT_MAX_BUDGET"]
 
 log = logging.getLogger(__name__)
@@ -359,6 +360,41 @@ def tail_weights(rounds, done, max_new, min_weight: float = 0.25, waiting: bool 
     remaining = np.asarray(max_new, np.float64) - done
     expected_rounds = remaining * (rounds + 1.0) / (done + 1.0)
     return np.maximum(expected_rounds / expected_rounds.max(), min_weight)
+
+
+class DraftCadence:
+    """How often a running batch whose automatic budget keeps choosing plain decoding drafts at all.
+
+    Each round that drafted and verified no tree for any of its automatic rows lengthens a quiet
+    streak; the batch then skips drafting for min(streak, `max_skip`) rounds, so a batch that stays
+    off proposes (and learns from shadows) once every `max_skip` + 1 rounds instead of every round.
+    A round that verifies a tree ends the streak; `wake()` (a newcomer joined) makes the next round
+    draft without ending it. Rows with a fixed budget or a prediction always draft."""
+
+    __slots__ = ("max_skip", "streak", "skip")
+
+    def __init__(self, max_skip: int = 3):
+        self.max_skip = int(max_skip)
+        self.streak = 0
+        self.skip = 0
+
+    def drafts(self) -> bool:
+        """Whether this round drafts; a round that does not uses up one skipped round."""
+        if self.skip > 0:
+            self.skip -= 1
+            return False
+        return True
+
+    def observe(self, verified: bool) -> None:
+        """After a drafting round: whether any automatic row verified a tree."""
+        if verified:
+            self.streak = self.skip = 0
+        else:
+            self.streak += 1
+            self.skip = min(self.streak, self.max_skip)
+
+    def wake(self) -> None:
+        self.skip = 0
 
 
 class BudgetPolicy:

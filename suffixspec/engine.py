@@ -12,8 +12,11 @@ Contract of one `step()`:
 2. One round for every running request (newcomers included), in named steps that read top-down in
    `_round`: draft (the proposer's trees, plus the request's prediction), size (the budget policy
    prunes them), verify (one forward pass, acceptance, cache commit), settle (tokens committed,
-   finished requests found by `Decoding.take`), feed (committed tokens back into the proposer
-   sessions), learn (the policy's calibration). Finished requests leave the batch.
+   finished requests found by `Decoding.take`), feed (committed tokens back toward the proposer
+   sessions), learn (the policy's calibration). Finished requests leave the batch. While the
+   running batch's automatic budget keeps choosing plain decoding, its automatic rows draft only
+   every few rounds (`budget.DraftCadence`); a session receives its committed tokens when it next
+   drafts or closes (`Request.unfed`), so rounds without drafts never touch the proposer.
 3. A round that raises is retried request by request from a fresh cache: the request that raises
    alone fails (finish reason "error", its error recorded); the others go on unaffected.
 
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-from .budget import RequestTrust, tail_weights
+from .budget import DraftCadence, RequestTrust, tail_weights
 from .errors import BadInputError
 from .fallback import plain_generate
 from .options import DecodeOptions, Decoding, check_int
@@ -76,6 +79,7 @@ class Request:
     budget: Any  # "auto" or draft nodes per round (0: plain decoding)
     context: list[int]
     pending: list[int]  # committed tokens not yet in the cache
+    unfed: list[int] = field(default_factory=list)  # committed tokens not yet in the proposer session
     output: list[int] = field(default_factory=list)
     session: Any = None
     filter: Any = None
@@ -165,6 +169,7 @@ class Server:
         self._next = 0
         self._waiting: deque[Request] = deque()
         self._rows: list[Request] = []  # the rows of self._state, in order
+        self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
         self._clock = clock
         self._t0 = clock()
         self.unsupported = gen.check_support()
@@ -293,15 +298,17 @@ class Server:
                     for rq in group:
                         self._open_session(rq)
                     state = self._new_state(len(group))
-                    kept = self._round(state, group, step.events)
+                    kept = self._round(state, group, step.events, drafts=True)
                     self._state.add_rows(state)
                     self._rows.extend(kept)
                 except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
                     self._rows.extend(self._isolate(group, exc, step.events))
+            self._cadence.wake()  # a newcomer may draft well: the next round looks
         if self._rows:
             rows = self._rows
             try:
-                self._rows = self._round(self._state, rows, step.events)
+                self._rows = self._round(self._state, rows, step.events, drafts=self._cadence.drafts(),
+                                         cadence=self._cadence)
             except Exception as exc:  # noqa: BLE001
                 self._state = self._new_state(0)
                 self._rows = []
@@ -316,14 +323,19 @@ class Server:
         if rq.session is None and speculate:
             rq.session = self.gen.proposer.start(rq.context, request_id=rq.request_id, filter=rq.filter)
 
-    def _round(self, state, requests: list[Request], events: list[Event]) -> list[Request]:
-        """One round of `requests` (the rows of `state`); returns those that go on, in order."""
+    def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
+               cadence: DraftCadence | None = None) -> list[Request]:
+        """One round of `requests` (the rows of `state`); returns those that go on, in order. With
+        `drafts` False, rows with an automatic budget and no prediction draft nothing. `cadence`
+        (the running batch's) observes whether a drafting round verified any automatic row's tree."""
         rows = [RowRound(rq, rq.max_new - len(rq.output)) for rq in requests]
         t0 = self._clock()
-        self._draft(rows)
+        self._draft(rows, drafts)
         t1 = self._clock()
         width = max(len(rq.pending) for rq in requests)
         self._size(rows, width)
+        if cadence is not None and drafts and any(r.request.auto for r in rows):
+            cadence.observe(any(len(r.tree) for r in rows if r.request.auto))
         t2 = self._clock()
         self._verify(state, rows, width)
         t3 = self._clock()
@@ -347,17 +359,23 @@ class Server:
 
     # ---------------------------------------------------------------------------------- the round's steps
 
-    def _draft(self, rows: list[RowRound]) -> None:
+    def _draft(self, rows: list[RowRound], drafts: bool = True) -> None:
         """Each row's tree from its proposer session (one batched call), plus its prediction's path,
-        pruned to its budget and to what it may still commit."""
+        pruned to its budget and to what it may still commit. Without `drafts`, automatic rows
+        without a prediction draft nothing."""
         budgets = []
         for r in rows:
             rq = r.request
+            if rq.auto and not drafts and rq.prediction is None:
+                budgets.append(0)
+                continue
             want = self.policy.max_budget if rq.auto else int(rq.budget)
             budgets.append(max(0, min(want, r.limit - 1)))
         live = [i for i, r in enumerate(rows) if r.request.session is not None and budgets[i] > 0]
         if live:
             sessions = [rows[i].request.session for i in live]
+            for i in live:
+                self._catch_up(rows[i].request)
             wanted = [budgets[i] for i in live]
             batch = getattr(self.gen.proposer, "propose_batch", None)
             if batch is not None and len(live) > 1:  # one session: its own call is the cheaper path
@@ -451,12 +469,20 @@ class Server:
         pred.advance(r.request.output, r.tokens, min(len(r.path), len(r.tree)), on_path)
 
     def _feed(self, rows: list[RowRound]) -> None:
-        """Committed tokens back into the proposer sessions; finished requests' sessions close."""
+        """Committed tokens toward the proposer sessions (taken when they next draft); finished
+        requests' sessions close."""
         for r in rows:
-            if r.reason:
-                self._close_session(r.request)
-            elif r.request.session is not None:
-                r.request.session.extend(r.tokens)
+            rq = r.request
+            if rq.session is not None:
+                rq.unfed.extend(r.tokens)
+                if r.reason:
+                    self._close_session(rq)
+
+    def _catch_up(self, rq: Request) -> None:
+        """The session takes the request's committed tokens it has not seen (one extend call)."""
+        if rq.unfed:
+            tokens, rq.unfed = rq.unfed, []
+            rq.session.extend(tokens)
 
     def _learn(self, rows: list[RowRound]) -> None:
         """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
@@ -477,11 +503,14 @@ class Server:
             self._finished_predictions[rq.index] = (accepted, max(len(rq.prediction) - accepted, 0))
 
     def _close_session(self, rq: Request) -> None:
+        """The session closes over the whole output (what it closes over joins the past responses)."""
         if rq.session is not None:
             try:
+                self._catch_up(rq)
                 rq.session.close()
             finally:
                 rq.session = None
+                rq.unfed = []
 
     def _drop_cancelled(self, step: Step) -> None:
         if not any(rq.cancelled for rq in self._live.values()):

@@ -317,3 +317,24 @@ def test_prefill_drafts_stay_within_the_ttft_slack():
         assert [len(t) for t in sized] == [want] * rows, (slack, rows, width)
         cost = linear(rows * (np.array([0, want]) + width))
         assert cost[1] <= (1 + slack) * cost[0]
+
+
+def test_draft_cadence_thins_out_while_quiet_and_wakes():
+    from suffixspec.budget import DraftCadence
+
+    c = DraftCadence(max_skip=3)
+    pattern = []
+    for _ in range(20):
+        d = c.drafts()
+        pattern.append(d)
+        if d:
+            c.observe(False)
+    drafted = [i for i, d in enumerate(pattern) if d]
+    assert drafted == [0, 2, 5, 9, 13, 17]  # skips of 1, 2, then 3 rounds
+    c.wake()
+    assert c.drafts() and c.streak == 6  # a newcomer: look now, the streak stays
+    c.observe(False)
+    assert not c.drafts()
+    c.skip = 0
+    c.observe(True)
+    assert c.streak == 0 and all(c.drafts() for _ in range(3))

@@ -320,3 +320,73 @@ def test_the_server_filter_reaches_every_session_without_its_own():
     server.add([4, 5, 6], filter={"repo": "b"})
     server.run()
     assert seen == [{"repo": "a"}, {"repo": "b"}]
+
+
+# ------------------------------------------------------------------------------------ drafting while off
+
+
+def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_nothing():
+    """A cost model under which no draft ever pays: after the prefill, the running batch's automatic
+    rows propose on a thinning cadence (never two rounds in a row after the first, never more than
+    four rounds apart, about one round in four in all), a fixed-budget row proposes every round,
+    every proposal sees the request's whole output so far, every session closes over the whole
+    output, and the outputs equal plain decoding."""
+    from suffixspec.options import DecodeOptions
+
+    model = tiny_model("llama")
+    prompts = prompts_for()[:3]
+    new = 40
+    refs = [hf_generate(model, p, new) for p in prompts]
+    step_no = [0]
+    proposals: dict[int, list[int]] = {}  # request -> steps at which it was asked to draft
+    closed: dict[int, list[int]] = {}
+
+    def draft(session, budget):
+        assert session.out == server.output(session.request_id)  # caught up before proposing
+        proposals.setdefault(session.request_id, []).append(step_no[0])
+        return DraftTree.from_paths([[1, 2, 3]], [0.9])
+
+    proposer = StandInProposer(draft)
+    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    server = gen.serve(max_new_tokens=new, budget="auto")
+    original_start = proposer.start
+
+    def start(prompt_ids, request_id=None, filter=None):
+        session = original_start(prompt_ids, request_id, filter)
+        original_close = session.close
+        session.close = lambda: (closed.__setitem__(request_id, list(session.out)), original_close())
+        return session
+
+    proposer.start = start
+    auto = [server.add(p, request_id=i) for i, p in enumerate(prompts[:2])]
+    fixed = server.add(prompts[2], request_id=2, options=DecodeOptions(max_new_tokens=new, budget=4))
+    while not server.idle:
+        step_no[0] += 1
+        server.step()
+    res = server.result()
+    assert res.sequences == refs
+    assert closed == {i: refs[i] for i in range(3)}
+    rounds = res.stats.requests[fixed].rounds
+    # the first step holds the prefill and the first batch round; the last round has one token left
+    assert proposals[fixed] == [1] + list(range(1, rounds - 1)), proposals[fixed]
+    for q in auto:
+        steps = proposals[q]
+        assert steps[:2] == [1, 1]  # the prefill drafts, and so does the batch's first round
+        gaps = [b - a for a, b in zip(steps[1:], steps[2:])]
+        assert gaps and all(2 <= g <= 4 for g in gaps), steps
+        assert len(steps) <= res.stats.requests[q].rounds // 4 + 4, steps
+
+
+def test_a_verified_draft_ends_the_quiet_streak():
+    """Drafts that pay (an oracle proposer, cheap passes): every round drafts, as before the cadence."""
+    model = tiny_model("llama")
+    prompts = prompts_for()[:2]
+    refs = {tuple(p): hf_generate(model, p, NEW) for p in prompts}
+    inner = oracle_proposer(refs, VOCAB, wrong=False)
+    gen = SpeculativeGenerator(model, proposer=inner, cost_model=CostModel([1, 1024], [1.0, 1.01]))
+    server = gen.serve(max_new_tokens=NEW, budget="auto")
+    for p in prompts:
+        server.add(p)
+    res = server.run()
+    assert res.sequences == [refs[tuple(p)] for p in prompts]
+    assert inner.calls == sum(rs.rounds for rs in res.stats.requests)
