@@ -4,7 +4,8 @@ A round's pass costs time as a function of the tokens it feeds (`CostModel`, mea
 hardware and corrected online); its drafts are worth their calibrated acceptance estimates
 (`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
-verified, followed as `Shadow`s). `BudgetPolicy.size_round` picks the one draft size k for the round
+verified, followed as `Shadow`s; `OutputLengths`: how likely an output still runs d tokens on, from
+finished requests, which discounts deep drafts of answers likely to end). `BudgetPolicy.size_round` picks the one draft size k for the round
 that maximises expected committed tokens per second, which is 0 (plain decoding) when speculation
 would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
 out the proposals of a batch that keeps choosing plain decoding. The policy only reads trees and
@@ -19,13 +20,15 @@ import logging
 import math
 import os
 import time
+from collections import deque
 
 import numpy as np
 
 from .fileio import atomic_write_json, cache_dir
 from .tree import DraftTree, prune_tree
 
-__all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "tail_weights",
+__all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
+           "tail_weights",
            "DEFAULT_MAX_BUDGET"]
 
 log = logging.getLogger(__name__)
@@ -362,6 +365,44 @@ def tail_weights(rounds, done, max_new, min_weight: float = 0.25, waiting: bool 
     return np.maximum(expected_rounds / expected_rounds.max(), min_weight)
 
 
+class OutputLengths:
+    """How long outputs run: the product-limit (Kaplan-Meier) estimate over the last `window` finished
+    requests. An output that ended on its own (EOS, a stop sequence) is an event at its length; one
+    cut at its token limit only shows that it runs past that length (censored). `prior` pseudo-outputs
+    that never end sit in every risk set, so no estimate reaches 0 and, before any request finished,
+    or past every length seen, nothing is discounted."""
+
+    def __init__(self, window: int = 256, prior: float = 1.0):
+        self.prior = float(prior)
+        self._seen: deque[tuple[int, bool]] = deque(maxlen=int(window))
+        self._survival: np.ndarray | None = None  # [x] = P(length > x), x = 0 .. longest seen + 1
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def observe(self, length: int, ended: bool) -> None:
+        self._seen.append((int(length), bool(ended)))
+        self._survival = None
+
+    def survival(self) -> np.ndarray:
+        """P(length > x) for x = 0 .. the longest length seen + 1 (beyond: the last value)."""
+        if self._survival is None:
+            n = max((length for length, _ in self._seen), default=0) + 2
+            lengths = np.fromiter((length for length, _ in self._seen), np.int64, len(self._seen))
+            ended = np.fromiter((e for _, e in self._seen), bool, len(self._seen))
+            events = np.bincount(lengths[ended], minlength=n).astype(np.float64)
+            at_risk = np.cumsum(np.bincount(lengths, minlength=n)[::-1])[::-1] + self.prior  # length >= x
+            self._survival = np.cumprod(1.0 - events / at_risk)
+        return self._survival
+
+    def continuing(self, done: int, depth: int) -> np.ndarray:
+        """[d] = P(length > done + d | length > done), d = 0 .. `depth`: the chance that a draft node d
+        deep in a request with `done` output tokens still saves a round (the output goes on past it)."""
+        s = self.survival()
+        at = s[np.minimum(np.arange(done, done + depth + 1), len(s) - 1)]
+        return at / at[0]
+
+
 class DraftCadence:
     """How often a running batch whose automatic budget keeps choosing plain decoding drafts at all.
 
@@ -418,6 +459,7 @@ class BudgetPolicy:
         self.prefill_slack = float(prefill_slack)
         self.cost_model = cost_model
         self.calibration = RankCalibration() if calibration is None else calibration
+        self.lengths = OutputLengths()
 
     def ensure_cost_model(self, model) -> CostModel:
         if self.cost_model is None:
@@ -425,7 +467,7 @@ class BudgetPolicy:
         return self.cost_model
 
     def size_round(self, trees: list[DraftTree], limits, width: int = 1, weights=None,
-                   row_factors=None) -> list[DraftTree]:
+                   row_factors=None, row_continuing=None) -> list[DraftTree]:
         """Choose one draft size k for the round; each row keeps its best k nodes.
 
         The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
@@ -436,11 +478,14 @@ class BudgetPolicy:
         (`width` > 1, dominated by the prompts) takes k nodes only when their expected tokens beat
         `prefill_margin` times what their extra pass time buys in plain decode rounds, and only up to
         `prefill_slack` of the pass's cost: that time delays every row's first token (TTFT), so it
-        counts more than time spent later."""
+        counts more than time spent later. A row's `row_continuing` entry ([d]: the chance its output
+        runs past a node d deep, `OutputLengths.continuing`; None: 1) discounts its deep nodes, so an
+        answer likely to end soon does not draft wider than it can repay."""
         b = len(trees)
         scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
-        best_scores = [self.calibration.apply(np.sort(t.scores)[::-1], f) if len(t) else np.zeros(0)
-                       for t, f in zip(trees, scale)]
+        going = [None] * b if row_continuing is None else row_continuing
+        best_scores = [self.calibration.apply(np.sort(self._worth(t, g))[::-1], f) if len(t) else np.zeros(0)
+                       for t, f, g in zip(trees, scale, going)]
         kmax = max((len(s) for s in best_scores), default=0)
         if kmax == 0:
             return trees
@@ -465,6 +510,13 @@ class BudgetPolicy:
             if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
                 k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
+
+    @staticmethod
+    def _worth(tree: DraftTree, continuing) -> np.ndarray:
+        """The tree's scores, each discounted by the chance the output runs past its node."""
+        if continuing is None:
+            return tree.scores
+        return tree.scores * continuing[np.minimum(tree.depths, len(continuing) - 1)]
 
     def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
         """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""

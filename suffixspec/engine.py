@@ -405,8 +405,12 @@ class Server:
                                self.min_weight, waiting=bool(self._waiting))
         # rows with a fixed budget keep their trees; the policy sizes the round for all rows alike
         trees = [r.tree if r.request.auto else DraftTree.empty() for r in rows]
+        lengths, depth = self.policy.lengths, self.policy.max_budget
+        continuing = [lengths.continuing(len(rq.output), depth) if len(lengths) and len(t) else None
+                      for rq, t in zip(requests, trees)]
         sized = self.policy.size_round(trees, [r.limit for r in rows], width=width, weights=weights,
-                                       row_factors=[rq.trust.factor() for rq in requests])
+                                       row_factors=[rq.trust.factor() for rq in requests],
+                                       row_continuing=continuing)
         for i in auto:
             rows[i].tree = sized[i]
 
@@ -456,6 +460,8 @@ class Server:
                 self._advance_prediction(r, n_acc)
             if r.reason:
                 rs.finish_reason = r.reason
+                if rq.auto:  # how long answers run (an output cut at its limit runs on past it)
+                    self.policy.lengths.observe(len(rq.output), r.reason != "length")
                 self._finish(rq)
             if self.stream is not None and tokens:
                 self.stream(rq.index, list(tokens))

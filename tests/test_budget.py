@@ -338,3 +338,55 @@ def test_draft_cadence_thins_out_while_quiet_and_wakes():
     c.skip = 0
     c.observe(True)
     assert c.streak == 0 and all(c.drafts() for _ in range(3))
+
+
+def _product_limit(seen, x, prior):
+    """P(length > x) by the definition: the product over event lengths t <= x of 1 - ended(t) / at-risk(t)."""
+    s = 1.0
+    for t in range(x + 1):
+        ended = sum(1 for length, e in seen if e and length == t)
+        at_risk = sum(1 for length, _ in seen if length >= t) + prior
+        s *= 1.0 - ended / at_risk
+    return s
+
+
+def test_output_lengths_equal_the_product_limit_estimate():
+    from suffixspec.budget import OutputLengths
+
+    rng = np.random.default_rng(3)
+    for trial in range(20):
+        est = OutputLengths(window=16, prior=[0.5, 1.0, 2.0][trial % 3])
+        seen = []
+        for _ in range(int(rng.integers(0, 40))):
+            item = (int(rng.integers(0, 30)), bool(rng.random() < 0.7))
+            est.observe(*item)
+            seen.append(item)
+        seen = seen[-16:]
+        surv = est.survival()
+        for x in range(len(surv) + 3):
+            want = _product_limit(seen, x, est.prior)
+            assert surv[min(x, len(surv) - 1)] == pytest.approx(want)
+        done = int(rng.integers(0, 35))
+        cont = est.continuing(done, 8)
+        for d in range(9):
+            want = _product_limit(seen, done + d, est.prior) / _product_limit(seen, done, est.prior)
+            assert cont[d] == pytest.approx(want)
+    assert (OutputLengths().continuing(5, 4) == 1.0).all()  # nothing seen: nothing discounted
+
+
+def test_short_answers_draft_no_wider_than_they_repay():
+    """Answers that always ended 2 tokens in: a deep chain is cut to the depth the output reaches, and
+    with nothing seen the same chain is taken whole."""
+    from suffixspec.budget import BudgetPolicy, OutputLengths
+
+    chain = DraftTree.from_paths([list(range(1, 13))], [0.95])
+    chain.scores[:] = 0.95 ** np.arange(1, 13)
+    policy = BudgetPolicy(cost_model=CostModel([1, 64], [1.0, 2.9]))  # 3% more a token
+    policy.calibration = RankCalibration(prior=1e6, prior_ratio=1.0)  # scores taken as they are
+    whole = policy.size_round([chain], [64])[0]
+    assert len(whole) == 12
+    lengths = OutputLengths()
+    for _ in range(50):
+        lengths.observe(4, True)
+    short = policy.size_round([chain], [64], row_continuing=[lengths.continuing(1, 64)])[0]
+    assert 1 <= len(short) <= 3  # past 4 tokens (3 beyond the 1 done) hardly any output runs on
