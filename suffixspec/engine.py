@@ -351,7 +351,7 @@ class Server:
         stats.verifier_s += t3 - t2
         stats.rounds += 1
         stats.plain_rounds += all(len(r.tree) == 0 for r in rows)
-        stats.budgets.extend(len(r.tree) for r in rows)
+        stats.record_budgets([len(r.tree) for r in rows])
         keep = [i for i, r in enumerate(rows) if not r.reason]
         if len(keep) < len(rows):
             state.select_rows(keep)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
+from collections import deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -49,6 +50,9 @@ class RequestStats:
         return d
 
 
+BUDGETS_KEPT = 65536  # per-round draft sizes a long-running server keeps
+
+
 @dataclass
 class GenerationStats:
     requests: list[RequestStats]
@@ -59,8 +63,20 @@ class GenerationStats:
     verifier_s: float = 0.0  # the forward pass, acceptance and the cache commit
     e2e_s: float = 0.0
     peak_memory_bytes: int = 0
-    budgets: list[int] = field(default_factory=list)  # draft nodes per request chosen each round
+    # draft nodes verified per request-round: the most recent BUDGETS_KEPT, and the totals of all
+    budgets: deque[int] = field(default_factory=lambda: deque(maxlen=BUDGETS_KEPT))
+    budget_nodes: int = 0
+    budget_rows: int = 0
     fallback: str | None = None  # why speculation was off for the whole run, if it was
+
+    def record_budgets(self, sizes: list[int]) -> None:
+        self.budgets.extend(sizes)
+        self.budget_nodes += sum(sizes)
+        self.budget_rows += len(sizes)
+
+    @property
+    def mean_budget(self) -> float:
+        return self.budget_nodes / self.budget_rows if self.budget_rows else 0.0
 
     @property
     def new_tokens(self) -> int:
@@ -125,7 +141,7 @@ class GenerationStats:
             "e2e_s": self.e2e_s,
             "tokens_per_s": self.tokens_per_s,
             "peak_memory_bytes": self.peak_memory_bytes,
-            "mean_budget": float(np.mean(self.budgets)) if self.budgets else 0.0,
+            "mean_budget": self.mean_budget,
             "fallback": self.fallback,
             "per_request": [r.to_dict() for r in self.requests],
         }

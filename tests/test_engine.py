@@ -390,3 +390,15 @@ def test_a_verified_draft_ends_the_quiet_streak():
     res = server.run()
     assert res.sequences == [refs[tuple(p)] for p in prompts]
     assert inner.calls == sum(rs.rounds for rs in res.stats.requests)
+
+
+def test_round_budgets_are_bounded_and_their_mean_counts_every_round():
+    from suffixspec.stats import BUDGETS_KEPT, GenerationStats
+
+    stats = GenerationStats(requests=[])
+    sizes = [i % 7 for i in range(3 * BUDGETS_KEPT + 5)]
+    for i in range(0, len(sizes), 4):
+        stats.record_budgets(sizes[i : i + 4])
+    assert list(stats.budgets) == sizes[-BUDGETS_KEPT:]
+    assert stats.mean_budget == pytest.approx(sum(sizes) / len(sizes))
+    assert stats.to_dict()["mean_budget"] == stats.mean_budget

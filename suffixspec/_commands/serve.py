@@ -197,6 +197,7 @@ def _warm_up(server, tokenizer) -> None:
     stats.rounds, stats.plain_rounds = before
     stats.proposer_s = stats.budget_s = stats.verifier_s = 0.0
     stats.budgets.clear()
+    stats.budget_nodes = stats.budget_rows = 0
 
 
 class DrainingServer:

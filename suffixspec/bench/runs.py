@@ -15,7 +15,6 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import numpy as np
 
 from .schedule import Served, poisson_arrivals, serve_schedule
 from .workloads import Workload
@@ -114,9 +113,8 @@ def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], s
                      "tpot_s": (s.e2e - s.ttft) / (n_new - 1) if n_new > 1 else 0.0,
                      "finish_reason": rs.finish_reason, "arrival_s": s.arrival, "start_s": s.start,
                      "ttft_s": s.ttft, "e2e_s": s.e2e, "queue_s": s.start - s.arrival})
-    budgets = stats.budgets
     return Run(mode, concurrency, repeat, reqs, makespan, stats.proposer_s, stats.verifier_s, stats.peak_memory_bytes,
-               float(np.mean(budgets)) if budgets else 0.0, stats.fallback, outputs, errors)
+               stats.mean_budget, stats.fallback, outputs, errors)
 
 
 def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[str, Any], settings: BenchSettings,

@@ -305,7 +305,6 @@ class EngineLoop:
             elif ev.tokens:
                 handle.post_tokens(list(ev.tokens))
         self._observe(step, delta)
-        server.stats.budgets.clear()  # per-round draft sizes: a long-running server must not keep them
 
     def _finish(self, handle: Handle, ev) -> None:
         server = self.server
