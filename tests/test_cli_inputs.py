@@ -39,6 +39,8 @@ CASES = [
     (["generate", "--prompt-file", "{d}/missing.txt"], "missing.txt"),
     (["generate", "--prompt-file", "{d}"], "regular file"),
     (["generate", "--prompt", "x", "--model", "{d}/unknown_model"], "cannot load it"),
+    (["generate", "--prompt", "x", "--chat-template", "{d}/t.jinja"], "together with --chat"),
+    (["generate", "--prompt", "x", "--chat", "--chat-template", "{d}/no_such.jinja"], "no_such.jinja"),
     (["simulate", "{d}/binary.jsonl"], "UTF-8"),
     (["simulate", "{d}/not_json.jsonl"], "malformed JSON"),
     (["simulate", "{d}/big_ids.jsonl", "--vocab-size", "49152"], "99999"),
@@ -71,3 +73,18 @@ def test_good_simulate_input_still_runs(files, capsys):
 
     assert main(["simulate", str(files / "ok.jsonl"), "--vocab-size", "10", "--budget", "4"]) == 0
     assert "mean_accepted_tokens" in capsys.readouterr().out
+
+
+def test_generate_chat_renders_the_models_template_as_serve_does(files, capsys):
+    """`generate --chat` renders one user turn with the same template choice as `suffixspec serve`
+    (a --chat-template file here, whose rendering is known): the prompt's tokens are its tokens."""
+    from suffixspec.cli import main
+    from suffixspec.models import load_model
+
+    template = files / "chat.jinja"
+    template.write_text("Q: {{ messages[0]['content'] }}\nA:")
+    assert main(["generate", "--prompt", "two plus two", "--chat", "--chat-template", str(template),
+                 "--max-new-tokens", "2", "--budget", "0", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    _, tokenizer = load_model(None)
+    assert stats["prompt_tokens"] == len(tokenizer.encode("Q: two plus two\nA:"))

@@ -21,7 +21,9 @@ def add_parser(sub) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", metavar="TEXT", help="the prompt text")
     src.add_argument("--prompt-file", metavar="F", help="read the prompt from a file ('-': stdin)")
-    p.add_argument("--chat", action="store_true", help="wrap the prompt as one user turn of a ChatML conversation")
+    p.add_argument("--chat", action="store_true",
+                   help="the prompt is one user turn, rendered with the model's chat template (as `suffixspec serve` does)")
+    p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template for --chat (default: the model's)")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
@@ -33,10 +35,6 @@ def add_parser(sub) -> None:
     p.add_argument("--compare", action="store_true", help="also run plain greedy decoding (transformers) and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object with the statistics as the last line")
     p.set_defaults(func=run)
-
-
-def chatml(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def run(args) -> int:
@@ -51,8 +49,13 @@ def run(args) -> int:
                   temperature=args.temperature if do_sample else 1.0, top_k=args.top_k, top_p=args.top_p,
                   seed=args.seed, budget=budget)
     prompt = args.prompt if args.prompt is not None else read_utf8(args.prompt_file, "--prompt-file")
+    if args.chat_template is not None and not args.chat:
+        raise BadInputError("--chat-template: expected together with --chat")
+    found = None
     if args.chat:
-        prompt = chatml(prompt)
+        from ..http.chat import find_chat_template  # chat templates need no web stack
+
+        found = find_chat_template(args.model, args.chat_template)
 
     import torch
 
@@ -69,6 +72,13 @@ def run(args) -> int:
     corpora = open_corpora(args.corpus, tokenizer)
     if filters and not corpora:
         raise BadInputError("--filter needs at least one --corpus index")
+    if found is not None:
+        from ..http.chat import chat_template_for
+
+        chat, _ = chat_template_for(found, tokenizer)
+        if chat is None:
+            raise BadInputError(f"--chat: model {args.model or 'default'!r} has no chat template; give --chat-template FILE")
+        prompt = chat.render([{"role": "user", "content": prompt}])
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
     ids = tokenizer.encode(prompt)
 
@@ -92,6 +102,7 @@ def run(args) -> int:
     stats = result.stats
     report = stats.to_dict()
     report.pop("per_request")
+    report["prompt_tokens"] = len(ids)
     if gen.cost_model is not None:
         report["cost_curve"] = gen.cost_model.relative()
     if args.stats or args.compare:

@@ -146,9 +146,9 @@ def _default_name(model) -> str:
 def _load(args, budget, template, state, log) -> None:
     """Load the model, build the engine and start its thread; then `state` is ready."""
     from ..generate import SpeculativeGenerator
-    from ..http.chat import ChatTemplate, chatml_template
+    from ..http.chat import chat_template_for
     from ..http.engine_loop import EngineLoop
-    from ..http.fim import fim_tokens, token_id
+    from ..http.fim import fim_tokens
     from ..http.protocol import ModelContext
     from ..models import load_model
     from ..options import DecodeOptions
@@ -166,10 +166,7 @@ def _load(args, budget, template, state, log) -> None:
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache)
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
     server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch)
-    source, where = template
-    if source is None and token_id(tokenizer, "<|im_start|>") is not None:
-        source, where = chatml_template(), "ChatML (the tokenizer has <|im_start|>, the model no template)"
-    chat = ChatTemplate(source, tokenizer) if source else None
+    chat, where = chat_template_for(template, tokenizer)
     log.info("chat template: %s", where or "none (chat completions answer 400)")
     ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,
                        max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,

@@ -11,8 +11,11 @@ Contract:
 * `ChatTemplate(source, tokenizer)`: `render(messages) -> str`, the prompt text of the conversation
   with the assistant's turn opened (`add_generation_prompt=True`), rendered in jinja2's sandbox
   (templates are data). Template errors become `ChatTemplateError` (a `BadInputError`) with jinja2's message.
-* `chatml_template()`: the ChatML form (`<|im_start|>role\\ncontent<|im_end|>\\n`...), the fallback the
-  server uses for tokenizers that hold `<|im_start|>` but carry no template.
+* `chatml_template()`: the ChatML form (`<|im_start|>role\\ncontent<|im_end|>\\n`...), the fallback for
+  tokenizers that hold `<|im_start|>` but carry no template.
+* `chat_template_for(found, tokenizer) -> (ChatTemplate | None, where)`: what `find_chat_template`
+  found, else that fallback, loaded: the one template choice of `suffixspec serve` and
+  `suffixspec generate --chat`.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from pathlib import Path
 
 from ..errors import BadInputError
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "find_chat_template", "gguf_string_field", "chatml_template"]
+__all__ = ["ChatTemplate", "ChatTemplateError", "find_chat_template", "gguf_string_field", "chatml_template",
+           "chat_template_for"]
 
 CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
           "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
@@ -36,6 +40,17 @@ class ChatTemplateError(BadInputError):
 
 def chatml_template() -> str:
     return CHATML
+
+
+def chat_template_for(found: tuple[str | None, str], tokenizer) -> tuple[ChatTemplate | None, str]:
+    """`found` (`find_chat_template`'s answer) loaded, else ChatML when the tokenizer holds `<|im_start|>`;
+    `(None, "")` when neither."""
+    from .fim import token_id
+
+    source, where = found
+    if source is None and token_id(tokenizer, "<|im_start|>") is not None:
+        source, where = CHATML, "ChatML (the tokenizer has <|im_start|>, the model no template)"
+    return (ChatTemplate(source, tokenizer), where) if source else (None, "")
 
 
 def find_chat_template(model_spec, template_file=None) -> tuple[str | None, str]:
