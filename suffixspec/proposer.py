@@ -33,7 +33,9 @@ its own lock, so no kernel reads an automaton that another thread is growing or 
 kernels read raw addresses: without the lock, a session closed during another thread's proposal
 was a use-after-free). Different sessions may propose concurrently from several threads
 (`propose` runs one nogil kernel call over the session's own automaton and immutable snapshots of
-the shared sources; the cache is guarded by a lock).
+the shared sources; the cache is guarded by a lock). The proposer's learned counts are shared by
+its sessions and updated without a lock: concurrent extensions may lose an increment, and a tree
+depends on what other sessions committed before it (with `learn=False` sessions are independent).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
@@ -54,6 +56,7 @@ import numpy as np
 
 from ._kernels import draft as dk
 from ._kernels import frozen as fk
+from ._kernels import learn as lk
 from ._kernels import propose as pk
 from ._kernels import sam as sk
 from ._kernels.address import address
@@ -151,6 +154,8 @@ class _Sources:
         self.n_static = len(static)
         self.automata = list(static) + [a for _, a in cached]
         self.generations = [None] * len(static) + [g for g, _ in cached]
+        # each row's source class (lk.CLS_*), as the kernels read it
+        self.classes = np.array([lk.CLS_CORPUS] * len(static) + [lk.CLS_CACHE] * len(cached), np.int64)
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
         self.held = [fa.kernel_arrays() for fa in self.automata]
         self.table = fk.source_table(self.held)
@@ -217,6 +222,13 @@ class Proposer:
     `match_levels` (how many matched suffixes per source are expanded: the longest, then the
     next shorter ones along suffix links, which see more occurrences), `vocab_size` (when given,
     `start` and `extend` refuse token ids >= it with a BadInputError).
+
+    Learning (`learn`, on by default): every committed token counts, per source class (the
+    request, past responses, corpora) and matched-length bucket, whether that source's match
+    continued; the confidence of a draft step is learned from those counts instead of
+    L / (L + match_prior): the session's own counts shrunk toward the proposer's (weight
+    `session_strength`), those toward the prior (weight `prior_strength`). See `_kernels/learn.py`.
+    `learned()` returns the proposer's counts.
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
@@ -224,7 +236,8 @@ class Proposer:
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
                  resync_tokens: int = 1024, threads: int = 1, match_levels: int = 1,
-                 vocab_size: int | None = None):
+                 vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
+                 session_strength: float = 16.0):
         for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
                             ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
                             ("match_levels", match_levels)):
@@ -232,6 +245,10 @@ class Proposer:
                 raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
         if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
             raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
+        if not (prior_strength > 0 and session_strength > 0):
+            raise BadInputError("Proposer: expected prior_strength > 0 and session_strength > 0")
+        self.learn = bool(learn)
+        self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
         self.max_nodes = int(max_nodes)
         self._min_match = int(min_match)
         self.max_session_tokens = int(max_session_tokens)
@@ -248,6 +265,8 @@ class Proposer:
         self.params[dk.P_MIN_PROB] = min_prob
         self.params[dk.P_MAX_DEPTH] = max_depth
         self.params[dk.P_MAX_CHILDREN] = max_children
+        self.params[dk.P_PRIOR_STRENGTH] = prior_strength
+        self.params[dk.P_SESSION_STRENGTH] = session_strength
         self.params.flags.writeable = False  # the knobs are fixed: sessions' kernel frames name this array
         self.corpora = _corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
@@ -279,6 +298,11 @@ class Proposer:
         old = self._version_holder()
         self._cache = value
         old._touch()  # sessions compare versions with the holder they were built with: send them to resync
+
+    def learned(self) -> np.ndarray:
+        """A copy of the proposer's learned counts, float64 [classes, length buckets, (hits, trials)]
+        (`_kernels/learn.py`)."""
+        return self._learned.copy()
 
     def _version_holder(self):
         return self._cache if self._cache is not None else self._null
@@ -403,9 +427,10 @@ class Proposer:
         total = int(starts[-1] + budget_arr[-1])
         outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64))
         curs = np.stack([sessions[i]._cur for i in fast])
+        stats = np.stack([sessions[i]._stats for i in fast])
         threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, budget_arr, self.params,
-                self.min_match, self.match_levels)
+        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.classes, stats, self._learned,
+                budget_arr, self.params, self.min_match, self.match_levels)
         if threads == 1:
             counts = pk.propose_batch_serial(*args, starts, *outs)
         else:
@@ -466,11 +491,21 @@ class Session:
                 self._cur[j] = (-1, 0)
             else:
                 self._cur[j] = fa._advance(0, 0, prompt)
+        self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
+        self._stats = lk.new_stats()  # this request's learned counts (lk)
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
         # while propose may use it after checking only the cache version (unrestricted sessions)
         self._frame = self._hot = None
         self._guard = threading.Lock()  # serialises this session's calls (module docstring, Threads)
+        # the set-up a first proposal would otherwise pay: sources synced, counts online, the frame
+        # and this thread's workspace built
+        self._sync()
+        self._sam._start_online()
+        self._build_frame()
+        proposer._workspace(proposer.max_nodes, self._n_sources)
+        if not self._restricted:
+            self._hot = self._frame_addr
 
     @property
     def output(self) -> list[int]:
@@ -488,6 +523,11 @@ class Session:
             if toks.shape[0] == 0:
                 return
             self._output.extend(toks.tolist())
+            p = self.proposer
+            learning = p.learn
+            if learning:
+                sam = self._sam
+                lk.count_own(sam._S, sam._E, sam._H, sam._M, toks, p.min_match, self._stats, p._learned)
             self._sam._extend_valid(toks)
             if len(self._sam) > self.proposer.max_session_tokens:
                 keep = self.proposer.max_session_tokens // 2
@@ -495,8 +535,18 @@ class Session:
                 self._frame = self._hot = None
             cur = self._cur
             for j, fa in enumerate(self._automata):
-                if cur[j, _CUR_STATE] >= 0:
+                if cur[j, _CUR_STATE] < 0:
+                    continue
+                if not learning:
                     cur[j] = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
+                    continue
+                offsets, etok, eto, _counts, _lasts, links, lens = fa.kernel_arrays()
+                state, length = lk.count_frozen(offsets, etok, eto, links, lens, int(cur[j, _CUR_STATE]),
+                                                int(cur[j, _CUR_LEN]), toks, p.min_match, int(self._cls[j]),
+                                                self._stats, p._learned)
+                if state == fk.CORRUPT:
+                    fa._corrupt("while matching")
+                cur[j] = (state, length)
 
     def _sync(self, src: _Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
@@ -532,6 +582,7 @@ class Session:
             cur[j] = row
         self._cur = cur
         self._automata = src.automata
+        self._cls = src.classes
         self._src = src
         self._frame = self._hot = None
 
@@ -571,7 +622,7 @@ class Session:
         p = self.proposer
         self._params = p.params  # kept alive while the frame names it
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
-                                       p.match_levels)
+                                       p.match_levels, self._src.classes, self._stats, p._learned)
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version
@@ -635,6 +686,7 @@ class Session:
                 self.proposer._slots.release(slot)
         if self.proposer.cache is not None and self._output:
             self.proposer.cache.add(self._output)
+            self.proposer._current_sources()  # the new snapshot's arrays, on this request's time
 
     def __enter__(self):
         return self

@@ -8,6 +8,13 @@ replay in order through one proposer, as a server would see them.
 The copy-oracle drafts, each round, the longest prefix of the remaining output found anywhere
 in the available text (prompt, output so far, earlier outputs, corpora), capped at the
 budget: no copying proposer can beat it.
+
+The context bound is the same clairvoyant choice restricted to what a suffix-match drafter can
+reach: per round and source, the longest suffix of the context the source holds (for the request
+itself: the longest one that also ends earlier, as the proposer matches it; at least one token),
+and the longest prefix of the remaining output that continues it there (any occurrence); the best
+source wins, capped at the budget. It is the acceptance of an unbounded-width tree over the
+sources' longest matches that always holds the right branch.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from .textinput import read_utf8
 from .tokenids import as_tokens
 
 STAT_KEYS = ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "accepted_by_position",
-             "rounds", "propose_us_p50", "propose_us_p99", "oracle_mean_accepted_tokens")
+             "rounds", "propose_us_p50", "propose_us_p99", "propose_us_max", "oracle_mean_accepted_tokens",
+             "context_bound_mean_accepted_tokens")
 
 
 @dataclass
@@ -118,6 +126,7 @@ def replay(traces, proposer: Proposer, budget: int, filter=None) -> dict:
         "output_tokens": total,
         "propose_us_p50": _percentile(us, 50),
         "propose_us_p99": _percentile(us, 99),
+        "propose_us_max": float(us.max()) if len(us) else 0.0,
     }
 
 
@@ -146,12 +155,51 @@ def oracle_mean_accepted(traces, budget: int, corpora=(), use_history: bool = Tr
     return total / rounds if rounds else 0.0
 
 
+def _continued(automaton, context, ahead, length) -> int:
+    """How many tokens of `ahead` continue the last `length` tokens of `context` in `automaton`."""
+    if length < 1:
+        return 0
+    return automaton.prefix_length(np.concatenate([context[context.shape[0] - length :], ahead])) - length
+
+
+def context_bound_mean_accepted(traces, budget: int, corpora=(), use_history: bool = True) -> float:
+    """Mean committed tokens per round of the context bound (module docstring)."""
+    history = SuffixAutomaton()
+    rounds = total = 0
+    for trace in traces:
+        text = trace.prompt.copy()
+        own = SuffixAutomaton(text)  # the text ...
+        earlier = SuffixAutomaton(text[:-1])  # ... and all of it but the last token: where "earlier" ends
+        out = trace.output
+        pos = 0
+        while pos < out.shape[0]:
+            ahead = out[pos : pos + budget]
+            a = _continued(own, text, ahead, earlier.match_length(text)) if text.shape[0] else 0
+            sources = ([history] if use_history and len(history) else []) + list(corpora)
+            for src in sources:  # automata, or corpus-index shards
+                a = max(a, _continued(src, text, ahead, src.match_length(text)))
+            commit = out[pos : pos + a + 1]
+            if text.shape[0]:
+                earlier.extend(text[-1:])
+            earlier.extend(commit[:-1])
+            own.extend(commit)
+            text = np.concatenate([text, commit])
+            pos += commit.shape[0]
+            rounds += 1
+        if use_history and out.shape[0]:
+            history.add_document(out)
+        total += out.shape[0]
+    return total / rounds if rounds else 0.0
+
+
 def simulate(traces, proposer: Proposer, budget: int, filter=None) -> dict:
     stats = replay(traces, proposer, budget, filter)
     corpora = []
     for c in proposer.corpora:
         corpora.extend([shard.fa for shard in c.shards] if hasattr(c, "shards") else [c])
     stats["oracle_mean_accepted_tokens"] = oracle_mean_accepted(
+        traces, budget, corpora, use_history=proposer.cache is not None)
+    stats["context_bound_mean_accepted_tokens"] = context_bound_mean_accepted(
         traces, budget, corpora, use_history=proposer.cache is not None)
     stats["budget"] = budget
     return stats

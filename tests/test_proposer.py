@@ -45,7 +45,7 @@ def test_trees_equal_brute_force_on_small_cases(alphabet):
     for trial in range(40):
         text = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 30))]
         budget = rng.randrange(1, 12)
-        prop = Proposer(global_cache=False, max_children=64, max_depth=12, match_prior=1.0, recency=0.5)
+        prop = Proposer(global_cache=False, max_children=64, max_depth=12, match_prior=1.0, recency=0.5, learn=False)
         session = prop.start(text[: len(text) // 2])
         session.extend(text[len(text) // 2 :])
         tree = session.propose(budget)
@@ -66,7 +66,7 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
     depth = {1: 8, 2: 6, 3: 4}[alphabet]
     for trial in range(4):
         text = [rng.randrange(alphabet) for _ in range(rng.randrange(40, 120))]
-        prop = Proposer(global_cache=False, max_children=64, max_depth=depth, match_prior=1.0, recency=0.5)
+        prop = Proposer(global_cache=False, max_children=64, max_depth=depth, match_prior=1.0, recency=0.5, learn=False)
         session = prop.start(text[:4])
         for i in range(4, len(text)):
             session.extend([text[i]])
@@ -220,11 +220,12 @@ def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet)
         assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial
 
 
-def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, max_depth):
+def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, max_depth, conf_of=None):
     """Every draft path of one source with its probability (exhaustive): from the longest suffix
     of `text` occurring at least `min_count` times in `docs` (2 for the request's own text, whose
     last occurrence is the text itself), then `levels - 1` shorter matches along suffix links
-    (the longest shorter suffix occurring more often); a path keeps its best score over them."""
+    (the longest shorter suffix occurring more often); a path keeps its best score over them.
+    `conf_of(L)` is the confidence of a step at matched length L (default L / (L + match_prior))."""
     n = max([0] + [k for k in range(1, len(text) + 1) if naive.count(docs, text[len(text) - k :]) >= min_count])
     out = {}
 
@@ -236,7 +237,7 @@ def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, 
             return
         total = sum(c for c, _ in cont.values())
         recent = max(cont, key=lambda t: cont[t][1])
-        conf = len(ctx) / (len(ctx) + match_prior)
+        conf = len(ctx) / (len(ctx) + match_prior) if conf_of is None else conf_of(len(ctx))
         for tok, (c, _) in cont.items():
             p = prob * conf * (c + (recency * total if tok == recent else 0)) / (total * (1 + recency))
             key = tuple(path + [tok])
@@ -271,7 +272,7 @@ def test_tree_over_several_sources_equals_brute_force_union(match_levels):
         text = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 25))]
         budget = rng.randrange(1, 20)
         prop = Proposer(corpus=corpora, global_cache=False, max_children=64, max_depth=5, match_prior=1.0,
-                        recency=0.5, match_levels=match_levels)
+                        recency=0.5, match_levels=match_levels, learn=False)
         session = prop.start(text[: len(text) // 2])
         session.extend(text[len(text) // 2 :])
         tree = session.propose(budget)
@@ -412,9 +413,9 @@ def test_sessions_proposed_from_several_threads_at_once():
     want = []
     for g in groups:
         out = []
-        work(Proposer(corpus=corpus, global_cache=False, threads=2), g, out)
+        work(Proposer(corpus=corpus, global_cache=False, threads=2, learn=False), g, out)
         want.append(out)
-    prop = Proposer(corpus=corpus, global_cache=False, threads=2)
+    prop = Proposer(corpus=corpus, global_cache=False, threads=2, learn=False)  # learned counts are shared
     got = [[] for _ in groups]
     threads = [threading.Thread(target=work, args=(prop, g, o)) for g, o in zip(groups, got)]
     for t in threads:

@@ -55,7 +55,8 @@ def run(args) -> int:
     stats = simulate(traces, proposer, args.budget, filter=filters or None)
     print(f"traces            {len(traces)}")
     for key in ("rounds", "output_tokens", "mean_accepted_tokens", "oracle_mean_accepted_tokens",
-                "acceptance_rate", "drafted_per_round", "propose_us_p50", "propose_us_p99"):
+                "context_bound_mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "propose_us_p50",
+                "propose_us_p99", "propose_us_max"):
         value = stats[key]
         print(f"{key:<29} {value:.3f}" if isinstance(value, float) else f"{key:<29} {value}")
     print("accepted_by_position          " + " ".join(f"{x:.2f}" for x in stats["accepted_by_position"][:16]))

@@ -8,9 +8,11 @@ positions. A child's path probability in that part is
     p(child) = p(parent) * conf(L) * (count + recency * C * [most recent]) / (C * (1 + recency))
 
 where L is the matched length at the parent (it grows by one per level), C the sum of the
-children's counts, conf(L) = L / (L + match_prior) the chance that a copy continues at all, and
-[most recent] marks the continuation of the most recent occurrence (recency matters for text
-being edited). Each expansion pushes at most `max_children` children on a max-heap shared by all
+children's counts, conf(L) the chance that a copy continues at all (learned per source class and
+length bucket from the request's committed tokens, `learn.conf`; L / (L + match_prior) before any
+count), and [most recent] marks the continuation of the most recent occurrence (recency matters
+for text being edited). At most CHILD_BUF children of a state are read (a frozen state with more
+keeps its own count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
 parts (`expand`); a path's node scores the max over the parts that propose it, and the `budget`
 most probable nodes are kept. Probabilities never increase down a path.
 
@@ -24,14 +26,15 @@ best-first (a session's document-restricted corpus chains).
 import numpy as np
 from numba import njit
 
+from . import learn
 from . import lct
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64
 from .frozen import source_arrays
 
-P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN = 0, 1, 2, 3, 4
-N_PARAMS = 5
-CHILD_BUF = 4096
+P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH = range(7)
+N_PARAMS = 7
+CHILD_BUF = 512  # children of one state read per expansion (the work per proposal is bounded by it)
 WALK_SPLAY = 24  # splay-tree depth past which a count read is followed by a splay (amortization)
 DEEP_BUF = 256  # such splays per expansion (past that, reads stay exact but are not splayed)
 
@@ -157,11 +160,14 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at):
+def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, params, ws, out_tok, out_par, out_depth,
+           out_prob, at):
     """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
     the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
     context in a source: the live automaton (source -1, counts through its link-cut tree, which
-    this may restructure) or row `source` of the `frozen` table (read only).
+    this may restructure) or row `source` of the `frozen` table (read only), of source class
+    `cls_rows[source]` (learn.CLS_OWN for the live one). A path's confidence per step is
+    `learn.conf` over the session's stats `local` and the proposer's `glob`.
 
     One heap serves every part: a candidate is a child of (output node, part) scored by that
     part's path probability. Popped, it becomes the output node of its path (found among the
@@ -183,6 +189,9 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
     rec = params[P_RECENCY]
     prior = params[P_MATCH_PRIOR]
     min_prob = params[P_MIN_PROB]
+    prior_strength = params[P_PRIOR_STRENGTH]
+    session_strength = params[P_SESSION_STRENGTH]
+    cls = learn.CLS_OWN
     for i in range(budget + 1):
         first_child[i] = -1
     offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
@@ -244,6 +253,7 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             depth = cand[c, C_DEPTH]
             q = cand[c, C_PART]
         live = part_src[q] < 0
+        cls = learn.CLS_OWN if live else cls_rows[part_src[q]]
         if not live:
             offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
             # every index read below is checked against these (a damaged source drafts nothing)
@@ -275,7 +285,8 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
             if cnt <= 0:
                 break
             total = float(cnt)
-            prob = (cnt + rec * total) * (p * length / ((length + prior) * total * (1.0 + rec)))
+            cf = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength)
+            prob = (cnt + rec * total) * (p * cf / (total * (1.0 + rec)))
             if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
                 break
             slot = budget if here < 0 else here
@@ -368,10 +379,12 @@ def expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_
                     if k == 0 or lasts[w] > top:
                         top = lasts[w]
                     k += 1
+                if hi - lo > CHILD_BUF and counts[v] > total:
+                    total = float(counts[v])  # children past the bound still hold their share
         # -- score them and push the best max_children
         if k == 0 or total <= 0:
             continue
-        scale = p * length / ((length + prior) * total * (1.0 + rec))
+        scale = p * learn.conf(local, glob, cls, length, prior, prior_strength, session_strength) / (total * (1.0 + rec))
         bonus = rec * total  # the most recent child's (kids[i, K_LAST] == top)
         # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
         # recent one), ties in gather order: one pass over the k children, inserting into the

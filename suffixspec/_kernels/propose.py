@@ -7,8 +7,11 @@ A session's parts (matched contexts), in this order:
   whole text and then the next shorter ones along suffix links;
 - frozen automata (corpora, past-response generations): one cursor row `(state, length)` each,
   `state < 0` for a source the session does not use; `match_levels` parts each. Their arrays come
-  as one table (`frozen.source_table`); the caller keeps them alive while a kernel runs, the
-  kernels only read them.
+  as one table (`frozen.source_table`), each row of a source class (`learn.CLS_*`); the caller
+  keeps them alive while a kernel runs, the kernels only read them.
+
+A step's confidence is `learn.conf` over the session's and the proposer's learned counts (read
+only here; `learn.count_*` write them when tokens are committed).
 
 `draft.expand` grows the merged tree of all parts best-first with one heap, written into `out_*`
 from index `at` with parents local to the tree (0-based), at most `budget` nodes.
@@ -23,6 +26,7 @@ import numpy as np
 from numba import njit, prange, typed, types
 
 from . import draft as dk
+from . import learn
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_SOURCE_ARRAYS, source_arrays
@@ -34,16 +38,23 @@ from ..errors import InternalError
 CUR_STATE, CUR_LEN = 0, 1
 CUR_COLS = 2
 
-F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS = range(9)
-FRAME_LEN = 9
+(F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
+ F_GLOBAL) = range(12)
+FRAME_LEN = 12
+STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
-def session_frame(live, cur, table, params, min_match, levels) -> np.ndarray:
+def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
-    `source_table` they index, the proposer's params and knobs (the caller keeps them alive)."""
+    `source_table` they index and their source classes (int64 [n]), the proposer's params and
+    knobs, the session's and the proposer's learn stats tables (the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
         raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
+    stats_shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
+    if (cls_rows.shape != (cur.shape[0],) or cls_rows.dtype != np.int64 or local.shape != stats_shape
+            or glob.shape != stats_shape or not (local.flags.c_contiguous and glob.flags.c_contiguous)):
+        raise InternalError("session_frame: expected int64 classes per cursor row and two C stats tables")
     if live.shape != (sk.LIVE_LEN,):
         raise InternalError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
     frame = np.empty(FRAME_LEN, np.int64)
@@ -52,15 +63,18 @@ def session_frame(live, cur, table, params, min_match, levels) -> np.ndarray:
     frame[F_TABLE], frame[F_TABLE_ROWS] = address(table, np.int64), table.shape[0]
     frame[F_PARAMS], frame[F_PARAMS_LEN] = address(params, np.float64), params.shape[0]
     frame[F_MIN_MATCH], frame[F_LEVELS] = min_match, levels
+    frame[F_CLS] = address(cls_rows, np.int64)
+    frame[F_LOCAL], frame[F_GLOBAL] = address(local, np.float64), address(glob, np.float64)
     return frame
 
 
 @njit(cache=True, nogil=True, inline="always")
-def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, levels, ws,
+def propose_one(S, E, L, M, stack, cur, frozen, cls_rows, local, glob, budget, params, min_match, levels, ws,
                 out_tok, out_par, out_depth, out_prob, at):
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
-    Row j of `frozen` (a `source_table`) holds the source of cursor row j."""
+    Row j of `frozen` (a `source_table`) holds the source of cursor row j, of class cls_rows[j];
+    `local` and `glob` are the session's and the proposer's learn stats."""
     part_src, part_state, part_len = ws[dk.V_PART_SRC], ws[dk.V_PART_STATE], ws[dk.V_PART_LEN]
     n_parts = 0
     last = M[sk.LAST_STATE]
@@ -96,7 +110,8 @@ def propose_one(S, E, L, M, stack, cur, frozen, budget, params, min_match, level
             length = lens[state] if state > 0 else 0
     if n_parts == 0:
         return 0, stack
-    return dk.expand(S, E, L, M, stack, frozen, n_parts, budget, params, ws, out_tok, out_par, out_depth, out_prob, at)
+    return dk.expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, params, ws, out_tok, out_par,
+                     out_depth, out_prob, at)
 
 
 # propose_framed's result: the tree's first arena node above TREE_SHIFT bits, its node count below
@@ -146,7 +161,12 @@ def propose_framed(frame_addr, wsf_addr, budget):
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
     params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
-    k, stack = propose_one(S, E, L, M, stack, cur, table, budget, params, frame[F_MIN_MATCH], frame[F_LEVELS],
+    cls_rows = view_i64(frame[F_CLS], frame[F_CUR_ROWS])
+    shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
+    local = view_f64(frame[F_LOCAL], STATS_LEN).reshape(shape)
+    glob = view_f64(frame[F_GLOBAL], STATS_LEN).reshape(shape)
+    k, stack = propose_one(S, E, L, M, stack, cur, table, cls_rows, local, glob, budget, params, frame[F_MIN_MATCH],
+                           frame[F_LEVELS],
                            dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap], out[2 * cap :],
                            view_f64(wsf[dk.WS_OUT_F64], cap), off)
     wsf[dk.WS_OUT_OFF] = off + k
@@ -154,8 +174,8 @@ def propose_framed(frame_addr, wsf_addr, budget):
 
 
 @njit(cache=True, nogil=True)
-def _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, c, n_chunks, starts,
-                 out_tok, out_par, out_depth, out_prob, counts):
+def _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, budgets, params, min_match, levels, c, n_chunks,
+                 starts, out_tok, out_par, out_depth, out_prob, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
     loops (some trees differed from the serial kernel's); a call per share costs nothing."""
@@ -167,31 +187,31 @@ def _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, 
     stack = np.empty(64, np.int32)
     for i in range(c, n, n_chunks):
         S, E, L, M = live[slots[i]]
-        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, budgets[i], params, min_match, levels,
-                               ws, out_tok, out_par, out_depth, out_prob, starts[i])
+        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, cls_rows, locals_[i], glob, budgets[i], params,
+                               min_match, levels, ws, out_tok, out_par, out_depth, out_prob, starts[i])
         counts[i] = k
 
 
 @njit(cache=True, nogil=True)
-def propose_batch_serial(live, slots, curs, frozen, budgets, params, min_match, levels, starts,
-                         out_tok, out_par, out_depth, out_prob):
-    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`) gets its
-    tree at `out_*[starts[i]:]`; returns the node count of each. One thread, no parallel region:
-    nothing to share with (or wait for) the model's OpenMP threads."""
+def propose_batch_serial(live, slots, curs, frozen, cls_rows, locals_, glob, budgets, params, min_match, levels,
+                         starts, out_tok, out_par, out_depth, out_prob):
+    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`, learn stats
+    `locals_[i]`) gets its tree at `out_*[starts[i]:]`; returns the node count of each. One thread,
+    no parallel region: nothing to share with (or wait for) the model's OpenMP threads."""
     counts = np.zeros(slots.shape[0], np.int64)
-    _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, 0, 1, starts,
-                 out_tok, out_par, out_depth, out_prob, counts)
+    _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, budgets, params, min_match, levels, 0, 1,
+                 starts, out_tok, out_par, out_depth, out_prob, counts)
     return counts
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propose_batch(live, slots, curs, frozen, budgets, params, min_match, levels, n_chunks, starts,
-                  out_tok, out_par, out_depth, out_prob):
+def propose_batch(live, slots, curs, frozen, cls_rows, locals_, glob, budgets, params, min_match, levels, n_chunks,
+                  starts, out_tok, out_par, out_depth, out_prob):
     """`propose_batch_serial` split into `n_chunks` strided shares run in parallel (prange)."""
     counts = np.zeros(slots.shape[0], np.int64)
     for c in prange(n_chunks):
-        _batch_share(live, slots, curs, frozen, budgets, params, min_match, levels, c, n_chunks, starts,
-                     out_tok, out_par, out_depth, out_prob, counts)
+        _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, budgets, params, min_match, levels, c,
+                     n_chunks, starts, out_tok, out_par, out_depth, out_prob, counts)
     return counts
 
 

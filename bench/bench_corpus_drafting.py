@@ -1,0 +1,193 @@
+"""Corpus-aware drafting: acceptance with and without a stale retrieval corpus against the
+context bound, on repository-context completion traces, and the proposer's latency.
+
+Sets (`corpora/make_corpus_completion_traces.py`): `dev` (corpus: 59 standard-library modules of
+CPython 3.11.7; traces: the default model's greedy completions of functions of their 3.12.1
+files) and `heldout` (other modules; corpus 3.12.1, functions of 3.13.0), never tuned on. The
+corpus index is built here from the pyenv files (one document per file, default tokenizer).
+
+Per set and budget (16, 64), each replayed through a fresh proposer (traces in order, the cache
+of past responses on): mean committed tokens per round without and with the corpus, the context
+bound without and with it (`suffixspec.simulate.context_bound_mean_accepted`: per round, the
+longest prefix of the rest of the output that continues some source's longest match of the context,
+in the request, earlier outputs or the corpus), the ratio to the bound, and the copy-oracle (the
+same without the match: any occurrence anywhere). Also acceptance without a corpus on the shipped chat and code-edit
+traces, and `Session.propose` latency at budget 64 with the corpus on the dev set: every
+proposal, first ones of each request included, over `--repeats` warmed-up replays (p50 / p99 /
+max, median over repeats with their range), plus `Proposer.start` (the per-request set-up).
+
+    python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout]
+
+`--data` names the directory of the trace files (default: this checkout's `corpora/`), so the
+script can run from another checkout (e.g. a `git worktree` of an earlier revision) on the same
+data. Prints a table, then one JSON line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+CACHE = ROOT / "bench" / ".cache"
+
+from suffixspec import Proposer  # noqa: E402
+from suffixspec.corpus import CorpusIndex, Document, build_index  # noqa: E402
+from suffixspec.simulate import load_traces, oracle_mean_accepted, replay  # noqa: E402
+
+try:  # the context bound is newer than some revisions this script is run from (--data)
+    from suffixspec.simulate import context_bound_mean_accepted  # noqa: E402
+except ImportError:
+    context_bound_mean_accepted = None
+from suffixspec.tokenizer import load_tokenizer  # noqa: E402
+
+BUDGETS = (16, 64)
+
+
+def _builder(data: Path):
+    spec = importlib.util.spec_from_file_location("make_corpus_completion_traces", data / "make_corpus_completion_traces.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def corpus_tokens(builder, name: str, tok) -> list[tuple[str, np.ndarray]]:
+    """(file name, token ids) of the set's corpus files; tokenized once, kept in bench/.cache."""
+    files = builder.corpus_files(name)
+    key = zlib.crc32(json.dumps([[str(p), p.stat().st_size] for p in files]).encode())
+    cached = CACHE / f"corpus_{name}_{key:08x}.npz"
+    if cached.exists():
+        with np.load(cached) as z:
+            return [(p.name, z[f"d{i}"]) for i, p in enumerate(files)]
+    docs = [(p.name, np.asarray(tok.encode(p.read_text(encoding="utf-8", errors="replace")), np.int32)) for p in files]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.savez(cached, **{f"d{i}": d for i, (_, d) in enumerate(docs)})
+    return docs
+
+
+def build_corpus(builder, name: str, tok, where: Path) -> CorpusIndex:
+    docs = [Document(d, id=n) for n, d in corpus_tokens(builder, name, tok)]
+    path = where / f"{name}.idx"
+    build_index(docs, path, tokenizer=tok)
+    return CorpusIndex.open(path)
+
+
+def shards(index) -> list:
+    return [s.fa for s in index.shards]
+
+
+def acceptance(traces, budget, corpus=None) -> float:
+    return replay(traces, Proposer(corpus=corpus), budget)["mean_accepted_tokens"]
+
+
+def timed_replay(traces, budget, corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Microseconds of every `propose` (and which were a request's first), and of every `start`."""
+    proposer = Proposer(corpus=corpus)
+    ns, first, starts = [], [], []
+    for t in traces:
+        t0 = time.perf_counter_ns()
+        s = proposer.start(t.prompt)
+        starts.append(time.perf_counter_ns() - t0)
+        pos, k = 0, 0
+        out = t.output
+        while pos < out.shape[0]:
+            t0 = time.perf_counter_ns()
+            tree = s.propose(budget)
+            ns.append(time.perf_counter_ns() - t0)
+            first.append(k == 0)
+            node = tree.longest_accepted(out[pos : pos + budget + 1]) if len(tree) else -1
+            a = int(tree.depths[node]) if node >= 0 else 0
+            s.extend(out[pos : pos + a + 1])
+            pos += a + 1
+            k += 1
+        s.close()
+    return np.asarray(ns) / 1e3, np.asarray(first), np.asarray(starts) / 1e3
+
+
+def latency(traces, corpus, repeats: int) -> dict:
+    timed_replay(traces, 64, corpus)  # warm-up: compiled kernels, caches touched
+    runs = [timed_replay(traces, 64, corpus) for _ in range(repeats)]
+
+    def summary(pick):
+        rows = [(np.percentile(v, 50), np.percentile(v, 99), v.max()) for v in (pick(r) for r in runs)]
+        med = np.median(np.asarray(rows), axis=0)
+        lo, hi = np.min(rows, axis=0), np.max(rows, axis=0)
+        return {k: round(float(med[i]), 1) for i, k in enumerate(("p50", "p99", "max"))} | {
+            f"{k}_range": [round(float(lo[i]), 1), round(float(hi[i]), 1)] for i, k in enumerate(("p50", "p99", "max"))}
+
+    return {"all": summary(lambda r: r[0]), "first": summary(lambda r: r[0][r[1]]),
+            "start": summary(lambda r: r[2]), "proposals": int(runs[0][0].shape[0])}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--data", default=str(ROOT / "corpora"))
+    ap.add_argument("--sets", default="dev,heldout")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-latency", action="store_true")
+    args = ap.parse_args(argv)
+    data = Path(args.data)
+    builder = _builder(data)
+    tok = load_tokenizer("default")
+    result = {"sets": {}, "no_corpus": {}}
+    with tempfile.TemporaryDirectory() as tmp:
+        indexes = {}
+        for name in args.sets.split(","):
+            traces = load_traces(data / f"corpus_completion_{name}.jsonl")
+            index = indexes[name] = build_corpus(builder, name, tok, Path(tmp))
+            rows = {}
+            for b in BUDGETS:
+                without, with_ = acceptance(traces, b), acceptance(traces, b, index)
+                copy0, copy1 = oracle_mean_accepted(traces, b), oracle_mean_accepted(traces, b, shards(index))
+                r = rows[b] = {"without_corpus": round(without, 3), "with_corpus": round(with_, 3),
+                               "copy_oracle_without": round(copy0, 3), "copy_oracle_with": round(copy1, 3)}
+                if context_bound_mean_accepted is not None:
+                    bound0 = context_bound_mean_accepted(traces, b)
+                    bound1 = context_bound_mean_accepted(traces, b, shards(index))
+                    r.update({"bound_without": round(bound0, 3), "bound_with": round(bound1, 3),
+                              "ratio_without": round(without / bound0, 3), "ratio_with": round(with_ / bound1, 3)})
+            result["sets"][name] = {"traces": len(traces), "corpus_tokens": index.n_tokens,
+                                    "corpus_documents": index.n_documents, "budgets": rows}
+        others = {"chat": load_traces(data / "chat_traces_smollm2.jsonl"),
+                  "code_edit": load_traces(data / "code_edit_traces.jsonl", tok)}
+        for name, traces in others.items():
+            result["no_corpus"][name] = {b: round(acceptance(traces, b), 3) for b in BUDGETS}
+        if not args.no_latency:
+            name = args.sets.split(",")[0]
+            result["latency_us"] = latency(load_traces(data / f"corpus_completion_{name}.jsonl"), indexes[name], args.repeats)
+            result["latency_set"] = name
+        for index in indexes.values():
+            index.close()
+
+    print(f"{'set':8} {'budget':>6} {'without':>8} {'with':>8} {'bound w/o -> with':>18} {'ratio w/o':>9} {'ratio with':>10}"
+          f" {'copy-oracle w/o -> with':>24}")
+    for name, st in result["sets"].items():
+        for b, r in st["budgets"].items():
+            bound = (f"{r['bound_without']:>8.2f} -> {r['bound_with']:<6.2f} {r['ratio_without']:>9.2f} {r['ratio_with']:>10.2f}"
+                     if "bound_with" in r else f"{'-':>18} {'-':>9} {'-':>10}")
+            print(f"{name:8} {b:>6} {r['without_corpus']:>8.2f} {r['with_corpus']:>8.2f} {bound} "
+                  f"{r['copy_oracle_without']:>14.2f} -> {r['copy_oracle_with']:<6.2f}")
+        print(f"{'':8} corpus: {st['corpus_tokens']} tokens, {st['corpus_documents']} documents, {st['traces']} traces")
+    for name, r in result["no_corpus"].items():
+        print(f"{name:8} no corpus: " + ", ".join(f"budget {b}: {v:.3f}" for b, v in r.items()))
+    if "latency_us" in result:
+        lat = result["latency_us"]
+        for k in ("all", "first", "start"):
+            v = lat[k]
+            what = "propose, all" if k == "all" else ("propose, first of a request" if k == "first" else "start")
+            print(f"latency {what:28} p50 {v['p50']:7.1f} us {v['p50_range']}  p99 {v['p99']:7.1f} us {v['p99_range']}  "
+                  f"max {v['max']:8.1f} us {v['max_range']}")
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
