@@ -185,3 +185,48 @@ def test_start_does_the_set_up_so_the_first_proposal_is_hot():
     assert s._frame is frame
     again = s.propose(8)
     assert first.tokens.tolist() == again.tokens.tolist() == [4, 5, 6][: len(first)]
+
+
+def _naive_context_bound(traces, budget, corpus_docs):
+    """The context bound by brute force over token lists (suffixspec.simulate's docstring)."""
+    history, rounds, total = [], 0, 0
+    for prompt, out in traces:
+        text, pos = list(prompt), 0
+        while pos < len(out):
+            ahead = out[pos : pos + budget]
+            best = 0
+            own = max([0] + [k for k in range(1, len(text)) if naive.count([text[:-1]], text[len(text) - k :]) > 0])
+            sources = [([text], own)] + [(docs, naive.match_length(docs, text)) for docs in (history, corpus_docs) if docs]
+            for docs, n in sources:
+                if n >= 1:
+                    a = 0
+                    while a < len(ahead) and naive.count(docs, text[len(text) - n :] + ahead[: a + 1]) > 0:
+                        a += 1
+                    best = max(best, a)
+            commit = out[pos : pos + best + 1]
+            text += commit
+            pos += len(commit)
+            rounds += 1
+        history.append(list(out))
+        total += len(out)
+    return total / rounds
+
+
+def test_context_bound_equals_brute_force_and_lies_under_the_copy_oracle():
+    from suffixspec.simulate import Trace, context_bound_mean_accepted, oracle_mean_accepted
+
+    rng = random.Random(5)
+    for trial in range(30):
+        alphabet = rng.choice([2, 3, 4])
+        corpus_docs = [[rng.randrange(alphabet) for _ in range(rng.randrange(2, 20))] for _ in range(rng.randrange(1, 3))]
+        sam = SuffixAutomaton()
+        for d in corpus_docs:
+            sam.add_document(d)
+        pairs = [([rng.randrange(alphabet) for _ in range(rng.randrange(1, 12))],
+                  [rng.randrange(alphabet) for _ in range(rng.randrange(1, 15))]) for _ in range(rng.randrange(1, 4))]
+        traces = [Trace(np.array(p, np.int32), np.array(o, np.int32)) for p, o in pairs]
+        budget = rng.randrange(1, 8)
+        for corpora, docs in (((), []), ((sam.freeze(),), corpus_docs)):
+            got = context_bound_mean_accepted(traces, budget, corpora)
+            assert got == pytest.approx(_naive_context_bound(pairs, budget, docs)), trial
+            assert got <= oracle_mean_accepted(traces, budget, corpora) + 1e-9
