@@ -5,19 +5,22 @@ short request is refilled at once instead of idling until the batch's slowest re
 
 Contract of one `step()`:
 
-1. Cancelled requests leave (`cancel`); waiting requests (FIFO) fill the free slots (`max_batch`).
-   Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
-   is also their first round; grouped by prompt length so left padding stays small); their cache rows
-   then join the running batch (`KVState.add_rows`).
-2. One round for every running request (newcomers included), in named steps that read top-down in
-   `_round`: draft (the proposer's trees, plus the request's prediction), size (the budget policy
-   prunes them), verify (one forward pass, acceptance, cache commit), settle (tokens committed,
-   finished requests found by `Decoding.take`), feed (committed tokens back toward the proposer
-   sessions), learn (the policy's calibration). Finished requests leave the batch. While the
-   running batch's automatic budget keeps choosing plain decoding, its automatic rows draft only
-   every few rounds (`budget.DraftCadence`); a session receives its committed tokens when it next
-   drafts or closes (`Request.unfed`), so rounds without drafts never touch the proposer.
-3. A round that raises is retried request by request from a fresh cache: the request that raises
+1. Cancelled requests leave (`cancel`).
+2. One round for every running request, in named steps that read top-down in `_round`: draft (the
+   proposer's trees, plus the request's prediction), size (the budget policy prunes them), verify
+   (one forward pass, acceptance, cache commit), settle (tokens committed, finished requests found
+   by `Decoding.take`), feed (committed tokens back toward the proposer sessions), learn (the
+   policy's calibration). Finished requests leave the batch. While the running batch's automatic
+   budget keeps choosing plain decoding, its automatic rows draft only every few rounds
+   (`budget.DraftCadence`); a session receives its committed tokens when it next drafts or closes
+   (`Request.unfed`), so rounds without drafts never touch the proposer.
+3. Waiting requests (FIFO) fill the free slots (`max_batch`), those just freed included. Newcomers
+   get passes of their own over their prompts plus a draft tree each (their prefill, which is also
+   their first round; grouped by prompt length so left padding stays small); their cache rows then
+   join the running batch (`KVState.add_rows`). A newcomer's first tokens thus end the step that
+   admits it: its time to first token holds no decode round, its own or the batch's, after its
+   prefill.
+4. A round that raises is retried request by request from a fresh cache: the request that raises
    alone fails (finish reason "error", its error recorded); the others go on unaffected.
 
 A request's output and its sampling draws depend only on its prompt, its draw key and its options,
@@ -279,7 +282,8 @@ class Server:
     # ---------------------------------------------------------------------------------- steps
 
     def step(self) -> Step:
-        """Drop cancelled requests, admit what fits, then one round for every running request."""
+        """Drop cancelled requests, one round for every running request, then admit what fits (their
+        prefill is their first round: a newcomer's first tokens end the step that admits it)."""
         step = Step(self.now(), 0.0)
         self._drop_cancelled(step)
         if self.unsupported is not None:
@@ -287,6 +291,17 @@ class Server:
                 self._plain_one(self._waiting.popleft(), step)
             step.end_s = self.stats.e2e_s = self.now()
             return step
+        if self._rows:
+            rows = self._rows
+            try:
+                self._rows = self._round(self._state, rows, step.events, drafts=self._cadence.drafts(),
+                                         cadence=self._cadence)
+            except Exception as exc:  # noqa: BLE001
+                self._state = self._new_state(0)
+                self._rows = []
+                self._rows = self._isolate(rows, exc, step.events)
+        if not self._rows:
+            self._state = self._new_state(0)
         free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
         if free > 0:
             newcomers = [self._waiting.popleft() for _ in range(free)]
@@ -304,17 +319,6 @@ class Server:
                 except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
                     self._rows.extend(self._isolate(group, exc, step.events))
             self._cadence.wake()  # a newcomer may draft well: the next round looks
-        if self._rows:
-            rows = self._rows
-            try:
-                self._rows = self._round(self._state, rows, step.events, drafts=self._cadence.drafts(),
-                                         cadence=self._cadence)
-            except Exception as exc:  # noqa: BLE001
-                self._state = self._new_state(0)
-                self._rows = []
-                self._rows = self._isolate(rows, exc, step.events)
-        if not self._rows:
-            self._state = self._new_state(0)
         step.end_s = self.stats.e2e_s = self.now()
         return step
 

@@ -63,12 +63,14 @@ def test_continuous_batching_refills_a_freed_slot_at_once():
     while not server.idle:
         step = server.step()
         log.append((step.admitted, sorted((e.index, len(e.tokens), e.finish_reason) for e in step.events), server.running))
-    # plain decoding: a request's prefill round and its first decode round share a step; one token a round
-    assert log[0] == ([0, 1], [(0, 1, ""), (0, 1, "length"), (1, 1, ""), (1, 1, "")], 1)
-    assert log[1] == ([2], [(1, 1, ""), (2, 1, ""), (2, 1, "")], 2)  # request 0's slot refilled in the next step
-    assert log[2] == ([], [(1, 1, ""), (2, 1, "length")], 1)
-    assert log[3] == ([3], [(1, 1, ""), (3, 1, ""), (3, 1, "")], 2)
-    assert log[4][0] == [] and (1, 1, "length") in log[4][1]
+    # plain decoding, one token a round; a step runs the batch's round, then admits into the slots
+    # it freed (a newcomer's prefill is its first round)
+    assert log[0] == ([0, 1], [(0, 1, ""), (1, 1, "")], 2)
+    assert log[1] == ([2], [(0, 1, "length"), (1, 1, ""), (2, 1, "")], 2)  # request 0's slot refilled at once
+    assert log[2] == ([], [(1, 1, ""), (2, 1, "")], 2)
+    assert log[3] == ([3], [(1, 1, ""), (2, 1, "length"), (3, 1, "")], 2)
+    assert log[4] == ([], [(1, 1, ""), (3, 1, "")], 2)
+    assert log[5] == ([4], [(1, 1, "length"), (3, 1, ""), (4, 1, "length")], 1)  # a limit of 1: done in its prefill
     assert server.result().sequences == [hf_generate(model, p, n) for p, n in zip(prompts, limits)]
     st = server.result().stats
     assert [r.new_tokens for r in st.requests] == limits
@@ -367,11 +369,11 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
     assert res.sequences == refs
     assert closed == {i: refs[i] for i in range(3)}
     rounds = res.stats.requests[fixed].rounds
-    # the first step holds the prefill and the first batch round; the last round has one token left
-    assert proposals[fixed] == [1] + list(range(1, rounds - 1)), proposals[fixed]
+    # one round a step (the first is the prefill); the last round has one token left: no draft
+    assert proposals[fixed] == list(range(1, rounds)), proposals[fixed]
     for q in auto:
         steps = proposals[q]
-        assert steps[:2] == [1, 1]  # the prefill drafts, and so does the batch's first round
+        assert steps[:2] == [1, 2]  # the prefill drafts, and so does the batch's first round
         gaps = [b - a for a, b in zip(steps[1:], steps[2:])]
         assert gaps and all(2 <= g <= 4 for g in gaps), steps
         assert len(steps) <= res.stats.requests[q].rounds // 4 + 4, steps
