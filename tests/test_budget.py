@@ -389,4 +389,4 @@ def test_short_answers_draft_no_wider_than_they_repay():
     for _ in range(50):
         lengths.observe(4, True)
     short = policy.size_round([chain], [64], row_continuing=[lengths.continuing(1, 64)])[0]
-    assert 1 <= len(short) <= 3  # past 4 tokens (3 beyond the 1 done) hardly any output runs on
+    assert len(short) in (1, 2, 3)  # past 4 tokens (3 beyond the 1 done) hardly any output runs on
