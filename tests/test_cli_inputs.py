@@ -75,16 +75,17 @@ def test_good_simulate_input_still_runs(files, capsys):
     assert "mean_accepted_tokens" in capsys.readouterr().out
 
 
-def test_generate_chat_renders_the_models_template_as_serve_does(files, capsys):
-    """`generate --chat` renders one user turn with the same template choice as `suffixspec serve`
-    (a --chat-template file here, whose rendering is known): the prompt's tokens are its tokens."""
-    from suffixspec.cli import main
+def test_generate_chat_renders_the_models_template_as_serve_does(files):
+    """`suffixspec generate --chat`, a real process, renders one user turn with the same template
+    choice as `suffixspec serve` (a --chat-template file here, whose rendering is known): the
+    prompt's tokens are its tokens."""
     from suffixspec.models import load_model
 
     template = files / "chat.jinja"
     template.write_text("Q: {{ messages[0]['content'] }}\nA:")
-    assert main(["generate", "--prompt", "two plus two", "--chat", "--chat-template", str(template),
-                 "--max-new-tokens", "2", "--budget", "0", "--json"]) == 0
-    stats = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    done = run_cli("generate", "--prompt", "two plus two", "--chat", "--chat-template", str(template),
+                   "--max-new-tokens", "2", "--budget", "0", "--json", timeout=300)
+    assert done.returncode == 0, done.stderr
+    stats = json.loads(done.stdout.strip().splitlines()[-1])
     _, tokenizer = load_model(None)
     assert stats["prompt_tokens"] == len(tokenizer.encode("Q: two plus two\nA:"))
