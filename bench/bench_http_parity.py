@@ -1,0 +1,165 @@
+"""Through HTTP against in-process, interleaved: the same workload served by `suffixspec serve` (driven
+by `suffixspec bench --url`'s client, `suffixspec.bench.remote`) and by the in-process `Server`
+(`suffixspec bench`'s own backend), repeat by repeat in alternating order, so that the slow drifts
+of a shared machine fall on both sides alike instead of on whichever ran second.
+
+    python bench/bench_http_parity.py                       # code edits, 8 prompts, 64 tokens, c=1,4, repeat 4
+    python bench/bench_http_parity.py --num-prompts 12 --repeat 5 --concurrency 1,4
+
+Both sides run plain decoding (budget 0) and speculation (budget auto) in each repeat, one torch
+thread each (`--threads`); the server runs `--no-response-cache`, and the in-process side takes a
+fresh proposer per run (neither carries responses across runs). Per side and concurrency: TPOT
+(median over requests and repeats) and the speed-up (throughput ratio to plain of the same side and
+repeat: median [min-max] over repeats); then how far HTTP is from in-process: the ratio of the
+medians, and the median [min-max] of the per-repeat ratios. Greedy texts are compared across sides
+and modes (they must all be equal). Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+import httpx
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn(args, max_batch: int) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
+           "--threads", str(args.threads), "--no-response-cache"]
+    if args.model:
+        cmd += ["--model", args.model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(args.server_log, "wb"))
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 900
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}); see {args.server_log}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"the server was not healthy within 900 s; see {args.server_log}")
+
+
+def spread(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workload", default="code_edit")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,4")
+    ap.add_argument("--repeat", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--server-log", default="/tmp/suffixspec-parity-server.log")
+    args = ap.parse_args()
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+
+    import torch
+
+    from suffixspec import bench
+    from suffixspec.bench import remote
+    from suffixspec.models import load_model
+    from suffixspec.proposer import Proposer
+
+    torch.set_num_threads(args.threads)
+    workload = bench.load_workload(args.workload, args.num_prompts)
+    if any(r.followup is not None for r in workload.requests):
+        raise SystemExit(f"{args.workload}: second-turn workloads are not supported here")
+    model, tokenizer = load_model(args.model)
+    local = bench.SpeculativeBackend(model, tokenizer, lambda: Proposer())
+    proc, url = spawn(args, max(concurrency))
+    try:
+        served = remote.list_models(url)
+        http = {name: remote.HTTPBackend(url, body=body, model=served[0]) for name, body in
+                remote.default_modes("auto").items()}
+        sides = {"in-process": ({"plain": local, "speculative": local},
+                                [r.prompt_ids if r.prompt_ids is not None else list(tokenizer.encode(r.prompt))
+                                 for r in workload.requests]),
+                 "http": (http, remote.request_prompts(workload))}
+        settings = bench.BenchSettings(concurrency=concurrency, max_new_tokens=args.max_new_tokens, repeat=1,
+                                       modes=("plain", "speculative"), warmup=False)
+        for backends, prompts in sides.values():
+            bench.warm_up_all(backends, prompts, settings)
+        runs: dict[str, list] = {name: [] for name in sides}
+        t0 = time.perf_counter()
+        for r in range(args.repeat):
+            order = list(sides) if r % 2 == 0 else list(sides)[::-1]
+            for name in order:
+                backends, prompts = sides[name]
+                for run in bench.run_benchmark(workload, prompts, backends, settings, progress=False):
+                    run.repeat = r
+                    runs[name].append(run)
+                print(f"repeat {r + 1}/{args.repeat} {name} done ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+    full = bench.BenchSettings(concurrency=concurrency, max_new_tokens=args.max_new_tokens, repeat=args.repeat,
+                               modes=("plain", "speculative"))
+    records = {name: {(rec["mode"], rec["concurrency"]): rec for rec in bench.summarize(rs, full)}
+               for name, rs in runs.items()}
+    # greedy: every side's and mode's text equals in-process plain decoding's
+    texts = {}
+    for name, rs in runs.items():
+        for run in rs:
+            for q, out in enumerate(run.outputs):
+                texts.setdefault(q, set()).add(out if isinstance(out, str) else tokenizer.decode(out))
+    mismatched = sum(len(t) > 1 for t in texts.values())
+
+    rows, summary = [], []
+    print(f"{args.workload}, {args.num_prompts} prompts, {args.max_new_tokens} tokens, repeat {args.repeat} "
+          f"(interleaved), {args.threads} thread(s)")
+    print(f"{'c':>3} {'side':<11} {'TPOT plain':>10} {'TPOT spec':>10} {'tok/round':>9} {'speed-up':>22}")
+    for c in concurrency:
+        sp = {}
+        for name in sides:
+            plain, spec = records[name][("plain", c)], records[name][("speculative", c)]
+            sp[name] = spec["speedup_runs"]
+            tpr = spec["mean_accepted_tokens"]
+            print(f"{c:>3} {name:<11} {plain['tpot_ms']:>8.1f}ms {spec['tpot_ms']:>8.1f}ms "
+                  f"{tpr if tpr is not None else float('nan'):>9.2f} {spread(spec['speedup_runs']):>22}")
+        paired = [h / i for h, i in zip(sp["http"], sp["in-process"])]
+        med = {name: statistics.median(v) for name, v in sp.items()}
+        tpot = {mode: records["http"][(mode, c)]["tpot_ms"] / records["in-process"][(mode, c)]["tpot_ms"]
+                for mode in ("plain", "speculative")}
+        print(f"{c:>3} {'http/in':<11} {tpot['plain']:>9.3f}x {tpot['speculative']:>9.3f}x {'':>9} "
+              f"medians {med['http'] / med['in-process']:.3f}x, per repeat {spread(paired)}")
+        summary.append({"concurrency": c, "speedup_http": med["http"], "speedup_in_process": med["in-process"],
+                        "speedup_http_runs": sp["http"], "speedup_in_process_runs": sp["in-process"],
+                        "speedup_ratio_of_medians": med["http"] / med["in-process"],
+                        "speedup_ratio_paired_median": statistics.median(paired),
+                        "tpot_ratio_plain": tpot["plain"], "tpot_ratio_speculative": tpot["speculative"],
+                        "tpot_ms": {name: {mode: records[name][(mode, c)]["tpot_ms"] for mode in ("plain", "speculative")}
+                                    for name in sides}})
+    print(f"greedy texts differing across sides and modes: {mismatched} of {len(texts)} prompts")
+    print(json.dumps({"bench": "http_parity", "workload": args.workload, "prompts": args.num_prompts,
+                      "max_new_tokens": args.max_new_tokens, "repeat": args.repeat, "threads": args.threads,
+                      "mismatched_prompts": mismatched, "cells": summary}))
+    return 1 if mismatched else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
