@@ -451,7 +451,7 @@ class BudgetPolicy:
 
     def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
                  min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
-                 prefill_slack: float = 0.03, calibration: RankCalibration | None = None):
+                 prefill_slack: float = 0.01, calibration: RankCalibration | None = None):
         self.max_budget = int(max_budget)
         self.min_gain = float(min_gain)
         self.batch_margin = float(batch_margin)

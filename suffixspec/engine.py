@@ -6,20 +6,24 @@ short request is refilled at once instead of idling until the batch's slowest re
 Contract of one `step()`:
 
 1. Cancelled requests leave (`cancel`).
-2. One round for every running request, in named steps that read top-down in `_round`: draft (the
-   proposer's trees, plus the request's prediction), size (the budget policy prunes them), verify
-   (one forward pass, acceptance, cache commit), settle (tokens committed, finished requests found
-   by `Decoding.take`), feed (committed tokens back toward the proposer sessions), learn (the
-   policy's calibration). Finished requests leave the batch. While the running batch's automatic
-   budget keeps choosing plain decoding, its automatic rows draft only every few rounds
-   (`budget.DraftCadence`); a session receives its committed tokens when it next drafts or closes
-   (`Request.unfed`), so rounds without drafts never touch the proposer.
-3. Waiting requests (FIFO) fill the free slots (`max_batch`), those just freed included. Newcomers
-   get passes of their own over their prompts plus a draft tree each (their prefill, which is also
-   their first round; grouped by prompt length so left padding stays small); their cache rows then
-   join the running batch (`KVState.add_rows`). A newcomer's first tokens thus end the step that
-   admits it: its time to first token holds no decode round, its own or the batch's, after its
-   prefill.
+2. Either admission or a round. Admission, when slots are free (`max_batch`) and requests wait,
+   unless the previous step admitted while other requests were running (running rows wait for at
+   most one admission between two of their rounds): waiting requests (FIFO) fill the free slots.
+   Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
+   is also their first round; grouped by prompt length so left padding stays small); their cache
+   rows then join the running batch (`KVState.add_rows`). A newcomer's first tokens thus end the
+   step that admits it: its time to first token is its queueing and its prefill, never a round of
+   the running batch, whichever way the step's events reach it (events' times, or the end of the
+   step for a caller that publishes them then).
+3. Otherwise one round for every running request, in named steps that read top-down in `_round`:
+   draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
+   them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
+   requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
+   learn (the policy's calibration). Finished requests leave the batch; their slots fill at the
+   next step. While the running batch's automatic budget keeps choosing plain decoding, its
+   automatic rows draft only every few rounds (`budget.DraftCadence`); a session receives its
+   committed tokens when it next drafts or closes (`Request.unfed`), so rounds without drafts never
+   touch the proposer.
 4. A round that raises is retried request by request from a fresh cache: the request that raises
    alone fails (finish reason "error", its error recorded); the others go on unaffected.
 
@@ -173,6 +177,7 @@ class Server:
         self._waiting: deque[Request] = deque()
         self._rows: list[Request] = []  # the rows of self._state, in order
         self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
+        self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
         self._clock = clock
         self._t0 = clock()
         self.unsupported = gen.check_support()
@@ -282,8 +287,8 @@ class Server:
     # ---------------------------------------------------------------------------------- steps
 
     def step(self) -> Step:
-        """Drop cancelled requests, one round for every running request, then admit what fits (their
-        prefill is their first round: a newcomer's first tokens end the step that admits it)."""
+        """Drop cancelled requests, then either admit what fits (their prefill is their first round)
+        or run one round for every running request; see the module docstring."""
         step = Step(self.now(), 0.0)
         self._drop_cancelled(step)
         if self.unsupported is not None:
@@ -291,7 +296,14 @@ class Server:
                 self._plain_one(self._waiting.popleft(), step)
             step.end_s = self.stats.e2e_s = self.now()
             return step
-        if self._rows:
+        if not self._rows:
+            self._state = self._new_state(0)
+        free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
+        # the running rows wait for at most one admission between two of their rounds
+        if free > 0 and not (self._rows and self._admitted_last):
+            self._admitted_last = bool(self._rows)  # it held running rows back
+            self._admit(free, step)
+        elif self._rows:
             rows = self._rows
             try:
                 self._rows = self._round(self._state, rows, step.events, drafts=self._cadence.drafts(),
@@ -300,27 +312,30 @@ class Server:
                 self._state = self._new_state(0)
                 self._rows = []
                 self._rows = self._isolate(rows, exc, step.events)
+            self._admitted_last = False
         if not self._rows:
             self._state = self._new_state(0)
-        free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
-        if free > 0:
-            newcomers = [self._waiting.popleft() for _ in range(free)]
-            for rq in newcomers:
-                self._requests[rq.index].queue_s = self.now() - self._added_s[rq.index]
-                step.admitted.append(rq.index)
-            for group in prefill_groups(newcomers):
-                try:
-                    for rq in group:
-                        self._open_session(rq)
-                    state = self._new_state(len(group))
-                    kept = self._round(state, group, step.events, drafts=True)
-                    self._state.add_rows(state)
-                    self._rows.extend(kept)
-                except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
-                    self._rows.extend(self._isolate(group, exc, step.events))
-            self._cadence.wake()  # a newcomer may draft well: the next round looks
         step.end_s = self.stats.e2e_s = self.now()
         return step
+
+    def _admit(self, free: int, step: Step) -> None:
+        """The first `free` waiting requests: their prefill rounds (grouped by prompt length), then
+        their cache rows join the running batch."""
+        newcomers = [self._waiting.popleft() for _ in range(free)]
+        for rq in newcomers:
+            self._requests[rq.index].queue_s = self.now() - self._added_s[rq.index]
+            step.admitted.append(rq.index)
+        for group in prefill_groups(newcomers):
+            try:
+                for rq in group:
+                    self._open_session(rq)
+                state = self._new_state(len(group))
+                kept = self._round(state, group, step.events, drafts=True)
+                self._state.add_rows(state)
+                self._rows.extend(kept)
+            except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
+                self._rows.extend(self._isolate(group, exc, step.events))
+        self._cadence.wake()  # a newcomer may draft well: the next round looks
 
     def _open_session(self, rq: Request) -> None:
         speculate = rq.auto or int(rq.budget) > 0

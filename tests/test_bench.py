@@ -481,7 +481,10 @@ def test_end_to_end_on_tiny_model(tmp_path):
 def test_grid_verdict_rule_boundaries():
     from suffixspec.bench.grid import verdict
 
-    assert verdict(1.03, 1.0, 0.0) == "speculate"  # at the threshold
+    assert verdict(1.03, 1.0, 0.5) == "speculate"  # at the threshold
+    assert verdict(1.09, 1.0, 0.0) == "off"  # a gain with next to nothing drafted is the machine's noise
+    assert verdict(1.09, 1.0, 0.49) == "off"
+    assert verdict(1.09, 1.0, None) == "speculate"  # no draft counts: the speed-up alone
     assert verdict(1.5, 0.93, 5.0) == "speculate"  # the worst repeat exactly at 0.93 is allowed
     assert verdict(1.5, 0.9299, 5.0) == "loses"  # one bad repeat loses the cell whatever the median
     assert verdict(1.0299, 0.99, 0.49) == "off"  # within the band, speculation drafted little

@@ -63,14 +63,19 @@ def test_continuous_batching_refills_a_freed_slot_at_once():
     while not server.idle:
         step = server.step()
         log.append((step.admitted, sorted((e.index, len(e.tokens), e.finish_reason) for e in step.events), server.running))
-    # plain decoding, one token a round; a step runs the batch's round, then admits into the slots
-    # it freed (a newcomer's prefill is its first round)
+    # plain decoding, one token a round; a step either admits into the free slots (a newcomer's
+    # prefill is its first round, alone in its step) or runs the batch's round, never two admissions
+    # in a row while requests run
     assert log[0] == ([0, 1], [(0, 1, ""), (1, 1, "")], 2)
-    assert log[1] == ([2], [(0, 1, "length"), (1, 1, ""), (2, 1, "")], 2)  # request 0's slot refilled at once
-    assert log[2] == ([], [(1, 1, ""), (2, 1, "")], 2)
-    assert log[3] == ([3], [(1, 1, ""), (2, 1, "length"), (3, 1, "")], 2)
-    assert log[4] == ([], [(1, 1, ""), (3, 1, "")], 2)
-    assert log[5] == ([4], [(1, 1, "length"), (3, 1, ""), (4, 1, "length")], 1)  # a limit of 1: done in its prefill
+    assert log[1] == ([], [(0, 1, "length"), (1, 1, "")], 1)
+    assert log[2] == ([2], [(2, 1, "")], 2)  # request 0's slot refilled at the next step
+    assert log[3] == ([], [(1, 1, ""), (2, 1, "")], 2)
+    assert log[4] == ([], [(1, 1, ""), (2, 1, "length")], 1)
+    assert log[5] == ([3], [(3, 1, "")], 2)
+    assert log[6] == ([], [(1, 1, ""), (3, 1, "")], 2)
+    assert log[7] == ([], [(1, 1, "length"), (3, 1, "")], 1)
+    assert log[8] == ([4], [(4, 1, "length")], 1)  # a limit of 1: done in its prefill
+    assert log[9:] == [([], [(3, 1, "")], 1), ([], [(3, 1, "")], 1), ([], [(3, 1, "length")], 0)]
     assert server.result().sequences == [hf_generate(model, p, n) for p, n in zip(prompts, limits)]
     st = server.result().stats
     assert [r.new_tokens for r in st.requests] == limits

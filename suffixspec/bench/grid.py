@@ -7,10 +7,10 @@ median speed-up over repeats, the worst repeat, TTFT ratio, drafted tokens per r
 with a `verdict(...)`:
 
 - "loses": the median speed-up < 0.97, or the worst repeat < 0.93 (whatever the median);
-- "speculate": the median >= 1.03 (and no repeat below 0.93);
-- "off": the median within [0.97, 1.03) and speculation drafted little (fewer than
-  `OFF_DRAFTED_PER_ROUND` draft tokens verified per request-round: the automatic budget switched
-  itself off);
+- "off": otherwise, when speculation drafted little (fewer than `OFF_DRAFTED_PER_ROUND` draft tokens
+  verified per request-round: the automatic budget switched itself off), whatever the median: a
+  cell that verified next to no drafts owes its speed-up, either way, to the noise of the machine;
+- "speculate": otherwise, the median >= 1.03;
 - "neutral": the median within [0.97, 1.03) while still drafting (or with no draft counts, from an
   endpoint that does not report them): drafting costs what it pays back.
 
@@ -41,10 +41,10 @@ def verdict(median: float, worst: float, drafted_per_round: float | None) -> str
     """The cell's verdict from its median speed-up, worst repeat and drafting (module docstring)."""
     if median < LOSES_BELOW or worst < WORST_BELOW:
         return "loses"
-    if median >= SPECULATE_AT:
-        return "speculate"
     if drafted_per_round is not None and drafted_per_round < OFF_DRAFTED_PER_ROUND:
         return "off"
+    if median >= SPECULATE_AT:
+        return "speculate"
     return "neutral"
 
 
