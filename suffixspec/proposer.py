@@ -190,10 +190,10 @@ class _LiveSlots:
 class _Workspace:
     """One thread's kernel scratch (`dk.workspace_buffers`) and output arena (`pk.set_arena`),
     named by the int64 frame at `addr`; `tokens`, `parents`, `depths`, `scores` are the arena's
-    blocks, which trees are views of. An arena is replaced when full (`new_arena`) and lives
+    blocks, which trees are views of (`shares`: each node's share, read by `learn.count_tree`). An arena is replaced when full (`new_arena`) and lives
     while any of its trees does."""
 
-    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores")
+    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores", "shares")
 
     def __init__(self, budget: int, n_sources: int, max_children: int):
         self.budget, self.n_sources = budget, n_sources
@@ -205,9 +205,10 @@ class _Workspace:
     def new_arena(self) -> None:
         """A fresh arena for at least 64 trees of the workspace's budget."""
         cap = max(4096, 64 * self.budget)
-        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(cap, np.float64)
+        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(2 * cap, np.float64)
         pk.set_arena(self.frame, out_i32, out_f64)
-        self.tokens, self.parents, self.depths, self.scores = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :], out_f64
+        self.tokens, self.parents, self.depths = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :]
+        self.scores, self.shares = out_f64[:cap], out_f64[cap:]
 
 
 class Proposer:
@@ -228,16 +229,22 @@ class Proposer:
     continued; the confidence of a draft step is learned from those counts instead of
     L / (L + match_prior): the session's own counts shrunk toward the proposer's (weight
     `session_strength`), those toward the prior (weight `prior_strength`). See `_kernels/learn.py`.
-    `learned()` returns the proposer's counts.
+    `learned()` returns the proposer's counts. Every committed token also judges the tree proposed
+    before it: per sibling rank and step share, how many drafts were accepted against how many the
+    shares expected; a node's step is multiplied by the learned ratio (never above 1, shrunk toward
+    1 by `calibration_strength`), so that alternatives to a better sibling are weighed by what they
+    were seen to be worth (`calibration()`; see `_kernels/draft.py`). `match_levels` defaults to 2:
+    each source also drafts from its next shorter match, which sees more occurrences (a stale
+    corpus's longest match often diverges where a shorter one continues).
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
                  min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 1,
+                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 2,
                  vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
-                 session_strength: float = 16.0):
+                 session_strength: float = 16.0, calibration_strength: float = 16.0):
         for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
                             ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
                             ("match_levels", match_levels)):
@@ -245,10 +252,11 @@ class Proposer:
                 raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
         if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
             raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
-        if not (prior_strength > 0 and session_strength > 0):
-            raise BadInputError("Proposer: expected prior_strength > 0 and session_strength > 0")
+        if not (prior_strength > 0 and session_strength > 0 and calibration_strength > 0):
+            raise BadInputError("Proposer: expected prior_strength, session_strength and calibration_strength > 0")
         self.learn = bool(learn)
         self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
+        self._calibration = lk.new_calibration()  # the proposer's judged drafts, by rank and share (lk)
         self.max_nodes = int(max_nodes)
         self._min_match = int(min_match)
         self.max_session_tokens = int(max_session_tokens)
@@ -267,6 +275,7 @@ class Proposer:
         self.params[dk.P_MAX_CHILDREN] = max_children
         self.params[dk.P_PRIOR_STRENGTH] = prior_strength
         self.params[dk.P_SESSION_STRENGTH] = session_strength
+        self.params[dk.P_CAL_STRENGTH] = calibration_strength
         self.params.flags.writeable = False  # the knobs are fixed: sessions' kernel frames name this array
         self.corpora = _corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
@@ -303,6 +312,11 @@ class Proposer:
         """A copy of the proposer's learned counts, float64 [classes, length buckets, (hits, trials)]
         (`_kernels/learn.py`)."""
         return self._learned.copy()
+
+    def calibration(self) -> np.ndarray:
+        """A copy of the proposer's sibling calibration, float64 [ranks, share buckets, (hits,
+        expected, trials)] (`_kernels/learn.py`)."""
+        return self._calibration.copy()
 
     def _version_holder(self):
         return self._cache if self._cache is not None else self._null
@@ -410,27 +424,30 @@ class Proposer:
                     g.release()
         if fast:
             trusted = DraftTree.unchecked
-            out_tok, out_par, out_depth, out_prob = outs
+            out_tok, out_par, out_depth, out_prob, out_share = outs
+            learning = self.learn
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
                 e = a + k
                 trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
+                sessions[i]._judged = (out_tok, out_par, out_share, a, e) if learning and k else None
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees
 
     def _batch_kernel(self, sessions, fast, budgets, slots, src):
         """The batch kernel over sessions `fast` (registered in `slots`); under the batch lock.
-        Returns (starts, (tokens, parents, depths, scores), counts)."""
+        Returns (starts, (tokens, parents, depths, scores, shares), counts)."""
         budget_arr = np.array(budgets, np.int64)
         starts = np.zeros(len(fast), np.int64)
         np.cumsum(budget_arr[:-1], out=starts[1:])
         total = int(starts[-1] + budget_arr[-1])
-        outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64))
+        outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64),
+                np.empty(total, np.float64))
         curs = np.stack([sessions[i]._cur for i in fast])
         stats = np.stack([sessions[i]._stats for i in fast])
         threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
         args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.classes, stats, self._learned,
-                budget_arr, self.params, self.min_match, self.match_levels)
+                self._calibration, budget_arr, self.params, self.min_match, self.match_levels)
         if threads == 1:
             counts = pk.propose_batch_serial(*args, starts, *outs)
         else:
@@ -493,6 +510,9 @@ class Session:
                 self._cur[j] = fa._advance(0, 0, prompt)
         self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
         self._stats = lk.new_stats()  # this request's learned counts (lk)
+        # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
+        # (tokens, parents, shares) and its span, or None
+        self._judged = None
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
         # while propose may use it after checking only the cache version (unrestricted sessions)
@@ -525,6 +545,11 @@ class Session:
             self._output.extend(toks.tolist())
             p = self.proposer
             learning = p.learn
+            judged = self._judged
+            if judged is not None:
+                self._judged = None
+                if learning:
+                    lk.count_tree(*judged, toks, p._calibration)
             if learning:
                 sam = self._sam
                 lk.count_own(sam._S, sam._E, sam._H, sam._M, toks, p.min_match, self._stats, p._learned)
@@ -599,8 +624,11 @@ class Session:
                     if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
                         a, e = _tree_span(r)
                         if a == e:
+                            self._judged = None
                             return _EMPTY
-                        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
+                        tokens, parents = ws.tokens, ws.parents
+                        self._judged = (tokens, parents, ws.shares, a, e)
+                        return _tree(tokens[a:e], parents[a:e], ws.depths[a:e], ws.scores[a:e])
                 return self._kernel_tree(budget)
             p = self.proposer
             budget = p.max_nodes if budget is None else int(budget)
@@ -622,7 +650,7 @@ class Session:
         p = self.proposer
         self._params = p.params  # kept alive while the frame names it
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
-                                       p.match_levels, self._src.classes, self._stats, p._learned)
+                                       p.match_levels, self._src.classes, self._stats, p._learned, p._calibration)
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version
@@ -646,7 +674,9 @@ class Session:
                 raise InternalError(f"propose: the kernel refused a fitted workspace (budget {budget})")
         a, e = _tree_span(r)
         if a == e:
+            self._judged = None
             return _EMPTY
+        self._judged = (ws.tokens, ws.parents, ws.shares, a, e)
         return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
@@ -665,6 +695,7 @@ class Session:
                 n += cand[0].shape[0]
         if len(toks) == 1:
             return tree
+        self._judged = None  # a merged tree has no shares
         t, pa, d, s = dk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
         return _tree(t, pa, d, s)
 

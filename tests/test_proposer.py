@@ -14,9 +14,10 @@ from suffixspec.cli import main as cli_main
 from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 
 
-def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12):
-    """All draft paths from the request's own text with their probabilities (exhaustive)."""
-    return _naive_part_candidates([text], text, 2, 1, match_prior, recency, max_depth)
+def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=2):
+    """All draft paths from the request's own text with their probabilities (exhaustive), from
+    `levels` matched suffixes (the proposer's default `match_levels` is 2)."""
+    return _naive_part_candidates([text], text, 2, levels, match_prior, recency, max_depth)
 
 
 def _tree_paths(tree):

@@ -136,8 +136,9 @@ def test_trees_with_learned_confidence_equal_brute_force(alphabet):
         budget = rng.randrange(1, 20)
         tree = session.propose(budget)
         _check_tree_invariants(tree)
-        union = _naive_part_candidates([text], text, 2, 1, 1.0, 0.5, 5, lambda n: _conf(local, glob, lk.CLS_OWN, n))
-        for path, score in _naive_part_candidates(corpus_docs, text, 1, 1, 1.0, 0.5, 5,
+        # the proposer's default match_levels: 2 matched suffixes per source
+        union = _naive_part_candidates([text], text, 2, 2, 1.0, 0.5, 5, lambda n: _conf(local, glob, lk.CLS_OWN, n))
+        for path, score in _naive_part_candidates(corpus_docs, text, 1, 2, 1.0, 0.5, 5,
                                                   lambda n: _conf(local, glob, lk.CLS_CORPUS, n)).items():
             union[path] = max(union.get(path, 0.0), score)
         got = _tree_paths(tree)

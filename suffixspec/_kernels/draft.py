@@ -16,6 +16,15 @@ keeps its own count as C). Each expansion pushes at most `max_children` children
 parts (`expand`); a path's node scores the max over the parts that propose it, and the `budget`
 most probable nodes are kept. Probabilities never increase down a path.
 
+Sibling calibration: a node's *rank* is the number of siblings created before it (nodes are
+created best first), its *share* in a part is the factor above (conf(L) times the child's count
+share). Each part's step into a node is multiplied by `learn.rank_factor` of that rank and share,
+learned from which drafts the committed tokens accepted (`learn.count_tree`): alternatives to a
+better sibling (often another part's disagreeing guess) are worth what they were seen to be
+worth. The factor never grows with the rank, so a heap key computed at a lower rank is an upper
+bound: a popped candidate whose rank has grown since is pushed back with its new key (lazy
+re-evaluation), and the tree is still built best first. With an empty table the factor is 1.
+
 Layouts: the live automaton (source -1) is read through its growable arrays, counts through its
 link-cut tree, which expanding may restructure (the automaton must not be used concurrently);
 frozen automata through `frozen.source_table` (read-only, safe to share across threads).
@@ -32,8 +41,9 @@ from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64
 from .frozen import source_arrays
 
-P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH = range(7)
-N_PARAMS = 7
+(P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
+ P_CAL_STRENGTH) = range(8)
+N_PARAMS = 8
 CHILD_BUF = 512  # children of one state read per expansion (the work per proposal is bounded by it)
 WALK_SPLAY = 24  # splay-tree depth past which a count read is followed by a splay (amortization)
 DEEP_BUF = 256  # such splays per expansion (past that, reads stay exact but are not splayed)
@@ -86,7 +96,7 @@ K_TOK, K_STATE, K_COUNT, K_LAST = range(4)
 KID_COLS = 4
 # the tuple of `workspace_views`, by position
 (V_CAND, V_KEYS, V_VALS, V_KIDS, V_DEEP, V_FIRST_CHILD, V_NEXT_SIB, V_PART_SRC, V_PART_STATE,
- V_PART_LEN) = range(10)
+ V_PART_LEN, V_CAND_P, V_CAND_SHARE, V_NODE_RANK) = range(13)
 
 
 @njit(cache=True, nogil=True)
@@ -101,8 +111,8 @@ def workspace_buffers(budget, max_children, n_sources):
     i64[WS_CAP] = cap
     i64[WS_BUDGET] = budget
     i64[WS_SOURCES] = n_sources
-    n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 2 * budget + 1 + 3 * n_sources
-    return np.empty(n_i32, np.int32), np.empty(cap, np.float64), i64
+    n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 3 * budget + 1 + 3 * n_sources
+    return np.empty(n_i32, np.int32), np.empty(3 * cap, np.float64), i64
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -125,9 +135,14 @@ def workspace_views(i32, f64, i64):
     part_src = i32[o : o + n_sources]
     part_state = i32[o + n_sources : o + 2 * n_sources]
     part_len = i32[o + 2 * n_sources : o + 3 * n_sources]
+    o += 3 * n_sources
+    node_rank = i32[o : o + budget]
     keys = f64[:cap]
+    cand_p = f64[cap : 2 * cap]
+    cand_share = f64[2 * cap : 3 * cap]
     kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * KID_COLS].reshape((CHILD_BUF, KID_COLS))
-    return (cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len)
+    return (cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
+            node_rank)
 
 
 # A workspace frame (int64, see address.py): the addresses and lengths of the three buffers, then
@@ -160,8 +175,8 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, params, ws, out_tok, out_par, out_depth,
-           out_prob, at):
+def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budget, params, ws, out_tok, out_par,
+           out_depth, out_prob, out_share, at):
     """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
     the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
     context in a source: the live automaton (source -1, counts through its link-cut tree, which
@@ -175,12 +190,15 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
     highest probability over the parts, after its parent) and is expanded again through its part.
     The tree is the `budget` most probable paths of the union of every part's own tree, a shared
     path scoring the max over parts, and the work stops there: no part is expanded past what the
-    merged tree keeps.
+    merged tree keeps. Every part's step into a node is calibrated at the node's rank (module
+    docstring; `cal` is the calibration table, `out_share` gets each node's share in the part that
+    created it).
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
     """
-    cand, hkey, hval, kids, deep, first_child, next_sib, part_src, part_state, part_len = ws
+    (cand, hkey, hval, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
+     node_rank) = ws
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     budget = min(budget, out_tok.shape[0] - at, first_child.shape[0] - 1)
     online = M[sk.MODE] == sk.MODE_ONLINE
@@ -191,6 +209,11 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
     min_prob = params[P_MIN_PROB]
     prior_strength = params[P_PRIOR_STRENGTH]
     session_strength = params[P_SESSION_STRENGTH]
+    cal_strength = params[P_CAL_STRENGTH]
+    cal_on = False  # any judged rank-0 node (else rank 0 is never discounted)
+    for b in range(learn.N_SHARES):
+        if cal[0, b, learn.CAL_TRIALS] > 0:
+            cal_on = True
     cls = learn.CLS_OWN
     for i in range(budget + 1):
         first_child[i] = -1
@@ -234,13 +257,28 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
             tok = cand[c, C_TOK]
             slot = budget if parent < 0 else parent
             x = first_child[slot]
+            rank = 0  # a new node's rank: the number of its siblings
             while x != -1 and out_tok[at + x] != tok:
                 x = next_sib[x]
+                rank += 1
+            if x != -1:
+                rank = node_rank[x]
+            # the step is calibrated for the node's rank; a key computed at a lower rank bounds
+            # it from above, so a discounted candidate waits in the heap for its turn
+            pc = cand_p[c]
+            if rank > 0 or cal_on:
+                pc *= learn.rank_factor(cal, rank, cand_share[c], cal_strength)
+            if pc < p:
+                if pc >= min_prob:
+                    n_heap = _heap_push(hkey, hval, n_heap, pc, c)
+                continue
             if x == -1:
                 x = n_out
                 out_tok[at + x] = tok
                 out_par[at + x] = parent
                 out_prob[at + x] = p
+                out_share[at + x] = cand_share[c]
+                node_rank[x] = rank
                 out_depth[at + x] = cand[c, C_DEPTH]
                 next_sib[x] = first_child[slot]
                 first_child[slot] = x
@@ -291,13 +329,25 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
                 break
             slot = budget if here < 0 else here
             x = first_child[slot]
+            rank = 0
             while x != -1 and out_tok[at + x] != tok:
                 x = next_sib[x]
+                rank += 1
+            if x != -1:
+                rank = node_rank[x]
+            if rank > 0 or cal_on:
+                pc = prob * learn.rank_factor(cal, rank, cf, cal_strength)
+                if pc < prob:  # discounted at its rank: still the next pop?
+                    if pc < min_prob or (n_heap > 0 and not pc > hkey[0]):
+                        break
+                    prob = pc
             if x == -1:
                 x = n_out
                 out_tok[at + x] = tok
                 out_par[at + x] = here
                 out_prob[at + x] = prob
+                out_share[at + x] = cf
+                node_rank[x] = rank
                 out_depth[at + x] = depth + 1
                 next_sib[x] = first_child[slot]
                 first_child[slot] = x
@@ -384,7 +434,8 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
         # -- score them and push the best max_children
         if k == 0 or total <= 0:
             continue
-        scale = p * learn.conf(local, glob, cls, length, prior, prior_strength, session_strength) / (total * (1.0 + rec))
+        step = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength) / (total * (1.0 + rec))
+        scale = p * step
         bonus = rec * total  # the most recent child's (kids[i, K_LAST] == top)
         # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
         # recent one), ties in gather order: one pass over the k children, inserting into the
@@ -408,6 +459,8 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, n_parts, budget, pa
             prob = best_w * scale
             if prob < min_prob or n_cand >= cand.shape[0]:
                 break
+            cand_p[n_cand] = prob
+            cand_share[n_cand] = best_w * step
             cand[n_cand, C_TOK] = kids[taken, K_TOK]
             cand[n_cand, C_PARENT] = here
             cand[n_cand, C_STATE] = kids[taken, K_STATE]

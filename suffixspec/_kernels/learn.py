@@ -149,3 +149,90 @@ def count_own(S, E, H, M, tokens, min_match, local, glob):
             state = S[state, sk.LINK]
             length = S[state, sk.LEN]
     return length
+
+
+# -- Sibling calibration. A node's *rank* is the number of siblings created before it (siblings
+# are created best first, so rank 0 is its parent's best child), its *share* the step
+# probability its part gave it (its score over that part's probability of the parent). Every
+# committed token after a proposal judges the nodes whose parent lay on the committed path
+# (`count_tree`): a trial, a hit when the node's token is the one committed. A calibration table
+# is float64 [N_RANKS, N_SHARES, 3] (columns CAL_HITS, CAL_EXPECT: the sum of the judged nodes'
+# shares, CAL_TRIALS); ranks 0, 1, 2, 3+ and share buckets by SHARE_EDGES. `rank_factor` is what
+# the draft kernel multiplies a new node's share by:
+#
+#     raw(r, s) = min(1, (hits + strength) / (expected + strength))       over the cell (r, bucket(s))
+#     factor(r, s) = min over r' <= r of raw(r', s)
+#
+# (never more than 1, never more for a later sibling than for an earlier one at the same share,
+# so a key computed at a lower rank bounds the node's score from above). With no trials it is 1.
+# The proposer's table halves a cell once its trials pass GLOBAL_CAP.
+N_RANKS = 4
+SHARE_EDGES = (0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
+N_SHARES = len(SHARE_EDGES) + 1
+CAL_HITS, CAL_EXPECT, CAL_TRIALS = 0, 1, 2
+CAL_COLS = 3
+CAL_LEN = N_RANKS * N_SHARES * CAL_COLS  # a calibration table, flat
+
+
+def new_calibration() -> np.ndarray:
+    """An empty calibration table."""
+    return np.zeros((N_RANKS, N_SHARES, CAL_COLS), np.float64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def share_bucket(share):
+    """The bucket of a share: the number of SHARE_EDGES at or below it."""
+    b = 0
+    while b < N_SHARES - 1 and share >= SHARE_EDGES[b]:
+        b += 1
+    return b
+
+
+@njit(cache=True, nogil=True, inline="always")
+def rank_factor(cal, rank, share, strength):
+    """The calibration factor of a new node at `rank` with `share` (see above)."""
+    b = share_bucket(share)
+    f = 1.0
+    for r in range(min(rank, N_RANKS - 1) + 1):
+        if cal[r, b, CAL_TRIALS] > 0:
+            g = (cal[r, b, CAL_HITS] + strength) / (cal[r, b, CAL_EXPECT] + strength)
+            if g < f:
+                f = g
+    return f
+
+
+@njit(cache=True, nogil=True)
+def count_tree(tokens, parents, shares, a, e, committed, cal):
+    """Judge the tree at [a, e) of the arena blocks (parents local to the tree, parents before
+    children) by the tokens committed after it: every node whose parent lay on the committed path
+    (the root does), at a depth the committed tokens reach, is a trial of its (rank, share) cell,
+    a hit when its token is the committed one. Returns the number of hits (accepted drafts)."""
+    n = e - a
+    on_path = np.zeros(n, np.bool_)
+    depth = np.zeros(n, np.int64)
+    kids = np.zeros(n + 1, np.int64)  # children seen so far, per node (index n: the root)
+    hits = 0
+    m = committed.shape[0]
+    for i in range(n):
+        p = parents[a + i]
+        slot = n if p < 0 else p
+        rank = kids[slot]
+        kids[slot] += 1
+        d = 1 if p < 0 else depth[p] + 1
+        depth[i] = d
+        if d > m or (p >= 0 and not on_path[p]):
+            continue
+        hit = tokens[a + i] == committed[d - 1]
+        on_path[i] = hit
+        r = min(rank, N_RANKS - 1)
+        b = share_bucket(shares[a + i])
+        cal[r, b, CAL_TRIALS] += 1.0
+        cal[r, b, CAL_EXPECT] += shares[a + i]
+        if hit:
+            cal[r, b, CAL_HITS] += 1.0
+            hits += 1
+        if cal[r, b, CAL_TRIALS] > GLOBAL_CAP:
+            cal[r, b, CAL_TRIALS] *= 0.5
+            cal[r, b, CAL_EXPECT] *= 0.5
+            cal[r, b, CAL_HITS] *= 0.5
+    return hits

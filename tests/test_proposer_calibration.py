@@ -1,0 +1,221 @@
+"""Sibling calibration (`_kernels/learn.py`: `count_tree`, `rank_factor`; `_kernels/draft.py`):
+the judged drafts against a brute-force judge of the trees, the factor against its formula, the
+counts a proposer collects from its own rounds, and calibrated trees against a brute-force check
+of their definition (every node scores its best part's calibrated path probability at the rank
+it holds among its siblings, and nothing left out scores more than what the tree kept)."""
+
+import bisect
+import random
+
+import numpy as np
+import pytest
+
+import naive
+from suffixspec import Proposer, SuffixAutomaton
+from suffixspec._kernels import learn as lk
+from test_proposer import _check_tree_invariants, _naive_part_candidates
+from test_proposer_learn import _conf
+
+EDGES = [0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
+
+
+def _share_bucket(share):
+    return bisect.bisect_right(EDGES, share)
+
+
+def _factor(cal, rank, share, strength):
+    """min over ranks r' <= rank (3+ one cell) of min(1, (hits + s) / (expected + s)), cells with trials."""
+    b = _share_bucket(share)
+    f = 1.0
+    for r in range(min(rank, 3) + 1):
+        hits, expected, trials = cal[r, b]
+        if trials > 0:
+            f = min(f, (hits + strength) / (expected + strength))
+    return f
+
+
+def _judge(tokens, parents, shares, committed, cal):
+    """Brute force: a node is judged when its parent's path equals the committed tokens' prefix
+    and the committed tokens reach its depth; a hit when its path equals that prefix too."""
+    paths, hits = [], 0
+    for i in range(len(tokens)):
+        p = parents[i]
+        paths.append((paths[p] if p >= 0 else ()) + (int(tokens[i]),))
+        path = paths[i]
+        if len(path) > len(committed) or list(path[:-1]) != list(committed[: len(path) - 1]):
+            continue
+        rank = sum(1 for j in range(i) if parents[j] == p)
+        cell = cal[min(rank, 3), _share_bucket(shares[i])]
+        cell += (0.0, shares[i], 1.0)
+        if path[-1] == committed[len(path) - 1]:
+            cell[0] += 1.0
+            hits += 1
+    return hits
+
+
+def _random_tree(rng, n, alphabet):
+    tokens, parents = [], []
+    for i in range(n):
+        while True:
+            p = rng.randrange(-1, i)
+            t = rng.randrange(alphabet)
+            if all(not (parents[j] == p and tokens[j] == t) for j in range(i)):
+                break
+        tokens.append(t)
+        parents.append(p)
+    return np.array(tokens, np.int32), np.array(parents, np.int32), np.array([rng.random() for _ in range(n)])
+
+
+def test_share_buckets_and_factor_equal_their_definition():
+    for share in [0.0, 0.01, 0.02, 0.0499, 0.05, 0.3, 0.95, 0.9499, 1.0] + [i / 997 for i in range(998)]:
+        assert lk.share_bucket(share) == _share_bucket(share), share
+    rng = np.random.default_rng(7)
+    empty = lk.new_calibration()
+    for _ in range(300):
+        cal = lk.new_calibration()
+        cal[..., lk.CAL_TRIALS] = rng.integers(0, 3, cal.shape[:2])
+        cal[..., lk.CAL_EXPECT] = rng.random(cal.shape[:2]) * cal[..., lk.CAL_TRIALS]
+        cal[..., lk.CAL_HITS] = np.minimum(cal[..., lk.CAL_TRIALS], rng.integers(0, 3, cal.shape[:2]))
+        rank, share, strength = int(rng.integers(0, 6)), float(rng.random()), float(rng.choice([0.5, 4.0, 16.0]))
+        got = lk.rank_factor(cal, rank, share, strength)
+        assert got == pytest.approx(_factor(cal, rank, share, strength))
+        assert 0 < got <= 1 and got <= lk.rank_factor(cal, max(rank - 1, 0), share, strength)  # never more for a later sibling
+        assert lk.rank_factor(empty, rank, share, strength) == 1.0
+
+
+def test_count_tree_equals_a_brute_force_judge():
+    rng = random.Random(3)
+    for trial in range(300):
+        n, alphabet = rng.randrange(1, 25), rng.randrange(1, 4)
+        tokens, parents, shares = _random_tree(rng, n, alphabet)
+        committed = np.array([rng.randrange(alphabet) for _ in range(rng.randrange(0, 8))], np.int32)
+        cal = np.random.default_rng(trial).random((lk.N_RANKS, lk.N_SHARES, lk.CAL_COLS))
+        expect = cal.copy()
+        pad = rng.randrange(0, 5)  # the tree at [pad, pad + n) of the arena blocks
+        blocks = [np.concatenate([np.full(pad, -7, a.dtype), a, np.full(3, -7, a.dtype)]) for a in (tokens, parents, shares)]
+        hits = lk.count_tree(*blocks, pad, pad + n, committed, cal)
+        assert hits == _judge(tokens, parents, shares, committed, expect), trial
+        assert np.allclose(cal, expect), trial
+
+
+def test_calibration_counts_the_proposers_own_rounds():
+    """Whatever proposes (one session, a batch), the next extension judges that tree: the
+    proposer's table equals the brute-force judge over every tree it handed out."""
+    rng = random.Random(11)
+    docs = [[rng.randrange(3) for _ in range(60)]]
+    sam = SuffixAutomaton()
+    sam.add_document(docs[0])
+    prop = Proposer(corpus=sam.freeze(), global_cache=False)
+    expect = lk.new_calibration()
+    for request in range(3):
+        s = prop.start([rng.randrange(3) for _ in range(8)])
+        for round_ in range(12):
+            budget = rng.randrange(1, 12)
+            tree = s.propose(budget) if round_ % 2 else prop.propose_batch([s], budget)[0]
+            committed = [rng.randrange(3) for _ in range(rng.randrange(1, 5))]
+            if len(tree):
+                tokens, parents, shares, a, e = s._judged
+                assert np.array_equal(tokens[a:e], tree.tokens) and np.array_equal(parents[a:e], tree.parents)
+                _judge(tree.tokens, tree.parents, shares[a:e], committed, expect)
+            s.extend(committed)
+            assert np.allclose(prop.calibration(), expect), (request, round_)
+        s.close()
+    assert expect[..., lk.CAL_TRIALS].sum() > 20  # the check saw judged drafts
+    off = Proposer(learn=False, global_cache=False)
+    s = off.start([1, 2, 1, 2, 1])
+    s.propose(8)
+    s.extend([2, 1])
+    assert not off.calibration().any()
+
+
+def _level_lengths(docs, text, min_count, levels):
+    """The matched lengths of a source's parts: the longest suffix occurring >= min_count times,
+    then shorter ones occurring more often (as `_naive_part_candidates` walks them)."""
+    n = max([0] + [k for k in range(1, len(text) + 1) if naive.count(docs, text[len(text) - k :]) >= min_count])
+    out = []
+    for _ in range(levels):
+        if n < 1:
+            break
+        out.append(n)
+        here = naive.count(docs, text[len(text) - n :])
+        n = max([0] + [k for k in range(1, n) if naive.count(docs, text[len(text) - k :]) > here])
+    return out
+
+
+def _check_calibrated_tree(tree, parts, cal, strength, budget):
+    """`parts`: one dict per part, path -> uncalibrated path probability (exhaustive). A node's
+    step share in a part is its probability over its parent's; the part's calibrated probability
+    multiplies the shares by `_factor` at the rank each node holds (its index among siblings).
+    Checks: every node scores the max over parts of that; nodes come best first; and no child left
+    out (at the rank it would take) scores more than the tree's last node, or exists at all when
+    the tree is not full."""
+    _check_tree_invariants(tree)
+    n = len(tree)
+    paths, rank, kids = [], [], {}
+    reach = [dict() for _ in parts]  # part -> node -> calibrated probability
+    for i in range(n):
+        p = int(tree.parents[i])
+        path = (paths[p] if p >= 0 else ()) + (int(tree.tokens[i]),)
+        paths.append(path)
+        rank.append(kids.get(p, 0))
+        kids[p] = rank[i] + 1
+        best = 0.0
+        for q, part in enumerate(parts):
+            if path not in part or (p >= 0 and p not in reach[q]):
+                continue
+            share = part[path] / (part[path[:-1]] if p >= 0 else 1.0)
+            reach[q][i] = (reach[q][p] if p >= 0 else 1.0) * share * _factor(cal, rank[i], share, strength)
+            best = max(best, reach[q][i])
+        assert tree.scores[i] == pytest.approx(best), (i, path)
+        if i:
+            assert tree.scores[i] <= tree.scores[i - 1] + 1e-12  # created best first
+    floor = float(tree.scores[-1]) if n == budget else 0.0
+    node_of = {path: i for i, path in enumerate(paths)}
+    for q, part in enumerate(parts):
+        for path, prob in part.items():
+            if path in node_of:
+                continue
+            p = node_of.get(path[:-1], -1 if len(path) == 1 else None)
+            if p is None or (p >= 0 and p not in reach[q]):
+                continue
+            share = prob / (part[path[:-1]] if p >= 0 else 1.0)
+            value = (reach[q][p] if p >= 0 else 1.0) * share * _factor(cal, kids.get(p, 0), share, strength)
+            assert value <= floor + 1e-9, (path, value, floor)
+
+
+@pytest.mark.parametrize("alphabet", [2, 3])
+def test_calibrated_trees_equal_their_brute_force_definition(alphabet):
+    rng = random.Random(70 + alphabet)
+    np_rng = np.random.default_rng(alphabet)
+    checked = 0
+    for trial in range(20):
+        corpus_docs = [[rng.randrange(alphabet) for _ in range(rng.randrange(3, 25))] for _ in range(2)]
+        sam = SuffixAutomaton()
+        for d in corpus_docs:
+            sam.add_document(d)
+        strength = rng.choice([0.5, 4.0])
+        # match_prior 1.37: no share lands on a bucket edge exactly (the check divides probabilities)
+        prop = Proposer(corpus=sam.freeze(), global_cache=False, max_children=64, max_depth=5, match_prior=1.37,
+                        recency=0.5, calibration_strength=strength)
+        text = [rng.randrange(alphabet) for _ in range(rng.randrange(2, 12))]
+        session = prop.start(text)
+        for step in range(3):
+            more = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 6))]
+            session.extend(more)
+            text += more
+            cal = lk.new_calibration()
+            cal[..., lk.CAL_TRIALS] = np_rng.integers(0, 3, cal.shape[:2])
+            cal[..., lk.CAL_EXPECT] = np_rng.random(cal.shape[:2]) * 3
+            cal[..., lk.CAL_HITS] = np_rng.random(cal.shape[:2])
+            prop._calibration[...] = cal  # the table the kernels read (in place: frames name it)
+            local, glob = session._stats.copy(), prop.learned()
+            budget = rng.randrange(1, 20)
+            tree = session.propose(budget)
+            parts = []
+            for docs, min_count, cls in (([text], 2, lk.CLS_OWN), (corpus_docs, 1, lk.CLS_CORPUS)):
+                for length in _level_lengths(docs, text, min_count, prop.match_levels):
+                    parts.append(_naive_part_candidates(docs, text[len(text) - length :], min_count, 1, 1.37, 0.5, 5,
+                                                        lambda m, cls=cls: _conf(local, glob, cls, m, 1.37)))
+            _check_calibrated_tree(tree, parts, cal, strength, budget)
+            checked += len(tree)
+    assert checked > 100
