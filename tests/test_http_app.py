@@ -161,3 +161,34 @@ def test_a_stalled_step_turns_health_503():
     release.set()
     assert not ok and "stall limit" in reason
     asyncio_loop.close()
+
+
+def test_requests_close_behind_each_other_at_an_idle_engine_join_one_admission():
+    """Woken from idle, the engine thread takes the requests that follow within `gather_s` of the
+    previous one before its step (one prefill for a burst); with no window each one steps alone."""
+    from types import SimpleNamespace
+
+    from suffixspec.http.engine_loop import EngineLoop, Handle
+
+    for gather_s, first_step in ((1.0, 3), (0.0, 1)):
+        seen = []
+
+        def step():
+            seen.append(len(server.queued))
+            server.queued.clear()
+            return SimpleNamespace(events=[], admitted=[])
+
+        server = FakeServer(step)
+        loop = EngineLoop(server, gather_s=gather_s, gather_max_s=3.0)
+        loop.start()
+        asyncio_loop = asyncio.new_event_loop()
+        for k in range(3):
+            if k:
+                time.sleep(0.2)  # well inside the 1 s window, far beyond none
+            loop.submit(Handle(_request(), asyncio_loop))
+        deadline = time.monotonic() + 10
+        while sum(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        loop.stop()
+        asyncio_loop.close()
+        assert sum(seen) == 3 and seen[0] == first_step, (gather_s, seen)

@@ -6,7 +6,10 @@ Contract:
   alone calls the server (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the server:
   `submit(handle)` and `cancel(handle)` put messages on a thread-safe inbox, read between rounds, so a
   new request joins the running batch at the next round. The thread sleeps on the inbox while the
-  server is idle.
+  server is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
+  the previous one (for at most `gather_max_s` in all), so that clients which send together (a burst, or
+  closed-loop clients whose answers ended in the same round) are admitted in one prefill, as
+  requests added together to the `Server` in-process are.
 * `submit` answers at once with `APIError` 503 while draining or after the thread died, and 429 (with
   `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
   not yet admitted into the running batch. A submitted request is never dropped by the bound.
@@ -45,6 +48,8 @@ log = logging.getLogger(__name__)
 
 RETRY_AFTER_S = 1
 IDLE_WAIT_S = 0.25
+GATHER_S = 0.003  # from idle: requests this close behind the previous one join its admission
+GATHER_MAX_S = 0.02  # the most a first request waits for others
 
 
 @dataclass
@@ -120,9 +125,11 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, server, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0):
+    def __init__(self, server, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0,
+                 gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S):
         self.server = server
         self.max_queue = int(max_queue)
+        self.gather_s, self.gather_max_s = float(gather_s), float(gather_max_s)
         self.metrics = metrics
         self.stall_s = float(stall_s)
         self.draining = False
@@ -203,14 +210,18 @@ class EngineLoop:
             self._live -= 1
 
     def _take_inbox(self, block: bool) -> None:
+        """Every message in the inbox; `block` (the server is idle): wait for one first, then for
+        those that follow within `gather_s` of the previous one, up to `gather_max_s` after it."""
         try:
             item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
+        deadline = time.monotonic() + self.gather_max_s if block and self.gather_s > 0 else None
         while True:
             self._handle_message(*item)
             try:
-                item = self._inbox.get_nowait()
+                wait = 0.0 if deadline is None else min(self.gather_s, deadline - time.monotonic())
+                item = self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
             except queue.Empty:
                 return
 
