@@ -149,7 +149,8 @@ class _Sources:
     every corpus index), then the past-response generations of one cache version. Immutable; a new
     one is built when the cache changes."""
 
-    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[tuple[int, FrozenAutomaton]]):
+    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[tuple[int, FrozenAutomaton]],
+                 tops_of):
         self.version = version
         self.n_static = len(static)
         self.automata = list(static) + [a for _, a in cached]
@@ -159,6 +160,9 @@ class _Sources:
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
         self.held = [fa.kernel_arrays() for fa in self.automata]
         self.table = fk.source_table(self.held)
+        # each source's best children of its states with many (fk.top_children), or None
+        self.held_tops = [tops_of(fa) for fa in self.automata]
+        self.tops = fk.top_table(self.held_tops)
 
 
 class _LiveSlots:
@@ -289,6 +293,9 @@ class Proposer:
         self._cache: ResponseCache | None = None
         self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
         self._sources: _Sources | None = None
+        self._tops: dict = {}  # id(frozen automaton) -> (it, its fk.top_children or None)
+        for fa in self._static:
+            self._tops_of(fa)
         self._sources_lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
@@ -343,6 +350,21 @@ class Proposer:
             ws = self._local.ws = _Workspace(max(budget, 64), max(n_sources, 4), int(self.params[dk.P_MAX_CHILDREN]))
         return ws
 
+    def _tops_of(self, fa: FrozenAutomaton):
+        """`fk.top_children` of `fa` for this proposer's `max_children`, kept while `fa` is a source
+        (built once per automaton: the corpora's at construction, a new cache snapshot's on the
+        closing request's time)."""
+        got = self._tops.get(id(fa))
+        if got is not None and got[0] is fa:
+            return got[1]
+        offsets, etok, eto, counts, lasts, _links, _lens = fa.kernel_arrays()
+        width = int(self.params[dk.P_MAX_CHILDREN]) + 1
+        tops = None
+        if width <= dk.CHILD_BUF:
+            tops = fk.top_children(offsets, etok, eto, counts, lasts, width, max(16, 2 * width))
+        self._tops[id(fa)] = (fa, tops)
+        return tops
+
     def _current_sources(self) -> _Sources:
         src = self._sources
         version = self._version_holder()._version  # an int read: no lock needed
@@ -355,7 +377,9 @@ class Proposer:
             else:
                 version, cached = self._null._version, []
             if self._sources is None or self._sources.version != version:
-                self._sources = _Sources(self._static, version, cached)
+                live = {id(fa) for fa in self._static} | {id(fa) for _, fa in cached}
+                self._tops = {k: v for k, v in self._tops.items() if k in live}  # forget dropped snapshots'
+                self._sources = _Sources(self._static, version, cached, self._tops_of)
             return self._sources
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
@@ -446,7 +470,7 @@ class Proposer:
         curs = np.stack([sessions[i]._cur for i in fast])
         stats = np.stack([sessions[i]._stats for i in fast])
         threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.classes, stats, self._learned,
+        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.tops, src.classes, stats, self._learned,
                 self._calibration, budget_arr, self.params, self.min_match, self.match_levels)
         if threads == 1:
             counts = pk.propose_batch_serial(*args, starts, *outs)
@@ -650,7 +674,8 @@ class Session:
         p = self.proposer
         self._params = p.params  # kept alive while the frame names it
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
-                                       p.match_levels, self._src.classes, self._stats, p._learned, p._calibration)
+                                       p.match_levels, self._src.classes, self._stats, p._learned, p._calibration,
+                                       self._src.tops)
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version

@@ -219,3 +219,65 @@ def test_calibrated_trees_equal_their_brute_force_definition(alphabet):
             _check_calibrated_tree(tree, parts, cal, strength, budget)
             checked += len(tree)
     assert checked > 100
+
+
+def test_top_children_equal_a_sort_of_every_child():
+    """`frozen.top_children` against sorting each state's children: the width - 1 most frequent
+    (ties: lower edge first) and the most recent, in edge order, and their parent's count total."""
+    from suffixspec._kernels import frozen as fk
+
+    rng = random.Random(9)
+    for trial in range(30):
+        alphabet = rng.choice([3, 8, 30])
+        sam = SuffixAutomaton()
+        for _ in range(rng.randrange(1, 4)):
+            sam.add_document([rng.randrange(alphabet) for _ in range(rng.randrange(5, 400))])
+        fa = sam.freeze()
+        offsets, etok, eto, counts, lasts, _links, _lens = fa.kernel_arrays()
+        width, min_children = rng.randrange(2, 6), rng.randrange(0, 6)
+        row_of, tops, totals = fk.top_children(offsets, etok, eto, counts, lasts, width, min_children)
+        rows = 0
+        for v in range(len(offsets) - 1):
+            edges = list(range(offsets[v], offsets[v + 1]))
+            if len(edges) <= min_children:
+                assert row_of[v] == -1
+                continue
+            r = row_of[v]
+            assert r == rows, (trial, v)
+            rows += 1
+            best = sorted(edges, key=lambda e: (-counts[eto[e]], e))[: width - 1]
+            recent = max(edges, key=lambda e: lasts[eto[e]])
+            expect = sorted(set(best) | {recent})
+            got = [int(e) for e in tops[r * width : (r + 1) * width] if e >= 0]
+            assert got == expect, (trial, v)
+            assert totals[r] == sum(int(counts[eto[e]]) for e in edges)
+
+
+@pytest.mark.parametrize("max_children", [1, 2, 4])
+def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
+    """A corpus whose states have many children: trees read through the precomputed best children
+    equal the trees of a full scan of every child (the table blanked in place)."""
+    rng = random.Random(40 + max_children)
+    for trial in range(6):
+        alphabet = rng.choice([20, 60])
+        sam = SuffixAutomaton()
+        for _ in range(3):
+            sam.add_document([rng.randrange(alphabet) for _ in range(600)])
+        prop = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False)
+        blank = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False)
+        blank._current_sources().tops[...] = 0  # no table: every child is read
+        for request in range(3):
+            text = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 6))]
+            a, b = prop.start(text), blank.start(text)
+            for _ in range(15):
+                budget = rng.randrange(1, 40)
+                ta, tb = a.propose(budget), b.propose(budget)
+                assert ta.tokens.tolist() == tb.tokens.tolist() and ta.parents.tolist() == tb.parents.tolist()
+                assert np.allclose(ta.scores, tb.scores)
+                more = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 4))]
+                a.extend(more)
+                b.extend(more)
+            a.close()
+            b.close()
+        assert not blank._current_sources().tops.any()
+        assert max(int(tops[0].max()) for tops in prop._current_sources().held_tops) >= 0  # states with a row

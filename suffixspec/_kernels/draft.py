@@ -11,8 +11,10 @@ where L is the matched length at the parent (it grows by one per level), C the s
 children's counts, conf(L) the chance that a copy continues at all (learned per source class and
 length bucket from the request's committed tokens, `learn.conf`; L / (L + match_prior) before any
 count), and [most recent] marks the continuation of the most recent occurrence (recency matters
-for text being edited). At most CHILD_BUF children of a state are read (a frozen state with more
-keeps its own count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
+for text being edited). A frozen state with many children is read through its precomputed best
+ones and their count total (`frozen.top_children`: the same children and shares as a scan of them
+all, in max_children + 1 reads); elsewhere at most CHILD_BUF children of a state are read (a
+frozen state with more, and no table, keeps its own count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
 parts (`expand`); a path's node scores the max over the parts that propose it, and the `budget`
 most probable nodes are kept. Probabilities never increase down a path.
 
@@ -39,7 +41,7 @@ from . import learn
 from . import lct
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64
-from .frozen import source_arrays
+from .frozen import source_arrays, top_arrays
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
  P_CAL_STRENGTH) = range(8)
@@ -175,7 +177,7 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budget, params, ws, out_tok, out_par,
+def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts, budget, params, ws, out_tok, out_par,
            out_depth, out_prob, out_share, at):
     """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
     the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
@@ -192,7 +194,7 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budge
     path scoring the max over parts, and the work stops there: no part is expanded past what the
     merged tree keeps. Every part's step into a node is calibrated at the node's rank (module
     docstring; `cal` is the calibration table, `out_share` gets each node's share in the part that
-    created it).
+    created it). `tops` (a `frozen.top_table`) gives the best children of frozen states with many.
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
@@ -219,6 +221,8 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budge
         first_child[i] = -1
     offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
     etok, eto, counts, lasts = offsets, offsets, offsets, offsets
+    row_of, top_edges, top_totals = offsets, offsets, offsets  # its best children of big states
+    width = max_children + 1
     n_frozen = 0
     n_edges = 0
     n_cand = 0
@@ -294,6 +298,7 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budge
         cls = learn.CLS_OWN if live else cls_rows[part_src[q]]
         if not live:
             offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
+            row_of, top_edges, top_totals = top_arrays(tops, part_src[q])
             # every index read below is checked against these (a damaged source drafts nothing)
             n_frozen = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
             n_edges = min(etok.shape[0], eto.shape[0])
@@ -415,7 +420,27 @@ def expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budge
         elif 0 <= v < n_frozen:
             lo = offsets[v]
             hi = offsets[v + 1]
-            if 0 <= lo <= hi <= n_edges:
+            r = row_of[v] if v < row_of.shape[0] else -1
+            if r >= 0 and 0 <= lo <= hi <= n_edges and (r + 1) * width <= top_edges.shape[0] and r < top_totals.shape[0]:
+                # a state with many children: its best ones and their count total, precomputed
+                # (`frozen.top_children`), instead of a scan of them all
+                for i in range(width):
+                    e = top_edges[r * width + i]
+                    if e < 0:
+                        break
+                    w = eto[e] if lo <= e < hi else -1
+                    if w < 0 or w >= n_frozen:
+                        k = 0  # damaged arrays: draft nothing from here
+                        break
+                    kids[k, K_TOK] = etok[e]
+                    kids[k, K_STATE] = w
+                    kids[k, K_COUNT] = counts[w]
+                    kids[k, K_LAST] = lasts[w]
+                    if k == 0 or lasts[w] > top:
+                        top = lasts[w]
+                    k += 1
+                total = float(top_totals[r])
+            elif 0 <= lo <= hi <= n_edges:
                 for e in range(lo, min(hi, lo + CHILD_BUF)):
                     w = eto[e]
                     if w < 0 or w >= n_frozen:

@@ -137,3 +137,105 @@ def source_arrays(table, j):
             view_i32(table[j, 2], table[j, n + 2]), view_i32(table[j, 3], table[j, n + 3]),
             view_i32(table[j, 4], table[j, n + 4]), view_i32(table[j, 5], table[j, n + 5]),
             view_i32(table[j, 6], table[j, n + 6]))
+
+
+# The best children of the frozen states with many (the proposal kernels' bounded gather): per
+# source, `row_of` int32[n_states] (-1: the state has few children, read them all), then per row
+# the edges of the state's `width - 1` most frequent children (ties: lower edge first) and of its
+# most recent one (largest last end), in edge order, padded with -1 (`tops` int32[rows * width]),
+# and the sum of all its children's counts (`totals` int32[rows]). Ranking children by count plus
+# a bonus for the most recent one, the best `width - 1` are among them, in the order a full scan
+# would rank them. A TOP_TABLE row holds the three arrays' addresses, then their lengths; an
+# all-zero row: no table for that source.
+N_TOP_ARRAYS = 3
+TOP_ROW_OF, TOP_EDGES, TOP_TOTALS = range(N_TOP_ARRAYS)
+
+
+@njit(cache=True)
+def top_children(offsets, etok, eto, counts, lasts, width, min_children):
+    """(row_of, tops, totals) of the states with more than `min_children` children (see above);
+    a state whose arrays are damaged gets no row (the kernels' full, checked scan handles it)."""
+    n = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
+    m_edges = min(etok.shape[0], eto.shape[0])
+    row_of = np.full(max(n, 0), -1, np.int32)
+    rows = 0
+    for v in range(n):
+        if offsets[v + 1] - offsets[v] > min_children:
+            rows += 1
+    tops = np.full(rows * width, -1, np.int32)
+    totals = np.zeros(rows, np.int32)
+    best = np.empty(width, np.int64)  # edges of the most frequent children so far, best first
+    r = 0
+    for v in range(n):
+        lo, hi = offsets[v], offsets[v + 1]
+        if hi - lo <= min_children:
+            continue
+        if not 0 <= lo <= hi <= m_edges:
+            continue
+        ok = True
+        k = 0
+        total = 0
+        recent = -1
+        for e in range(lo, hi):
+            w = eto[e]
+            if w < 0 or w >= n:
+                ok = False
+                break
+            c = counts[w]
+            total += c
+            if recent < 0 or lasts[w] > lasts[eto[recent]]:
+                recent = e
+            if k < width - 1:
+                j = k
+                k += 1
+            elif k > 0 and c > counts[eto[best[k - 1]]]:
+                j = k - 1  # the least frequent kept child makes room
+            else:
+                continue
+            # insert e among best[0:k], after every child at least as frequent (earlier edges win ties)
+            while j > 0 and c > counts[eto[best[j - 1]]]:
+                best[j] = best[j - 1]
+                j -= 1
+            best[j] = e
+        if not ok or total > 2147483647:
+            continue
+        # the chosen edges plus the most recent one, in edge order
+        picked = best[:k].copy()
+        has_recent = False
+        for i in range(k):
+            if picked[i] == recent:
+                has_recent = True
+        out = np.empty(k + 1, np.int64)
+        out[:k] = picked
+        n_out = k
+        if not has_recent:
+            out[k] = recent
+            n_out = k + 1
+        out = np.sort(out[:n_out])
+        for i in range(n_out):
+            tops[r * width + i] = out[i]
+        totals[r] = total
+        row_of[v] = r
+        r += 1
+    # rows of damaged states stay unused (all -1)
+    return row_of, tops, totals
+
+
+def top_table(arrays) -> np.ndarray:
+    """The TOP_TABLE of sources' (row_of, tops, totals), None for a source without one."""
+    table = np.zeros((len(arrays), 2 * N_TOP_ARRAYS), np.int64)
+    for j, arrs in enumerate(arrays):
+        if arrs is None:
+            continue
+        for k, a in enumerate(arrs):
+            table[j, k] = address(a, np.int32)
+            table[j, N_TOP_ARRAYS + k] = a.shape[0]
+    return table
+
+
+@njit(cache=True, nogil=True, inline="always")
+def top_arrays(table, j):
+    """(row_of, tops, totals) of row j of a `top_table` (empty arrays: no table)."""
+    n = N_TOP_ARRAYS
+    return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
+            view_i32(table[j, 2], table[j, n + 2]))

@@ -29,7 +29,7 @@ from . import draft as dk
 from . import learn
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64, view_i64_2d
-from .frozen import N_SOURCE_ARRAYS, source_arrays
+from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, source_arrays
 from ..errors import InternalError
 
 
@@ -39,16 +39,16 @@ CUR_STATE, CUR_LEN = 0, 1
 CUR_COLS = 2
 
 (F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
- F_GLOBAL, F_CAL) = range(13)
-FRAME_LEN = 13
+ F_GLOBAL, F_CAL, F_TOPS) = range(14)
+FRAME_LEN = 14
 STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
-def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal) -> np.ndarray:
+def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
     `source_table` they index and their source classes (int64 [n]), the proposer's params and
     knobs, the session's and the proposer's learn stats tables and the proposer's calibration table
-    (the caller keeps them alive)."""
+    and the sources' `frozen.top_table` (the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
         raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
@@ -58,6 +58,8 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
             or cal.shape != (learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS) or not cal.flags.c_contiguous):
         raise InternalError("session_frame: expected int64 classes per cursor row, two C stats tables and a C "
                             "calibration table")
+    if tops.shape != (cur.shape[0], 2 * N_TOP_ARRAYS) or tops.dtype != np.int64:
+        raise InternalError(f"session_frame: expected a top table [n, {2 * N_TOP_ARRAYS}], got {tops.shape}")
     if live.shape != (sk.LIVE_LEN,):
         raise InternalError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
     frame = np.empty(FRAME_LEN, np.int64)
@@ -69,12 +71,13 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
     frame[F_CLS] = address(cls_rows, np.int64)
     frame[F_LOCAL], frame[F_GLOBAL] = address(local, np.float64), address(glob, np.float64)
     frame[F_CAL] = address(cal, np.float64)
+    frame[F_TOPS] = address(tops, np.int64)
     return frame
 
 
 @njit(cache=True, nogil=True, inline="always")
-def propose_one(S, E, L, M, stack, cur, frozen, cls_rows, local, glob, cal, budget, params, min_match, levels, ws,
-                out_tok, out_par, out_depth, out_prob, out_share, at):
+def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal, budget, params, min_match, levels,
+                ws, out_tok, out_par, out_depth, out_prob, out_share, at):
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j, of class cls_rows[j];
@@ -115,8 +118,8 @@ def propose_one(S, E, L, M, stack, cur, frozen, cls_rows, local, glob, cal, budg
             length = lens[state] if state > 0 else 0
     if n_parts == 0:
         return 0, stack
-    return dk.expand(S, E, L, M, stack, frozen, cls_rows, local, glob, cal, n_parts, budget, params, ws, out_tok,
-                     out_par, out_depth, out_prob, out_share, at)
+    return dk.expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts, budget, params, ws,
+                     out_tok, out_par, out_depth, out_prob, out_share, at)
 
 
 # propose_framed's result: the tree's first arena node above TREE_SHIFT bits, its node count below
@@ -166,6 +169,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
+    tops = view_i64_2d(frame[F_TOPS], frame[F_TABLE_ROWS], 2 * N_TOP_ARRAYS)
     params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
     cls_rows = view_i64(frame[F_CLS], frame[F_CUR_ROWS])
     shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
@@ -173,7 +177,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
     glob = view_f64(frame[F_GLOBAL], STATS_LEN).reshape(shape)
     cal = view_f64(frame[F_CAL], learn.CAL_LEN).reshape((learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS))
     out_f64 = view_f64(wsf[dk.WS_OUT_F64], 2 * cap)
-    k, stack = propose_one(S, E, L, M, stack, cur, table, cls_rows, local, glob, cal, budget, params,
+    k, stack = propose_one(S, E, L, M, stack, cur, table, tops, cls_rows, local, glob, cal, budget, params,
                            frame[F_MIN_MATCH], frame[F_LEVELS], dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap],
                            out[2 * cap :], out_f64[:cap], out_f64[cap:], off)
     wsf[dk.WS_OUT_OFF] = off + k
@@ -181,7 +185,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
 
 
 @njit(cache=True, nogil=True)
-def _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
+def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
                  n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
@@ -194,30 +198,30 @@ def _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budget
     stack = np.empty(64, np.int32)
     for i in range(c, n, n_chunks):
         S, E, L, M = live[slots[i]]
-        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, cls_rows, locals_[i], glob, cal, budgets[i], params,
-                               min_match, levels, ws, out_tok, out_par, out_depth, out_prob, out_share, starts[i])
+        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, tops, cls_rows, locals_[i], glob, cal, budgets[i],
+                               params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, out_share, starts[i])
         counts[i] = k
 
 
 @njit(cache=True, nogil=True)
-def propose_batch_serial(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budgets, params, min_match, levels,
-                         starts, out_tok, out_par, out_depth, out_prob, out_share):
+def propose_batch_serial(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match,
+                         levels, starts, out_tok, out_par, out_depth, out_prob, out_share):
     """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`, learn stats
     `locals_[i]`) gets its tree at `out_*[starts[i]:]`; returns the node count of each. One thread,
     no parallel region: nothing to share with (or wait for) the model's OpenMP threads."""
     counts = np.zeros(slots.shape[0], np.int64)
-    _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, 0, 1,
+    _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, 0, 1,
                  starts, out_tok, out_par, out_depth, out_prob, out_share, counts)
     return counts
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propose_batch(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budgets, params, min_match, levels,
+def propose_batch(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels,
                   n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share):
     """`propose_batch_serial` split into `n_chunks` strided shares run in parallel (prange)."""
     counts = np.zeros(slots.shape[0], np.int64)
     for c in prange(n_chunks):
-        _batch_share(live, slots, curs, frozen, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
+        _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
                      n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, counts)
     return counts
 
