@@ -33,9 +33,10 @@ its own lock, so no kernel reads an automaton that another thread is growing or 
 kernels read raw addresses: without the lock, a session closed during another thread's proposal
 was a use-after-free). Different sessions may propose concurrently from several threads
 (`propose` runs one nogil kernel call over the session's own automaton and immutable snapshots of
-the shared sources; the cache is guarded by a lock). The proposer's learned counts are shared by
-its sessions and updated without a lock: concurrent extensions may lose an increment, and a tree
-depends on what other sessions committed before it (with `learn=False` sessions are independent).
+the shared sources; the cache is guarded by a lock). The proposer's learned counts and its sibling
+calibration are shared by its sessions and updated without a lock: concurrent extensions may lose
+an increment, and a tree depends on what other sessions committed before it (with `learn=False`
+sessions are independent).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
