@@ -192,3 +192,40 @@ def test_requests_close_behind_each_other_at_an_idle_engine_join_one_admission()
         loop.stop()
         asyncio_loop.close()
         assert sum(seen) == 3 and seen[0] == first_step, (gather_s, seen)
+
+
+def test_an_idle_engine_waits_for_requests_still_being_parsed():
+    """Handlers announce a request on arrival (`expect`) and `arrived` after submitting it: woken
+    by the first of a burst, the idle engine thread waits for the announced ones (no time window
+    needed), and without announcements steps at once."""
+    from types import SimpleNamespace
+
+    from suffixspec.http.engine_loop import EngineLoop, Handle
+
+    for announce, first_step in ((True, 3), (False, 1)):
+        seen = []
+
+        def step():
+            seen.append(len(server.queued))
+            server.queued.clear()
+            return SimpleNamespace(events=[], admitted=[])
+
+        server = FakeServer(step)
+        loop = EngineLoop(server, gather_s=0.0, gather_max_s=3.0)
+        loop.start()
+        asyncio_loop = asyncio.new_event_loop()
+        if announce:
+            for _ in range(3):
+                loop.expect()
+        for k in range(3):
+            if k:
+                time.sleep(0.2)  # a handler still parsing its request
+            loop.submit(Handle(_request(), asyncio_loop))
+            if announce:
+                loop.arrived()
+        deadline = time.monotonic() + 10
+        while sum(seen) < 3 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        loop.stop()
+        asyncio_loop.close()
+        assert sum(seen) == 3 and seen[0] == first_step, (announce, seen)

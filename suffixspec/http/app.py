@@ -163,8 +163,11 @@ def create_app(state: AppState) -> Starlette:
 
     async def generate(request: Request, kind: str) -> Response:
         path = request.url.path
+        expected = None
         try:
             engine, ctx = state.ready()
+            engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
+            expected = engine
             raw = await request.body()
             try:
                 body = json.loads(raw)
@@ -180,6 +183,9 @@ def create_app(state: AppState) -> Starlette:
             log.exception("request handling failed")
             metrics.http_request(path, 500)
             return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        finally:
+            if expected is not None:
+                expected.arrived()
         state.inflight += 1
         watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handle))
         closed = [False]

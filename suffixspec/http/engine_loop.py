@@ -7,9 +7,11 @@ Contract:
   `submit(handle)` and `cancel(handle)` put messages on a thread-safe inbox, read between rounds, so a
   new request joins the running batch at the next round. The thread sleeps on the inbox while the
   server is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
-  the previous one (for at most `gather_max_s` in all), so that clients which send together (a burst, or
-  closed-loop clients whose answers ended in the same round) are admitted in one prefill, as
-  requests added together to the `Server` in-process are.
+  the previous one, and those whose handlers are still reading or parsing them (`expect` at a
+  handler's start, `arrived` once it submitted or refused), for at most `gather_max_s` in all: clients
+  that send together (a burst, or closed-loop clients whose answers ended in the same round) are
+  admitted in one prefill, as requests added together to the `Server` in-process are, while a lone
+  request waits at most `gather_s`.
 * `submit` answers at once with `APIError` 503 while draining or after the thread died, and 429 (with
   `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
   not yet admitted into the running batch. A submitted request is never dropped by the bound.
@@ -49,7 +51,8 @@ log = logging.getLogger(__name__)
 RETRY_AFTER_S = 1
 IDLE_WAIT_S = 0.25
 GATHER_S = 0.003  # from idle: requests this close behind the previous one join its admission
-GATHER_MAX_S = 0.02  # the most a first request waits for others
+GATHER_MAX_S = 0.05  # the most a first request waits for others
+ARRIVAL_POLL_S = 0.001
 
 
 @dataclass
@@ -138,6 +141,7 @@ class EngineLoop:
         self._lock = threading.Lock()
         self._waiting = 0  # submitted, not yet admitted (guarded by _lock)
         self._live = 0  # submitted, not yet finished (guarded by _lock)
+        self._arriving = 0  # requests in handlers, not yet submitted (guarded by _lock; read without)
         self._handles: dict[int, Handle] = {}  # engine thread only
         self._step_started: float | None = None
         self._stop = threading.Event()
@@ -211,19 +215,41 @@ class EngineLoop:
 
     def _take_inbox(self, block: bool) -> None:
         """Every message in the inbox; `block` (the server is idle): wait for one first, then for
-        those that follow within `gather_s` of the previous one, up to `gather_max_s` after it."""
+        those that follow within `gather_s` of the previous one or while handlers are still between
+        a request's arrival and its `submit` (`expect`), up to `gather_max_s` after the first."""
         try:
             item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
-        deadline = time.monotonic() + self.gather_max_s if block and self.gather_s > 0 else None
-        while True:
+        deadline = time.monotonic() + self.gather_max_s if block else None
+        while item is not None:
             self._handle_message(*item)
+            item = self._next_message(deadline)
+
+    def _next_message(self, deadline: float | None):
+        """The next message, or None once none came in time (at once without a `deadline`)."""
+        while True:
+            left = 0.0 if deadline is None else deadline - time.monotonic()
+            wait = min(left, self.gather_s)
             try:
-                wait = 0.0 if deadline is None else min(self.gather_s, deadline - time.monotonic())
-                item = self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
+                return self._inbox.get(timeout=wait) if wait > 0 else self._inbox.get_nowait()
             except queue.Empty:
-                return
+                if left <= 0 or self._arriving <= 0:
+                    return None
+                # a request is on its way (its handler is parsing it): wait for it in short steps
+                try:
+                    return self._inbox.get(timeout=min(left, ARRIVAL_POLL_S))
+                except queue.Empty:
+                    continue
+
+    def expect(self) -> None:
+        """A request reached a handler (call `arrived` once it is submitted or refused)."""
+        with self._lock:
+            self._arriving += 1
+
+    def arrived(self) -> None:
+        with self._lock:
+            self._arriving -= 1
 
     def _handle_message(self, kind: str, handle: Handle | None) -> None:
         server = self.server
