@@ -115,18 +115,26 @@ N_SOURCE_ARRAYS = 7
 SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS = range(N_SOURCE_ARRAYS)
 
 
-def source_table(arrays) -> np.ndarray:
-    """The table of frozen sources from their arrays (7 C-contiguous int32 arrays each)."""
-    table = np.zeros((len(arrays), 2 * N_SOURCE_ARRAYS), np.int64)
+def address_table(arrays, width: int, name: str) -> np.ndarray:
+    """Row j: the addresses of source j's `width` int32 arrays, then their lengths (a row of zeros
+    for a source given as None, which kernels read as empty arrays)."""
+    table = np.zeros((len(arrays), 2 * width), np.int64)
     for j, arrs in enumerate(arrays):
-        if len(arrs) != N_SOURCE_ARRAYS:
-            raise InternalError(f"source_table: expected {N_SOURCE_ARRAYS} arrays per source, got {len(arrs)}")
+        if arrs is None:
+            continue
+        if len(arrs) != width:
+            raise InternalError(f"{name}: expected {width} arrays per source, got {len(arrs)}")
         for k, a in enumerate(arrs):
             if a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
-                raise InternalError(f"source_table: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
+                raise InternalError(f"{name}: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
             table[j, k] = address(a, np.int32)
-            table[j, N_SOURCE_ARRAYS + k] = a.shape[0]
+            table[j, width + k] = a.shape[0]
     return table
+
+
+def source_table(arrays) -> np.ndarray:
+    """The table of frozen sources from their arrays (7 C-contiguous int32 arrays each)."""
+    return address_table(arrays, N_SOURCE_ARRAYS, "source_table")
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -223,14 +231,7 @@ def top_children(offsets, etok, eto, counts, lasts, width, min_children):
 
 def top_table(arrays) -> np.ndarray:
     """The TOP_TABLE of sources' (row_of, tops, totals), None for a source without one."""
-    table = np.zeros((len(arrays), 2 * N_TOP_ARRAYS), np.int64)
-    for j, arrs in enumerate(arrays):
-        if arrs is None:
-            continue
-        for k, a in enumerate(arrs):
-            table[j, k] = address(a, np.int32)
-            table[j, N_TOP_ARRAYS + k] = a.shape[0]
-    return table
+    return address_table(arrays, N_TOP_ARRAYS, "top_table")
 
 
 @njit(cache=True, nogil=True, inline="always")
