@@ -20,19 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
 
 import httpx
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from bench_http import free_port  # this folder's scripts: sys.path[0]
 
 
 def spawn(args, max_batch: int) -> tuple[subprocess.Popen, str]:
