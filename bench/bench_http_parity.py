@@ -7,8 +7,11 @@ of a shared machine fall on both sides alike instead of on whichever ran second.
     python bench/bench_http_parity.py --num-prompts 12 --repeat 5 --concurrency 1,4
 
 Both sides run plain decoding (budget 0) and speculation (budget auto) in each repeat, one torch
-thread each (`--threads`); the server runs `--no-response-cache`, and the in-process side takes a
-fresh proposer per run (neither carries responses across runs). Per side and concurrency: TPOT
+thread each (`--threads`). The server runs `--no-response-cache` and keeps one generator for its
+life, so what its budget policy and proposer learn (calibration, cost curve, source weighting)
+carries from run to run; the in-process side does the same by default (`--in-process kept`: one
+generator over a proposer without a response cache, for every run, warm-up included).
+`--in-process fresh` gives it a new generator and proposer per run instead, as `suffixspec bench` does. Per side and concurrency: TPOT
 (median over requests and repeats) and the speed-up (throughput ratio to plain of the same side and
 repeat: median [min-max] over repeats); then how far HTTP is from in-process: the ratio of the
 medians, and the median [min-max] of the per-repeat ratios. Greedy texts are compared across sides
@@ -51,6 +54,16 @@ def spawn(args, max_batch: int) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"the server was not healthy within 900 s; see {args.server_log}")
 
 
+class KeptBackend:
+    """One generator for every run (no `fresh()`), as a long-lived server keeps one."""
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def serve(self, **kw):
+        return self.backend.serve(**kw)
+
+
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"
 
@@ -64,6 +77,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--model", default=None)
+    ap.add_argument("--in-process", choices=("kept", "fresh"), default="kept",
+                    help="kept: one generator for every run, as the server keeps (default); fresh: a new one per run")
     ap.add_argument("--server-log", default="/tmp/suffixspec-parity-server.log")
     args = ap.parse_args()
     concurrency = [int(c) for c in args.concurrency.split(",")]
@@ -80,7 +95,10 @@ def main() -> int:
     if any(r.followup is not None for r in workload.requests):
         raise SystemExit(f"{args.workload}: second-turn workloads are not supported here")
     model, tokenizer = load_model(args.model)
-    local = bench.SpeculativeBackend(model, tokenizer, lambda: Proposer())
+    if args.in_process == "kept":
+        local = KeptBackend(bench.SpeculativeBackend(model, tokenizer, lambda: Proposer(global_cache=False)).fresh())
+    else:
+        local = bench.SpeculativeBackend(model, tokenizer, lambda: Proposer())
     proc, url = spawn(args, max(concurrency))
     try:
         served = remote.list_models(url)
@@ -125,7 +143,7 @@ def main() -> int:
 
     rows, summary = [], []
     print(f"{args.workload}, {args.num_prompts} prompts, {args.max_new_tokens} tokens, repeat {args.repeat} "
-          f"(interleaved), {args.threads} thread(s)")
+          f"(interleaved), {args.threads} thread(s), in-process generator {args.in_process}")
     print(f"{'c':>3} {'side':<11} {'TPOT plain':>10} {'TPOT spec':>10} {'tok/round':>9} {'speed-up':>22}")
     for c in concurrency:
         sp = {}
@@ -150,6 +168,7 @@ def main() -> int:
                                     for name in sides}})
     print(f"greedy texts differing across sides and modes: {mismatched} of {len(texts)} prompts")
     print(json.dumps({"bench": "http_parity", "workload": args.workload, "prompts": args.num_prompts,
+                      "in_process": args.in_process,
                       "max_new_tokens": args.max_new_tokens, "repeat": args.repeat, "threads": args.threads,
                       "mismatched_prompts": mismatched, "cells": summary}))
     return 1 if mismatched else 0
