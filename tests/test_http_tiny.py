@@ -306,12 +306,56 @@ def test_metrics_parse(tiny):
                  "suffixspec_running_requests", "suffixspec_ttft_seconds", "suffixspec_tpot_seconds",
                  "suffixspec_e2e_seconds", "suffixspec_tokens_per_round", "suffixspec_acceptance_rate",
                  "suffixspec_drafted_tokens", "suffixspec_accepted_tokens", "suffixspec_speculation_share",
-                 "suffixspec_proposer_seconds", "suffixspec_verifier_seconds"):
+                 "suffixspec_proposer_seconds", "suffixspec_verifier_seconds", "suffixspec_admission_steps",
+                 "suffixspec_admitted_requests"):
         assert name in families, name
     assert _metric(server, "suffixspec_http_requests_total", {"endpoint": "/v1/completions", "status": "200"}) > 0
     assert _metric(server, "suffixspec_ttft_seconds_count") > 0
     assert _metric(server, "suffixspec_verifier_seconds_total") > 0
     assert 0 <= _metric(server, "suffixspec_speculation_share") <= 1
+
+
+def test_requests_still_being_read_join_the_idle_engines_first_admission(tiny):
+    """Four requests reach an idle server together, but their bodies come 10 ms apart (more than the
+    3 ms the engine waits behind a request): the engine, told by the handlers that requests are on
+    their way, waits for them and admits all four in one step (one prefill), as requests added
+    together in-process are. Counted by the admission metrics; three such bursts."""
+    server = tiny[0]
+    for _ in range(200):  # idle: nothing running or waiting from earlier tests
+        if _metric(server, "suffixspec_running_requests") == 0 and _metric(server, "suffixspec_queue_depth") == 0:
+            break
+        time.sleep(0.05)
+
+    async def burst():
+        gates = [asyncio.Event() for _ in range(4)]
+
+        async def send(i, http):
+            async def content():
+                await gates[i].wait()
+                yield json.dumps({"model": "tiny", "prompt": PROMPTS[i], "max_tokens": 4, "temperature": 0,
+                                  "suffixspec": {"budget": 0}}).encode()
+
+            return await http.post("/v1/completions", content=content(), headers={"content-type": "application/json"})
+
+        async with httpx.AsyncClient(base_url=server.url, headers={"Authorization": f"Bearer {KEY}"},
+                                     timeout=120) as http:
+            jobs = [asyncio.create_task(send(i, http)) for i in range(4)]
+            await asyncio.sleep(0.5)  # the headers are in: every handler has started, waiting for its body
+            for gate in gates:
+                gate.set()
+                await asyncio.sleep(0.01)
+            return await asyncio.gather(*jobs)
+
+    steps = []
+    for _ in range(3):
+        before = (_metric(server, "suffixspec_admission_steps_total"),
+                  _metric(server, "suffixspec_admitted_requests_total"))
+        answers = asyncio.run(burst())
+        assert all(r.status_code == 200 for r in answers), [r.text for r in answers]
+        assert _metric(server, "suffixspec_admitted_requests_total") - before[1] == 4
+        steps.append(_metric(server, "suffixspec_admission_steps_total") - before[0])
+    print("admission steps per burst:", steps)
+    assert steps == [1, 1, 1], steps
 
 
 # ----------------------------------------------------------------------------------- limits (one slot, queue 2)

@@ -370,4 +370,5 @@ class EngineLoop:
         if self.metrics is None:
             return
         self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta[0],
-                                  plain_rounds=delta[1], proposer_s=delta[2], budget_s=delta[3], verifier_s=delta[4])
+                                  plain_rounds=delta[1], proposer_s=delta[2], budget_s=delta[3], verifier_s=delta[4],
+                                  admitted=len(step.admitted) if step is not None else 0)
