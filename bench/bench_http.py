@@ -101,17 +101,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn(args) -> tuple[subprocess.Popen, str]:
+def spawn_server(model, max_batch: int, log_path, extra=()) -> tuple[subprocess.Popen, str]:
+    """`suffixspec serve` on a free loopback port (stderr to `log_path`), once `/health` answers 200."""
     port = free_port()
-    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(args.max_batch)]
-    if args.model:
-        cmd += ["--model", args.model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(args.server_log, "wb"))
+    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
+           *extra]
+    if model:
+        cmd += ["--model", model]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 900
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); see {args.server_log}")
+            raise SystemExit(f"the server exited ({proc.returncode}); see {log_path}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
@@ -119,7 +121,11 @@ def spawn(args) -> tuple[subprocess.Popen, str]:
             pass
         time.sleep(0.5)
     proc.kill()
-    raise SystemExit("the server did not become ready")
+    raise SystemExit(f"the server was not healthy within 900 s; see {log_path}")
+
+
+def spawn(args) -> tuple[subprocess.Popen, str]:
+    return spawn_server(args.model, args.max_batch, args.server_log)
 
 
 def main(argv=None) -> int:

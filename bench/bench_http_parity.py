@@ -28,30 +28,7 @@ import subprocess
 import sys
 import time
 
-import httpx
-from bench_http import free_port  # this folder's scripts: sys.path[0]
-
-
-def spawn(args, max_batch: int) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
-           "--threads", str(args.threads), "--no-response-cache"]
-    if args.model:
-        cmd += ["--model", args.model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(args.server_log, "wb"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); see {args.server_log}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the server was not healthy within 900 s; see {args.server_log}")
+from bench_http import spawn_server  # this folder's scripts: sys.path[0]
 
 
 class KeptBackend:
@@ -99,7 +76,8 @@ def main() -> int:
         local = KeptBackend(bench.SpeculativeBackend(model, tokenizer, lambda: Proposer(global_cache=False)).fresh())
     else:
         local = bench.SpeculativeBackend(model, tokenizer, lambda: Proposer())
-    proc, url = spawn(args, max(concurrency))
+    proc, url = spawn_server(args.model, max(concurrency), args.server_log,
+                             ["--threads", str(args.threads), "--no-response-cache"])
     try:
         served = remote.list_models(url)
         http = {name: remote.HTTPBackend(url, body=body, model=served[0]) for name, body in
