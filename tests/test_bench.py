@@ -173,6 +173,23 @@ def run_fake(settings, n=4, fake=None, limits=None, **kw):
     return bench.summarize(runs, settings), runs, fake
 
 
+def test_modes_take_turns_running_first_repeat_by_repeat():
+    settings = BenchSettings(concurrency=[1, 2], max_new_tokens=4, budget=8, repeat=3)
+    records, runs, _ = run_fake(settings, n=2)
+    assert [(run.repeat, run.mode, run.concurrency) for run in runs] == [
+        (0, "plain", 1), (0, "speculative", 1), (0, "plain", 2), (0, "speculative", 2),
+        (1, "speculative", 1), (1, "plain", 1), (1, "speculative", 2), (1, "plain", 2),
+        (2, "plain", 1), (2, "speculative", 1), (2, "plain", 2), (2, "speculative", 2)]
+    # speed-ups still pair each run with its own repeat's plain run: three exact ratios per concurrency
+    for rec in records:
+        if rec["mode"] == "speculative":
+            assert len(rec["speedup_runs"]) == 3 and rec["speedup_min"] == pytest.approx(rec["speedup_max"])
+    three = [("plain", 1), ("speculative", 1), ("prompt_lookup", 1), ("plain", 4), ("speculative", 4)]
+    assert bench.run_order(three, 1) == [("prompt_lookup", 1), ("speculative", 1), ("plain", 1),
+                                         ("speculative", 4), ("plain", 4)]
+    assert bench.run_order(three, 2) == three
+
+
 def test_statistics_on_fake_generator_are_exact():
     settings = BenchSettings(concurrency=[1, 2], max_new_tokens=12, budget=8, repeat=2)
     records, runs, fake = run_fake(settings, n=4)

@@ -41,7 +41,7 @@ from __future__ import annotations
 from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend
 from .quality import CharsetConstraint, humaneval_passes, numeric_correct, quality_gate, wilson_interval
 from .report import environment, format_table, write_plots, write_report
-from .runs import MODES, BenchSettings, Run, run_benchmark, warm_up, warm_up_all, warm_up_rows
+from .runs import MODES, BenchSettings, Run, run_benchmark, run_order, warm_up, warm_up_all, warm_up_rows
 from .schedule import Served, poisson_arrivals, serve_schedule
 from .summary import summarize
 from .workloads import (
@@ -53,7 +53,7 @@ __all__ = [
     "Request", "Workload", "load_workload", "prepare_followups", "resolve_followups", "WORKLOADS", "SYSTEM", "chatml",
     "user_turn", "chatml_followup",
     "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
-    "run_benchmark", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
+    "run_benchmark", "run_order", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
     "write_plots", "environment", "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
     "quality_gate", "SpeculativeBackend", "PromptLookupBackend", "OneAtATime",
 ]

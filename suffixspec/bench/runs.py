@@ -5,7 +5,9 @@ and repeat. `backends[mode].serve(max_batch=, max_new_tokens=, do_sample=, tempe
 top_p=, seed=, budget=)` returns an engine (see `suffixspec.bench.schedule`); a backend may also have
 `fresh()` returning the instance to use for one run (a new proposer, so no run learns from an
 earlier one). Mode `plain` runs at budget 0, every other mode at `settings.budget`; `prompt_lookup`
-runs at concurrency 1 only. Repeats are the outer loop, modes alternate inside it. A failing engine
+runs at concurrency 1 only. Repeats are the outer loop; inside a repeat, concurrencies in order, and
+at each concurrency its modes run back to back, in the given order on even repeats (0, 2, ...) and
+reversed on odd ones (`run_order`), so neither mode always runs first. A failing engine
 makes its run's `errors`, never an exception. Warm-ups (`warm_up_all`) run outside the timed runs.
 """
 
@@ -19,7 +21,7 @@ from typing import Any, Callable
 from .schedule import Served, poisson_arrivals, serve_schedule
 from .workloads import Workload
 
-__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "warm_up_all", "warm_up", "warm_up_rows"]
+__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "warm_up_all", "warm_up", "warm_up_rows"]
 
 MODES = ("plain", "speculative", "prompt_lookup")
 
@@ -122,7 +124,8 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     """Every configuration × repeat. `backends[mode].serve(max_batch, max_new_tokens, do_sample,
     temperature, top_k, top_p, seed, budget)` returns an engine (see `serve_schedule`); a backend may
     also have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
-    alternate inside it, so slow drifts of a shared machine hit every mode alike."""
+    run back to back inside it, their order reversed every other repeat (`run_order`): a drift of a
+    shared machine, or a cost that falls on whichever run comes first, hits every mode alike."""
     n = len(prompts)
     configs = _configs(settings, backends)
     if settings.warmup and n:
@@ -134,7 +137,7 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
             arrivals = None
             if settings.qps is not None:
                 arrivals = poisson_arrivals(n, settings.qps, seed=settings.seed + r)
-            for mode, c in configs:
+            for mode, c in run_order(configs, r):
                 bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
                 backend = backends[mode]
                 backend = backend.fresh() if hasattr(backend, "fresh") else backend
@@ -142,6 +145,17 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     finally:
         bar.close()
     return runs
+
+
+def run_order(configs: list[tuple[str, int]], repeat: int) -> list[tuple[str, int]]:
+    """`configs` (concurrency-major) in the order repeat `repeat` runs them: each concurrency's modes
+    as given on even repeats, reversed on odd ones."""
+    if repeat % 2 == 0:
+        return list(configs)
+    by_c: dict[int, list[tuple[str, int]]] = {}
+    for mode, c in configs:
+        by_c.setdefault(c, []).append((mode, c))
+    return [mc for group in by_c.values() for mc in reversed(group)]
 
 
 def _configs(settings: BenchSettings, backends: dict[str, Any]) -> list[tuple[str, int]]:
