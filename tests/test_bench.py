@@ -400,8 +400,10 @@ def test_workload_file(tmp_path):
 def test_report_table_and_plots(tmp_path):
     settings = BenchSettings(concurrency=[1, 4], max_new_tokens=9, budget=4, repeat=2)
     records, _, fake = run_fake(settings, n=4)
-    # warmed up outside the timed runs: 2 rows (kernels), then one batch of the largest concurrency
-    assert fake.calls[:3] == [(2, 8, 0, 0), (2, 8, 4, 0), (4, 2, 0, 0)]
+    # warmed up outside the timed runs: 2 rows (kernels), then one batch of the largest concurrency in
+    # every mode (plain for two tokens, a drafting mode for eight: its tree passes at that many rows)
+    assert fake.calls[:4] == [(2, 8, 0, 0), (2, 8, 4, 0), (4, 2, 0, 0), (4, 8, 4, 0)]
+    assert len(fake.calls) == 4 + 2 * 2 * 2  # then the timed runs: repeats x concurrency x modes
     bench.write_report(tmp_path / "report.json", {"records": records})
     data = json.loads((tmp_path / "report.json").read_text())
     required = {"mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",

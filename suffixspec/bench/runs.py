@@ -175,7 +175,9 @@ def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: Be
                 prompt_tokens: int | None = None) -> None:
     """Outside the timed runs: every mode's paths (`warm_up` on the first `prompt_tokens` of the first
     prompt, all of it when None: compiled kernels load, the cost curve is measured once and kept by
-    the speculative backends), then one batch at the largest concurrency (`warm_up_rows`)."""
+    the speculative backends), then one batch at the largest concurrency of every mode, at that
+    mode's budget (`warm_up_rows`): a mode's first run at a concurrency would otherwise pay what
+    only its own passes at that many rows pay once."""
     configs = _configs(settings, backends)
     if not configs or not prompts:
         return
@@ -187,11 +189,18 @@ def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: Be
             warm_up(backends[mode], first, budget=0 if mode == "plain" else settings.budget, seed=settings.seed)
         except Exception:  # noqa: BLE001 - a broken backend is reported by the timed runs
             pass
-    mode, c = max(configs, key=lambda mc: mc[1])  # a backend that runs at the largest concurrency
-    try:
-        warm_up_rows(backends[mode], prompts[:c], seed=settings.seed)
-    except Exception:  # noqa: BLE001 - as above
-        pass
+    widest: dict[str, int] = {}
+    for mode, c in configs:
+        widest[mode] = max(widest.get(mode, 0), c)
+    for mode in sorted(widest):
+        try:
+            # plain: two tokens (its passes have one shape); a drafting mode: enough tokens that its
+            # tree passes at that many rows run too
+            plain = mode == "plain"
+            warm_up_rows(backends[mode], prompts[: widest[mode]], budget=0 if plain else settings.budget,
+                         seed=settings.seed, max_new_tokens=2 if plain else 8)
+        except Exception:  # noqa: BLE001 - as above
+            pass
 
 
 def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: int = 8) -> None:
@@ -212,15 +221,15 @@ def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: i
         original.cost_model = backend.cost_model
 
 
-def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0) -> None:
-    """One batch of `prompts` in full, decoded together for two tokens through `backend.serve`: the
+def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0, max_new_tokens: int = 2) -> None:
+    """One batch of `prompts` in full, decoded together for `max_new_tokens` tokens through `backend.serve`: the
     first pass of a process over that many rows pays for its memory (a first prefill of a large batch
     is markedly slower than later ones), which would otherwise fall on whichever mode runs first at
     that concurrency."""
     if len(prompts) <= 2:  # `warm_up` has served two rows together already
         return
     backend = backend.fresh() if hasattr(backend, "fresh") else backend
-    engine = backend.serve(max_batch=len(prompts), max_new_tokens=2, do_sample=False, temperature=1.0,
+    engine = backend.serve(max_batch=len(prompts), max_new_tokens=max_new_tokens, do_sample=False, temperature=1.0,
                            top_k=None, top_p=None, seed=seed, budget=budget)
     for key, prompt in enumerate(prompts):
         engine.add(prompt, key=key)
