@@ -316,8 +316,9 @@ def test_metrics_parse(tiny):
 
 
 def test_requests_still_being_read_join_the_idle_engines_first_admission(tiny):
-    """Four requests reach an idle server together, but their bodies come 10 ms apart (more than the
-    3 ms the engine waits behind a request): the engine, told by the handlers that requests are on
+    """Four requests reach an idle server together, but their bodies come 5 ms apart (more than the
+    3 ms the engine waits behind a request, and 15 ms in all: well inside the 50 ms it waits at most,
+    so a slow host's late wake-ups do not split the burst): the engine, told by the handlers that requests are on
     their way, waits for them and admits all four in one step (one prefill), as requests added
     together in-process are. Counted by the admission metrics; three such bursts."""
     server = tiny[0]
