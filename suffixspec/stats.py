@@ -69,6 +69,14 @@ class GenerationStats:
     budget_rows: int = 0
     fallback: str | None = None  # why speculation was off for the whole run, if it was
 
+    def forget_rounds(self) -> None:
+        """Zero the run's round counts, timers and draft sizes (a warm-up's); requests, `e2e_s`, peak
+        memory and `fallback` stay as they are."""
+        self.rounds = self.plain_rounds = 0
+        self.proposer_s = self.budget_s = self.verifier_s = 0.0
+        self.budgets.clear()
+        self.budget_nodes = self.budget_rows = 0
+
     def record_budgets(self, sizes: list[int]) -> None:
         self.budgets.extend(sizes)
         self.budget_nodes += sum(sizes)

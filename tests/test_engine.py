@@ -409,3 +409,18 @@ def test_round_budgets_are_bounded_and_their_mean_counts_every_round():
     assert list(stats.budgets) == sizes[-BUDGETS_KEPT:]
     assert stats.mean_budget == pytest.approx(sum(sizes) / len(sizes))
     assert stats.to_dict()["mean_budget"] == stats.mean_budget
+
+
+def test_forgetting_rounds_keeps_the_requests_and_zeroes_every_round_counter():
+    from suffixspec.stats import GenerationStats, RequestStats
+
+    kept = RequestStats(prompt_tokens=3, new_tokens=2, rounds=1)
+    stats = GenerationStats(requests=[kept], rounds=5, plain_rounds=2, proposer_s=0.1, budget_s=0.2,
+                            verifier_s=0.3, e2e_s=1.5, peak_memory_bytes=7, fallback="why")
+    stats.record_budgets([3, 0, 4])
+    stats.forget_rounds()
+    assert (stats.rounds, stats.plain_rounds, stats.proposer_s, stats.budget_s, stats.verifier_s) == (0, 0, 0.0, 0.0, 0.0)
+    assert list(stats.budgets) == [] and stats.mean_budget == 0.0
+    assert stats.requests == [kept] and (stats.e2e_s, stats.peak_memory_bytes, stats.fallback) == (1.5, 7, "why")
+    stats.record_budgets([2])
+    assert stats.mean_budget == 2.0

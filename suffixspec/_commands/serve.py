@@ -185,16 +185,11 @@ def _warm_up(server, tokenizer) -> None:
     """One short request before the first client's: the proposer's kernels compile, the model's
     first passes run. Its statistics are forgotten."""
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-    before = (server.stats.rounds, server.stats.plain_rounds)
     index = server.add(tokenizer.encode(text), max_new_tokens=8)
     while not server.idle:
         server.step()
     server.release(index)
-    stats = server.stats
-    stats.rounds, stats.plain_rounds = before
-    stats.proposer_s = stats.budget_s = stats.verifier_s = 0.0
-    stats.budgets.clear()
-    stats.budget_nodes = stats.budget_rows = 0
+    server.stats.forget_rounds()
 
 
 class DrainingServer:
