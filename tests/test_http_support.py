@@ -23,6 +23,34 @@ TINY_TEMPLATE = ("{{ '<|im_start|>system\\ntiny<|im_end|>\\n' }}{% for m in mess
                  "{{ '<|im_start|>assistant\\n' }}{% endif %}")
 
 
+WORDS = ("value", "count", "index", "items", "result", "total", "name", "size", "left", "right", "node", "token",
+         "tree", "round", "budget", "prompt", "output", "length", "state", "parent", "depth", "score", "return",
+         "self", "None", "True", "False", "range", "len", "list", "dict", "int", "float", "str", "print")
+
+
+def tokenizer_corpus() -> list[str]:
+    """The tiny tokenizer's training text: Python-like code made from a fixed seed. Fixed on purpose:
+    trained on the project's own sources, every edit of those files changed the vocabulary, and with it
+    the random model's outputs (a request that ran 30 tokens ended early at 21)."""
+    import random
+
+    rnd = random.Random(20261202)
+    docs = []
+    for d in range(24):
+        lines = []
+        for f in range(12):
+            a, b, c = rnd.sample(WORDS[:22], 3)
+            lines += [f"def {a}_{b}{f}({a}, {b}=None):", f'    """The {a} of {b} and {c}."""',
+                      f"    {c} = {rnd.choice(('len', 'int', 'float', 'list'))}({a})",
+                      f"    for i in range({rnd.randint(1, 64)}):",
+                      f"        {c} += {a}[i] * {rnd.randint(0, 9)} + {b}",
+                      f"    if {c} > {rnd.randint(0, 100)} and {b} is not None:",
+                      f"        return {c} - {b}", f"    return {c}", "", ""]
+        lines.append(f"class C{d}:\n    def __init__(self, x, y):\n        self.x, self.y = x, y\n")
+        docs.append("\n".join(lines))
+    return docs
+
+
 def make_tiny_model_dir(path: Path, fim: bool = True) -> Path:
     """A byte-level BPE tokenizer (Qwen-style FIM tokens when `fim`) and a tiny random Qwen2 model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -36,8 +64,7 @@ def make_tiny_model_dir(path: Path, fim: bool = True) -> Path:
     specials = SPECIALS if fim else SPECIALS[:3]
     trainer = trainers.BpeTrainer(vocab_size=420, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
-    corpus = [(ROOT / "suffixspec" / name).read_text() for name in ("options.py", "stats.py", "tree.py")]
-    tok.train_from_iterator(corpus, trainer)
+    tok.train_from_iterator(tokenizer_corpus(), trainer)
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                             "chat_template": TINY_TEMPLATE}))

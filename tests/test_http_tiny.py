@@ -168,7 +168,7 @@ def test_logit_bias_and_budget_extension(tiny):
     spec = c.completions.create(model="tiny", prompt=PROMPTS[4], max_tokens=30, temperature=0)
     assert plain.choices[0].text == spec.choices[0].text
     assert plain.usage.model_extra["suffixspec"]["drafted"] == 0
-    assert plain.usage.model_extra["suffixspec"]["rounds"] == 30
+    assert plain.usage.model_extra["suffixspec"]["rounds"] == plain.usage.completion_tokens > 1  # one token a round
 
 
 def test_fill_in_the_middle(tiny):
@@ -344,7 +344,7 @@ def test_requests_still_being_read_join_the_idle_engines_first_admission(tiny):
             await asyncio.sleep(0.5)  # the headers are in: every handler has started, waiting for its body
             for gate in gates:
                 gate.set()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.005)
             return await asyncio.gather(*jobs)
 
     steps = []
