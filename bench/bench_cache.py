@@ -5,11 +5,15 @@ For each size N (default 10k, 100k, 1M tokens): a proposer with the default cach
 library modules through the default BPE tokenizer, `bench/_data.py`), added directly to the
 cache in 4096-token documents; then `--sessions` sessions (a 64-token prompt, a 256-token output
 taken further along the same text) are opened, extended and closed one after another and only
-`close()` (where the output joins the cache) is timed. Reports mean, p50 and max ms per close.
-At 1M the cache is full and rotating: the old cache's cost then depends on how full its live
-generation happens to be, so the mean over the sessions is the figure to compare.
+`close()` (where the output joins the cache) is timed, then one proposal of a bystander session
+(what the next round of a server does while the upkeep may still run). Reports mean, p50 and max
+ms per close and the bystander's p50 / max, per `--upkeep` mode: "inline" (`close` adds the output
+itself) and "background" (`Proposer(cache_upkeep="background")`: `close` queues it for the upkeep
+thread; the run ends with `wait_cache()`, timed as `drain_ms`). At 1M the cache is full and
+rotating: the old cache's cost then depends on how full its live generation happens to be, so the
+mean over the sessions is the figure to compare.
 
-    python bench/bench_cache.py [--sizes 10000,100000,1000000] [--sessions 64] [--root DIR]
+    python bench/bench_cache.py [--sizes 10000,100000,1000000] [--sessions 64] [--upkeep inline,background] [--root DIR]
 
 `--root DIR` imports suffixspec from DIR instead (e.g. a worktree of an older commit), to time
 the code before a change with the same script. Prints a table, then one JSON line last.
@@ -32,6 +36,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--sessions", type=int, default=64)
+    ap.add_argument("--upkeep", default="inline,background", help="cache upkeep modes (an older --root: inline)")
     ap.add_argument("--root", default=str(HERE.parent), help="import suffixspec from this checkout")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(Path(args.root).resolve()))
@@ -44,33 +49,45 @@ def main(argv=None) -> int:
     text = stdlib_token_stream()
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
-    for n in sizes:
-        prop = Proposer()
-        pos = 0
-        while len(prop.cache) < n:
-            take = min(4096, n - len(prop.cache))
-            prop.cache.add(text[pos % len(text) : pos % len(text) + take])
-            pos += take
-        times = []
-        warm = prop.start(text[:64])
-        warm.propose(16)
-        warm.close()
-        for _ in range(args.sessions):
-            a = pos % (len(text) - 400)
-            s = prop.start(text[a : a + 64])
-            s.extend(text[a + 64 : a + 320])
-            s.propose(16)
+    for mode in args.upkeep.split(","):
+        for n in sizes:
+            prop = Proposer() if mode == "inline" else Proposer(cache_upkeep=mode)
+            pos = 0
+            while len(prop.cache) < n:
+                take = min(4096, n - len(prop.cache))
+                prop.cache.add(text[pos % len(text) : pos % len(text) + take])
+                pos += take
+            times, after = [], []
+            warm = prop.start(text[:64])
+            warm.propose(16)
+            warm.close()
+            bystander = prop.start(text[64:128])
+            for _ in range(args.sessions):
+                a = pos % (len(text) - 400)
+                s = prop.start(text[a : a + 64])
+                s.extend(text[a + 64 : a + 320])
+                s.propose(16)
+                t0 = time.perf_counter()
+                s.close()
+                t1 = time.perf_counter()
+                bystander.propose(16)
+                after.append(time.perf_counter() - t1)
+                times.append(t1 - t0)
+                pos += 320
             t0 = time.perf_counter()
-            s.close()
-            times.append(time.perf_counter() - t0)
-            pos += 320
-        ms = np.array(times) * 1e3
-        rows.append({"cached_tokens": n, "mean_ms": float(ms.mean()), "p50_ms": float(np.median(ms)),
-                     "max_ms": float(ms.max()), "cache_len": len(prop.cache)})
+            if mode != "inline":
+                prop.wait_cache()
+            drain = time.perf_counter() - t0
+            ms, by = np.array(times) * 1e3, np.array(after) * 1e3
+            rows.append({"upkeep": mode, "cached_tokens": n, "mean_ms": float(ms.mean()), "p50_ms": float(np.median(ms)),
+                         "max_ms": float(ms.max()), "bystander_p50_ms": float(np.median(by)),
+                         "bystander_max_ms": float(by.max()), "drain_ms": drain * 1e3, "cache_len": len(prop.cache)})
     print(f"suffixspec from {Path(suffixspec.__file__).parent}")
-    print(f"{'cached tokens':>14} {'mean ms/close':>14} {'p50':>8} {'max':>8}")
+    print(f"{'upkeep':>10} {'cached tokens':>14} {'mean ms/close':>14} {'p50':>8} {'max':>8} {'next proposal p50':>18} "
+          f"{'max':>8} {'drain ms':>9}")
     for r in rows:
-        print(f"{r['cached_tokens']:>14,} {r['mean_ms']:>14.3f} {r['p50_ms']:>8.3f} {r['max_ms']:>8.3f}")
+        print(f"{r['upkeep']:>10} {r['cached_tokens']:>14,} {r['mean_ms']:>14.3f} {r['p50_ms']:>8.3f} {r['max_ms']:>8.3f} "
+              f"{r['bystander_p50_ms']:>18.3f} {r['bystander_max_ms']:>8.3f} {r['drain_ms']:>9.1f}")
     print(json.dumps({"bench": "cache", "root": str(Path(args.root).resolve()), "sessions": args.sessions, "rows": rows}))
     return 0
 

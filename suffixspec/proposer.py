@@ -10,7 +10,7 @@ Sources, each giving the longest suffix of the request's context it contains:
 - past responses: `ResponseCache` (suffixspec/cache.py): closed sessions' outputs, as whole
   documents, in rotating generations (the oldest dropped whole), each a few frozen automata
   (the live generation's geometric levels, rebuilt in amortised O(new tokens) per close, on the
-  closing request's time, never on a proposal's). Sessions read those frozen automata only.
+  closing request's time or the upkeep thread's, never on a proposal's). Sessions read those frozen automata only.
   When the cache changes, a session keeps its cursors into unchanged ones and re-finds its
   match over its last `resync_tokens` tokens in new ones, so a match into past responses
   restarts at most that long and then grows token by token.
@@ -66,6 +66,7 @@ from .automaton import FrozenAutomaton, SuffixAutomaton
 from .cache import ResponseCache
 from .errors import BadInputError, BadInputTypeError, InternalError
 from .tree import DraftTree
+from .upkeep import CacheUpkeep
 
 def _corpus_sources(corpus) -> list:
     """Flatten `corpus` into FrozenAutomaton and corpus-index entries."""
@@ -227,7 +228,10 @@ class Proposer:
     (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`),
     `match_levels` (how many matched suffixes per source are expanded: the longest, then the
     next shorter ones along suffix links, which see more occurrences), `vocab_size` (when given,
-    `start` and `extend` refuse token ids >= it with a BadInputError).
+    `start` and `extend` refuse token ids >= it with a BadInputError), `cache_upkeep` ("inline":
+    a closed session's output joins the cache inside `close`; "background": `close` queues it for
+    one upkeep thread, `upkeep.py`, so a merge or a rotation of the cache never stalls the closing
+    caller, e.g. a server's round; `wait_cache()` waits for what was queued).
 
     Learning (`learn`, on by default): every committed token counts, per source class (the
     request, past responses, corpora) and matched-length bucket, whether that source's match
@@ -249,7 +253,8 @@ class Proposer:
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
                  resync_tokens: int = 1024, threads: int = 1, match_levels: int = 2,
                  vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
-                 session_strength: float = 16.0, calibration_strength: float = 16.0):
+                 session_strength: float = 16.0, calibration_strength: float = 16.0,
+                 cache_upkeep: str = "inline"):
         for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
                             ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
                             ("match_levels", match_levels)):
@@ -259,6 +264,8 @@ class Proposer:
             raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
         if not (prior_strength > 0 and session_strength > 0 and calibration_strength > 0):
             raise BadInputError("Proposer: expected prior_strength, session_strength and calibration_strength > 0")
+        if cache_upkeep not in ("inline", "background"):
+            raise BadInputError(f"cache_upkeep: expected 'inline' or 'background', got {cache_upkeep!r}")
         self.learn = bool(learn)
         self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
         self._calibration = lk.new_calibration()  # the proposer's judged drafts, by rank and share (lk)
@@ -301,6 +308,7 @@ class Proposer:
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
+        self._upkeep = CacheUpkeep(self._current_sources) if cache_upkeep == "background" else None
 
     @property
     def cache(self) -> ResponseCache | None:
@@ -315,6 +323,25 @@ class Proposer:
         old = self._version_holder()
         self._cache = value
         old._touch()  # sessions compare versions with the holder they were built with: send them to resync
+
+    def _keep(self, cache: ResponseCache, output: list[int]) -> None:
+        """A closed session's output joins `cache`: at once (the closing caller's time), or queued
+        for the upkeep thread (`cache_upkeep="background"`)."""
+        if self._upkeep is not None:
+            self._upkeep.submit(cache, output)
+            return
+        cache.add(output)
+        self._current_sources()  # the new snapshot's arrays, on this request's time
+
+    def wait_cache(self, timeout: float | None = None) -> bool:
+        """Wait until every output of a session closed before this call is in the cache (at once
+        with inline upkeep); False when `timeout` seconds passed first."""
+        return True if self._upkeep is None else self._upkeep.wait(timeout)
+
+    @property
+    def cache_upkeep_failures(self) -> int:
+        """Outputs the upkeep thread could not add (each logged with its error)."""
+        return 0 if self._upkeep is None else self._upkeep.failures
 
     def learned(self) -> np.ndarray:
         """A copy of the proposer's learned counts, float64 [classes, length buckets, (hits, trials)]
@@ -371,7 +398,11 @@ class Proposer:
         version = self._version_holder()._version  # an int read: no lock needed
         if src is not None and src.version == version:
             return src
-        with self._sources_lock:
+        if src is not None and not self._sources_lock.acquire(blocking=False):
+            return src  # another thread (the upkeep's) builds the new snapshot: read the last one meanwhile
+        if src is None:
+            self._sources_lock.acquire()
+        try:
             cache = self._cache
             if cache is not None:
                 version, cached = cache.sources()
@@ -382,6 +413,8 @@ class Proposer:
                 self._tops = {k: v for k, v in self._tops.items() if k in live}  # forget dropped snapshots'
                 self._sources = _Sources(self._static, version, cached, self._tops_of)
             return self._sources
+        finally:
+            self._sources_lock.release()
 
     def start(self, prompt_ids, request_id=None, filter=None) -> Session:
         """Open a session. `filter` restricts every corpus index to some documents: a dict of
@@ -741,9 +774,9 @@ class Session:
         if slot >= 0:
             with self.proposer._batch_lock:  # after the lock: lock order is batch lock, then session
                 self.proposer._slots.release(slot)
-        if self.proposer.cache is not None and self._output:
-            self.proposer.cache.add(self._output)
-            self.proposer._current_sources()  # the new snapshot's arrays, on this request's time
+        cache = self.proposer.cache
+        if cache is not None and self._output:
+            self.proposer._keep(cache, self._output)
 
     def __enter__(self):
         return self

@@ -163,7 +163,8 @@ def _load(args, budget, template, state, log) -> None:
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one")
     corpora = open_corpora(args.corpus, tokenizer)
-    proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache)
+    proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
+                        cache_upkeep="background")  # a cache merge never stalls a round of the batch
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
     server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch)
     chat, where = chat_template_for(template, tokenizer)

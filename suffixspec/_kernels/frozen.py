@@ -159,7 +159,7 @@ N_TOP_ARRAYS = 3
 TOP_ROW_OF, TOP_EDGES, TOP_TOTALS = range(N_TOP_ARRAYS)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def top_children(offsets, etok, eto, counts, lasts, width, min_children):
     """(row_of, tops, totals) of the states with more than `min_children` children (see above);
     a state whose arrays are damaged gets no row (the kernels' full, checked scan handles it)."""

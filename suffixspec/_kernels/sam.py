@@ -484,7 +484,7 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
     return j, need
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def extend(S, E, H, T, L, M, tokens, stack):
     """Append `tokens` to the current document."""
     n = tokens.shape[0]
@@ -523,7 +523,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
     return S, E, H, T, L, stack
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def accumulate(S, M):
     """MODE_BULK -> true counts: add each state's own positions into its suffix-link ancestors."""
     n = M[N_STATES]
@@ -630,7 +630,7 @@ def out_edges(S, E, state):
     return toks[order], dsts[order]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def to_csr(S, E, M):
     """Frozen layout: per-state edge offsets and edges sorted by token within each state."""
     n = M[N_STATES]
@@ -685,7 +685,7 @@ def to_csr_into(S, E, M, offsets, etok, eto):
                 eto[lo:hi] = eto[lo:hi][order]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def state_columns(S, M):
     """Copies of the LINK, LEN, CNT and LAST columns of the live states, in one pass over S."""
     n = M[N_STATES]

@@ -1,0 +1,59 @@
+"""`CacheUpkeep`: closed sessions' outputs added to their `ResponseCache` on a thread of their own.
+
+Contract: `submit(cache, tokens)` copies the tokens, queues them and returns at once; one worker
+thread (a single-worker `concurrent.futures` executor, started on first use) adds them in
+submission order and then calls `after()` (the proposer builds its snapshot of the sources there,
+so the next proposal finds it ready). A proposal meanwhile reads the snapshot it already had.
+`wait(timeout=None) -> bool` is True once everything submitted before the call is added. An add
+that fails is logged and counted (`failures`); the cache stays as before it (`ResponseCache.add`
+swaps its state in only at its end), and later adds go on. At interpreter exit the executor
+finishes the queued adds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Callable
+
+from .tokenids import as_tokens
+
+__all__ = ["CacheUpkeep"]
+
+log = logging.getLogger(__name__)
+
+
+class CacheUpkeep:
+    def __init__(self, after: Callable[[], object] | None = None):
+        self._after = after
+        self._lock = threading.Lock()
+        self._executor: ThreadPoolExecutor | None = None
+        self._last: Future | None = None
+        self.failures = 0
+
+    def submit(self, cache, tokens) -> None:
+        toks = as_tokens(tokens).copy()  # the caller may reuse its buffer
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="suffixspec-cache-upkeep")
+            self._last = self._executor.submit(self._add, cache, toks)
+
+    def _add(self, cache, toks) -> None:
+        try:
+            cache.add(toks)
+            if self._after is not None:
+                self._after()
+        except Exception:  # noqa: BLE001 - one output's failure must not stop the upkeep
+            log.exception("adding a closed session's output to the response cache failed")
+            with self._lock:
+                self.failures += 1
+
+    def wait(self, timeout: float | None = None) -> bool:
+        with self._lock:
+            last = self._last
+        if last is None:
+            return True
+        wait_futures([last], timeout)
+        return last.done()
