@@ -398,10 +398,8 @@ class Proposer:
         version = self._version_holder()._version  # an int read: no lock needed
         if src is not None and src.version == version:
             return src
-        if src is not None and not self._sources_lock.acquire(blocking=False):
+        if not self._sources_lock.acquire(blocking=src is None):
             return src  # another thread (the upkeep's) builds the new snapshot: read the last one meanwhile
-        if src is None:
-            self._sources_lock.acquire()
         try:
             cache = self._cache
             if cache is not None:

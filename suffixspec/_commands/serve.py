@@ -173,7 +173,7 @@ def _load(args, budget, template, state, log) -> None:
                        max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
                        eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora))
-    _warm_up(server, tokenizer)
+    _warm_up(server, tokenizer, proposer)
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
     engine.start()
     state.ctx = ctx
@@ -182,14 +182,16 @@ def _load(args, budget, template, state, log) -> None:
              server.vocab_size, server.max_positions, "yes" if ctx.fim_ids else "no")
 
 
-def _warm_up(server, tokenizer) -> None:
+def _warm_up(server, tokenizer, proposer) -> None:
     """One short request before the first client's: the proposer's kernels compile, the model's
-    first passes run. Its statistics are forgotten."""
+    first passes run, and its output's cache upkeep (the build kernels) finishes before the first
+    client's. Its statistics are forgotten."""
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     index = server.add(tokenizer.encode(text), max_new_tokens=8)
     while not server.idle:
         server.step()
     server.release(index)
+    proposer.wait_cache(60)
     server.stats.forget_rounds()
 
 
