@@ -13,7 +13,12 @@ thread; the run ends with `wait_cache()`, timed as `drain_ms`). At 1M the cache 
 rotating: the old cache's cost then depends on how full its live generation happens to be, so the
 mean over the sessions is the figure to compare.
 
-    python bench/bench_cache.py [--sizes 10000,100000,1000000] [--sessions 64] [--upkeep inline,background] [--root DIR]
+    python bench/bench_cache.py [--sizes 10000,100000,1000000] [--sessions 64] [--upkeep inline,background]
+                                [--switch-interval MS] [--root DIR]
+
+`--switch-interval MS` sets the interpreter's thread switch interval (`sys.setswitchinterval`; 5 ms by
+default): in the background mode, a bystander's proposal that needs the GIL while the upkeep thread
+runs Python code waits at most about that interval.
 
 `--root DIR` imports suffixspec from DIR instead (e.g. a worktree of an older commit), to time
 the code before a change with the same script. Prints a table, then one JSON line last.
@@ -37,8 +42,11 @@ def main(argv=None) -> int:
     ap.add_argument("--sizes", default="10000,100000,1000000")
     ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--upkeep", default="inline,background", help="cache upkeep modes (an older --root: inline)")
+    ap.add_argument("--switch-interval", type=float, default=None, help="ms (default: the interpreter's)")
     ap.add_argument("--root", default=str(HERE.parent), help="import suffixspec from this checkout")
     args = ap.parse_args(argv)
+    if args.switch_interval is not None:
+        sys.setswitchinterval(args.switch_interval / 1e3)
     sys.path.insert(0, str(Path(args.root).resolve()))
     sys.path.insert(1, str(HERE.parent))
     import suffixspec
@@ -82,13 +90,14 @@ def main(argv=None) -> int:
             rows.append({"upkeep": mode, "cached_tokens": n, "mean_ms": float(ms.mean()), "p50_ms": float(np.median(ms)),
                          "max_ms": float(ms.max()), "bystander_p50_ms": float(np.median(by)),
                          "bystander_max_ms": float(by.max()), "drain_ms": drain * 1e3, "cache_len": len(prop.cache)})
-    print(f"suffixspec from {Path(suffixspec.__file__).parent}")
+    print(f"suffixspec from {Path(suffixspec.__file__).parent}; thread switch interval {sys.getswitchinterval() * 1e3:g} ms")
     print(f"{'upkeep':>10} {'cached tokens':>14} {'mean ms/close':>14} {'p50':>8} {'max':>8} {'next proposal p50':>18} "
           f"{'max':>8} {'drain ms':>9}")
     for r in rows:
         print(f"{r['upkeep']:>10} {r['cached_tokens']:>14,} {r['mean_ms']:>14.3f} {r['p50_ms']:>8.3f} {r['max_ms']:>8.3f} "
               f"{r['bystander_p50_ms']:>18.3f} {r['bystander_max_ms']:>8.3f} {r['drain_ms']:>9.1f}")
-    print(json.dumps({"bench": "cache", "root": str(Path(args.root).resolve()), "sessions": args.sessions, "rows": rows}))
+    print(json.dumps({"bench": "cache", "root": str(Path(args.root).resolve()), "sessions": args.sessions,
+                      "switch_interval_ms": sys.getswitchinterval() * 1e3, "rows": rows}))
     return 0
 
 

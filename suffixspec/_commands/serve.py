@@ -1,7 +1,9 @@
 """`suffixspec serve`: the OpenAI-compatible HTTP server (`suffixspec.http`) on uvicorn.
 
 The process listens at once (loopback by default) and loads the model in a background thread:
-`/health` answers 503 until the model is loaded and the engine thread runs, then 200. Logs go to
+`/health` answers 503 until the model is loaded, warmed up and the engine thread runs, then 200; the
+objects alive by then are frozen out of the garbage collector (`gc.freeze`), so no full collection
+walks the model's objects while requests are served. Logs go to
 stderr through a bounded queue and a writer thread, so no request or engine round ever blocks on the
 process's own output (records beyond the bound are dropped and counted). The API key comes from
 `--api-key` or the environment variable `SUFFIXSPEC_API_KEY`. SIGTERM drains: new requests get 503,
@@ -11,6 +13,7 @@ exits with status 0. A second SIGTERM, or SIGINT, stops at once.
 
 from __future__ import annotations
 
+import gc
 import logging
 import logging.handlers
 import os
@@ -174,6 +177,7 @@ def _load(args, budget, template, state, log) -> None:
                        eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora))
     _warm_up(server, tokenizer, proposer)
+    _freeze_heap()
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
     engine.start()
     state.ctx = ctx
@@ -193,6 +197,15 @@ def _warm_up(server, tokenizer, proposer) -> None:
     server.release(index)
     proposer.wait_cache(60)
     server.stats.forget_rounds()
+
+
+def _freeze_heap() -> None:
+    """Move every object alive now (the model, the libraries, the warm-up's caches) out of the garbage
+    collector's reach: a full collection walks every tracked object, and over a loaded model's hundreds
+    of thousands it holds the interpreter for a tenth of a second, stalling the engine's round and
+    every handler at once. Later objects are collected as before."""
+    gc.collect()
+    gc.freeze()
 
 
 class DrainingServer:
