@@ -42,6 +42,9 @@ def add_parser(sub) -> None:
     p.add_argument("--repeat", type=int, default=1, metavar="K", help="repeat every configuration K times (default 1)")
     p.add_argument("--num-prompts", type=int, default=4, metavar="N", help="first N prompts of the workload (default 4)")
     p.add_argument("--no-prompt-lookup", action="store_true", help="skip transformers' prompt-lookup peer")
+    p.add_argument("--sequential", action="store_true",
+                   help="run the modes of a concurrency back to back (default here: together, their engines "
+                        "taking turns step by step, each timed only during its own steps)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default="bench_out", metavar="DIR", help="report directory (default ./bench_out)")
     g = p.add_argument_group("an HTTP endpoint instead of a model loaded here")
@@ -91,7 +94,7 @@ def settings_from_args(args):
     return BenchSettings(concurrency=parse_concurrency(args.concurrency), qps=args.qps,
                          max_new_tokens=args.max_new_tokens, budget=parse_budget(args.budget),
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                         repeat=args.repeat, modes=modes)
+                         repeat=args.repeat, modes=modes, interleave=not args.sequential)
 
 
 def grid_from_args(args) -> tuple[list[str], list[int], list[int]]:
@@ -247,7 +250,10 @@ def _bench_one(target, workload, settings) -> dict:
             "bench_s": time.perf_counter() - t_bench, "quality": bench.quality_gate(workload, runs, target.decode)}
 
 
-def _settings_dict(settings, workload, prompts) -> dict:
+def _settings_dict(settings, workload, prompts, backends) -> dict:
+    from ..bench import takes_clock
+
+    together = settings.interleave and all(takes_clock(b) for b in backends.values())
     return {
         "workload": {"name": workload.name, "source": workload.source, "note": workload.note,
                      "prompts": len(prompts), "request_ids": [r.id for r in workload.requests],
@@ -260,6 +266,7 @@ def _settings_dict(settings, workload, prompts) -> dict:
         "sampling": {"do_sample": settings.do_sample, "temperature": settings.temperature, "top_k": settings.top_k,
                      "top_p": settings.top_p, "seed": settings.seed},
         "repeat": settings.repeat, "modes": list(settings.modes), "baseline": settings.baseline,
+        "mode_runs": "interleaved" if together else "back_to_back",
     }
 
 
@@ -288,7 +295,7 @@ def run(args) -> int:
         "tool": "suffixspec bench",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "command": sys.argv,
-        "settings": {**_settings_dict(settings, workload, prompts),
+        "settings": {**_settings_dict(settings, workload, prompts, target.backends),
                      **{k: v for k, v in described.items() if k != "environment"}},
         "environment": described["environment"],
         "timing": {"load_s": load_s, "bench_s": one["bench_s"], "total_s": time.perf_counter() - t_start},
@@ -349,7 +356,7 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
             one = _bench_one(target, bench.load_workload(name, args.num_prompts), cell_settings)
             results.append((name, max_new, one["records"]))
             parts.append({"workload": name, "max_new_tokens": max_new, "bench_s": one["bench_s"],
-                          "settings": _settings_dict(cell_settings, one["workload"], one["prompts"]),
+                          "settings": _settings_dict(cell_settings, one["workload"], one["prompts"], target.backends),
                           "records": one["records"], "quality": one["quality"]})
     cells = grid_cells(results, mode=spec_mode, baseline=settings.baseline)
     described = target.describe(settings)

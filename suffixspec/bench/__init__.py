@@ -20,7 +20,9 @@ Arrival processes (`arrivals.kind`), both served by the same continuous-batching
 
 Times are the engine's clock (`now()`, event times of each round) plus the idle gaps skipped while
 waiting for the next arrival (nothing sleeps), so a fake engine with known costs makes every figure
-exactly predictable (`tests/test_bench.py`). Sampling draws are keyed by (seed, request index in
+exactly predictable (`tests/test_bench.py`). In this process the modes of one concurrency run
+together, their engines taking turns step by step, each on a clock that stops during the other's
+turns (`runs.run_benchmark`): both see the same drift of a shared machine. Sampling draws are keyed by (seed, request index in
 the workload, position) in every mode, so plain and speculative runs use the same draws.
 
 The speculative proposer is fresh for every run (its response cache learns within a run, as it
@@ -41,8 +43,8 @@ from __future__ import annotations
 from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend
 from .quality import CharsetConstraint, humaneval_passes, numeric_correct, quality_gate, wilson_interval
 from .report import environment, format_table, write_plots, write_report
-from .runs import MODES, BenchSettings, Run, run_benchmark, run_order, warm_up, warm_up_all, warm_up_rows
-from .schedule import Served, poisson_arrivals, serve_schedule
+from .runs import MODES, BenchSettings, Run, run_benchmark, run_order, takes_clock, warm_up, warm_up_all, warm_up_rows
+from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .summary import summarize
 from .workloads import (
     FIRST_TURN_TOKENS, SYSTEM, WORKLOADS, Request, Workload, chatml, chatml_followup, load_workload,
@@ -52,8 +54,8 @@ from .workloads import (
 __all__ = [
     "Request", "Workload", "load_workload", "prepare_followups", "resolve_followups", "WORKLOADS", "SYSTEM", "chatml",
     "user_turn", "chatml_followup",
-    "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
-    "run_benchmark", "run_order", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
+    "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule", "schedule_steps", "TurnClocks",
+    "run_benchmark", "run_order", "takes_clock", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
     "write_plots", "environment", "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
     "quality_gate", "SpeculativeBackend", "PromptLookupBackend", "OneAtATime",
 ]

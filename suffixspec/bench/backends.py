@@ -1,8 +1,8 @@
 """In-process backends of the benchmark: this package's engine, and transformers' prompt lookup.
 
 Contract: a backend's `serve(max_batch=, max_new_tokens=, do_sample=, temperature=, top_k=, top_p=,
-seed=, budget=, logits_processor=)` returns an engine with the interface of `suffixspec.engine.Server`
-(`add`, `step`, `idle`, `now`, `close`, `result`). `SpeculativeBackend` wraps `SpeculativeGenerator`
+seed=, budget=, logits_processor=, clock=)` returns an engine with the interface of `suffixspec.engine.Server`
+(`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when one is given. `SpeculativeBackend` wraps `SpeculativeGenerator`
 (`fresh()`: a new generator with a new proposer, sharing the measured cost model); plain mode is the
 same backend at budget 0. `PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)`
 one request at a time behind `OneAtATime`. torch and transformers are imported only when used.
@@ -37,13 +37,15 @@ class SpeculativeBackend:
         return backend
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
-              logits_processor=None):
-        """A continuous-batching engine (`suffixspec.engine.Server`); draws keyed by the `key` given to `add`."""
+              logits_processor=None, clock=None):
+        """A continuous-batching engine (`suffixspec.engine.Server`, on `clock` when given); draws keyed
+        by the `key` given to `add`."""
         if self._gen is None:
             self._gen = self.fresh()._gen
+        extra = {} if clock is None else {"clock": clock}
         engine = self._gen.serve(max_batch=max_batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, budget=budget,
-                                 logits_processor=logits_processor, filter=self.filter)
+                                 logits_processor=logits_processor, filter=self.filter, **extra)
         if self.cost_model is None:
             self.cost_model = self._gen.cost_model
         return engine
@@ -71,11 +73,12 @@ class PromptLookupBackend:
         self.eos = eos_token_id
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget=None,
-              logits_processor=None):
-        """An engine that serves one request per step (batch size 1) whatever `max_batch` is."""
+              logits_processor=None, clock=None):
+        """An engine that serves one request per step (batch size 1) whatever `max_batch` is (on `clock`
+        when given)."""
         return OneAtATime(lambda prompt, limit, key: self.generate(
             [prompt], max_new_tokens=limit, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
-            seed=seed, request_offset=key), max_new_tokens)
+            seed=seed, request_offset=key), max_new_tokens, clock=clock or time.perf_counter)
 
     def generate(self, prompts, *, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget=None,
                  request_offset=0):

@@ -6,22 +6,26 @@ top_p=, seed=, budget=)` returns an engine (see `suffixspec.bench.schedule`); a 
 `fresh()` returning the instance to use for one run (a new proposer, so no run learns from an
 earlier one). Mode `plain` runs at budget 0, every other mode at `settings.budget`; `prompt_lookup`
 runs at concurrency 1 only. Repeats are the outer loop; inside a repeat, concurrencies in order, and
-at each concurrency its modes run back to back, in the given order on even repeats (0, 2, ...) and
-reversed on odd ones (`run_order`), so neither mode always runs first. A failing engine
+at each concurrency its modes in the given order on even repeats (0, 2, ...) and reversed on odd ones
+(`run_order`), so neither mode always runs first: together, their engines taking turns step by step
+on clocks that stop during the other engines' turns (`settings.interleave`, where every backend's
+`serve` takes a `clock`), else back to back. A failing engine
 makes its run's `errors`, never an exception. Warm-ups (`warm_up_all`) run outside the timed runs.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-from .schedule import Served, poisson_arrivals, serve_schedule
+from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .workloads import Workload
 
-__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "warm_up_all", "warm_up", "warm_up_rows"]
+__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "takes_clock", "warm_up_all", "warm_up", "warm_up_rows"]
 
 MODES = ("plain", "speculative", "prompt_lookup")
 
@@ -40,6 +44,7 @@ class BenchSettings:
     prompt_lookup_num_tokens: int = 10
     modes: tuple[str, ...] = MODES
     warmup: bool = True
+    interleave: bool = True  # the modes of one concurrency take turns step by step (see `run_benchmark`)
     baseline: str = "plain"  # the mode every other one is compared with (speed-up, mismatches)
 
     @property
@@ -68,15 +73,28 @@ def _length(prompt) -> int:
     return len(prompt) if isinstance(prompt, (list, tuple)) else 0
 
 
+def _open(backend, mode: str, settings: BenchSettings, concurrency: int, repeat: int, clock=None):
+    """`backend.serve(...)` for one run of `mode` at `concurrency` (on `clock` when given)."""
+    extra = {} if clock is None else {"clock": clock}
+    return backend.serve(max_batch=concurrency, max_new_tokens=settings.max_new_tokens,
+                         do_sample=settings.do_sample,
+                         temperature=settings.temperature if settings.do_sample else 1.0,
+                         top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + repeat,
+                         budget=0 if mode == "plain" else settings.budget, **extra)
+
+
+def _close(engine) -> None:
+    try:
+        engine.close()
+    except Exception:  # noqa: BLE001 - closing after a failure must not hide it
+        pass
+
+
 def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], settings: BenchSettings,
              concurrency: int, repeat: int, arrivals, tick: Callable[[], None]) -> Run:
     """One run of `mode` at `concurrency`: `backend.serve(...)` driven by `serve_schedule`."""
     errors: list[str] = []
-    engine = backend.serve(max_batch=concurrency, max_new_tokens=settings.max_new_tokens,
-                           do_sample=settings.do_sample,
-                           temperature=settings.temperature if settings.do_sample else 1.0,
-                           top_k=settings.top_k, top_p=settings.top_p, seed=settings.seed + repeat,
-                           budget=0 if mode == "plain" else settings.budget)
+    engine = _open(backend, mode, settings, concurrency, repeat)
     limits = [r.max_new_tokens for r in workload.requests]
     served: list[Served] = []
     makespan = 0.0
@@ -85,10 +103,48 @@ def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], s
     except Exception as exc:  # a failing engine is a failure of the configuration, not a crash
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        try:
-            engine.close()
-        except Exception:  # noqa: BLE001 - closing after a failure must not hide it
-            pass
+        _close(engine)
+    return _record(engine, mode, workload, prompts, concurrency, repeat, served, makespan, errors)
+
+
+def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts: list[list[int]],
+                      settings: BenchSettings, concurrency: int, repeat: int, arrivals,
+                      tick: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> list[Run]:
+    """One run of every (mode, backend) of `lanes` at `concurrency`, their engines taking turns step
+    by step in the given order, each timed on its own `TurnClocks` clock over `clock` (see `run_benchmark`)."""
+    clocks = TurnClocks(len(lanes), clock=clock)
+    limits = [r.max_new_tokens for r in workload.requests]
+    engines, schedules, errors = [], [], [[] for _ in lanes]
+    outcome: list[tuple[list[Served], float]] = [([], 0.0) for _ in lanes]
+    for i, (mode, backend) in enumerate(lanes):
+        with clocks.turn(i):
+            engines.append(_open(backend, mode, settings, concurrency, repeat, clock=clocks.clock(i)))
+            schedules.append(schedule_steps(engines[i], prompts, concurrency, arrivals, limits,
+                                            on_done=lambda q: tick()))
+    live = list(range(len(lanes)))
+    while live:
+        for i in list(live):
+            with clocks.turn(i):
+                try:
+                    next(schedules[i])
+                    continue
+                except StopIteration as end:
+                    outcome[i] = end.value
+                except Exception as exc:  # noqa: BLE001 - as in `_execute`: this lane's run fails alone
+                    errors[i].append(f"{type(exc).__name__}: {exc}")
+                live.remove(i)
+                _close(engines[i])
+    runs = []
+    for i, (mode, _) in enumerate(lanes):
+        with clocks.turn(i):
+            served, makespan = outcome[i]
+            runs.append(_record(engines[i], mode, workload, prompts, concurrency, repeat, served, makespan, errors[i]))
+    return runs
+
+
+def _record(engine, mode: str, workload: Workload, prompts: list[list[int]], concurrency: int, repeat: int,
+            served: list[Served], makespan: float, errors: list[str]) -> Run:
+    """The `Run` of a finished (or failed) engine: per-request figures from its statistics."""
     result = engine.result()
     stats = result.stats
     by_q = {s.index: s for s in served}
@@ -120,12 +176,19 @@ def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], s
 
 
 def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[str, Any], settings: BenchSettings,
-                  progress: bool = True) -> list[Run]:
+                  progress: bool = True, clock: Callable[[], float] = time.perf_counter) -> list[Run]:
     """Every configuration × repeat. `backends[mode].serve(max_batch, max_new_tokens, do_sample,
     temperature, top_k, top_p, seed, budget)` returns an engine (see `serve_schedule`); a backend may
-    also have `fresh()` returning the instance to use for one run. Repeats are the outer loop and modes
-    run back to back inside it, their order reversed every other repeat (`run_order`): a drift of a
-    shared machine, or a cost that falls on whichever run comes first, hits every mode alike."""
+    also have `fresh()` returning the instance to use for one run. Repeats are the outer loop; inside
+    one, each concurrency's modes run in `run_order` (reversed every other repeat).
+
+    With `settings.interleave` (the default), the modes of one concurrency run together when every
+    one's `serve` takes a `clock`: their engines take turns, one step each, in that order, and each is
+    timed on its own clock, which stops while another engine has its turn (`TurnClocks`). Every figure
+    of a run is still that engine's alone, but a drift of a shared machine (its memory bandwidth moves
+    by tens of percent within seconds) falls on both modes' steps alike instead of on whichever run
+    it happens to meet. Otherwise (an HTTP endpoint, or `interleave` off) the modes run back to back.
+    `clock`: the machine's seconds, under the interleaved runs' clocks."""
     n = len(prompts)
     configs = _configs(settings, backends)
     if settings.warmup and n:
@@ -137,14 +200,40 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
             arrivals = None
             if settings.qps is not None:
                 arrivals = poisson_arrivals(n, settings.qps, seed=settings.seed + r)
-            for mode, c in run_order(configs, r):
-                bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
-                backend = backends[mode]
-                backend = backend.fresh() if hasattr(backend, "fresh") else backend
-                runs.append(_execute(backend, mode, workload, prompts, settings, c, r, arrivals, lambda: bar.update(1)))
+            for c, modes in _by_concurrency(run_order(configs, r)):
+                lanes = [(mode, backends[mode].fresh() if hasattr(backends[mode], "fresh") else backends[mode])
+                         for mode in modes]
+                if settings.interleave and len(lanes) > 1 and all(takes_clock(b) for _, b in lanes):
+                    bar.set_description(f"repeat {r + 1}/{settings.repeat} {'+'.join(modes)} c={c}")
+                    runs.extend(_execute_together(lanes, workload, prompts, settings, c, r, arrivals,
+                                                  lambda: bar.update(1), clock=clock))
+                    continue
+                for mode, backend in lanes:
+                    bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
+                    runs.append(_execute(backend, mode, workload, prompts, settings, c, r, arrivals,
+                                         lambda: bar.update(1)))
     finally:
         bar.close()
     return runs
+
+
+def takes_clock(backend) -> bool:
+    """Whether `backend.serve` takes a `clock` (the engines it returns can take turns)."""
+    try:
+        return "clock" in inspect.signature(backend.serve).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _by_concurrency(order: list[tuple[str, int]]) -> list[tuple[int, list[str]]]:
+    """Consecutive (mode, concurrency) entries grouped by concurrency, in order."""
+    groups: list[tuple[int, list[str]]] = []
+    for mode, c in order:
+        if groups and groups[-1][0] == c:
+            groups[-1][1].append(mode)
+        else:
+            groups.append((c, [mode]))
+    return groups
 
 
 def run_order(configs: list[tuple[str, int]], repeat: int) -> list[tuple[str, int]]:

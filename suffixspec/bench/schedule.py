@@ -1,25 +1,29 @@
 """Arrival processes and the loop that drives an engine through one run, timing every request.
 
 Contract: `poisson_arrivals(n, rate, seed)` gives seeded Poisson arrival times; `serve_schedule(engine,
-prompts, concurrency, arrivals, limits)` drives any object with the engine interface of
+prompts, concurrency, arrivals, limits)` (or `schedule_steps`, the same loop as a generator that yields
+after every step, so that several engines can take turns) drives any object with the engine interface of
 `suffixspec.engine.Server` (`add(prompt, max_new_tokens=, key=)`, `step() -> Step`, `idle`, `now()`,
 events carrying `index`, `time_s`, `finish_reason`) under a closed loop (`arrivals=None`: `concurrency`
 clients, each sends its next request when its previous one completes) or the given arrival times, and
 returns one `Served` per finished request plus the makespan. Times are the engine's clock plus the
 idle gaps skipped while waiting for the next arrival (nothing sleeps). Request q is added with
-`key=q`, so sampling draws follow the request, not the order of admission.
+`key=q`, so sampling draws follow the request, not the order of admission. `TurnClocks` gives engines
+that take turns on one machine clocks that each run only during their own engine's turns.
 """
 
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Generator, Iterator, Sequence
 
 import numpy as np
 
 from ..errors import BadInputError
 
-__all__ = ["poisson_arrivals", "Served", "serve_schedule"]
+__all__ = ["poisson_arrivals", "Served", "serve_schedule", "schedule_steps", "TurnClocks"]
 
 
 def poisson_arrivals(n: int, rate: float, seed: int = 0) -> np.ndarray:
@@ -46,6 +50,18 @@ class Served:
 def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
                    limits: Sequence[int | None] | None = None,
                    on_done: Callable[[int], None] | None = None) -> tuple[list[Served], float]:
+    """`schedule_steps` run to its end: the finished requests and the makespan."""
+    steps = schedule_steps(engine, prompts, concurrency, arrivals, limits, on_done)
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
+                   limits: Sequence[int | None] | None = None, on_done: Callable[[int], None] | None = None
+                   ) -> Generator[None, None, tuple[list[Served], float]]:
     """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.engine`)
     through one run and time every request on the run's clock: the engine's clock plus the idle gaps
     skipped while waiting for the next Poisson arrival (nothing sleeps).
@@ -54,7 +70,9 @@ def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals:
     request completes (the first `concurrency` arrive at 0). Otherwise request q arrives at
     `arrivals[q]`. The engine itself bounds the running batch (its `max_batch`) and queues the rest.
     An exception from the engine ends the run; requests not finished by then are left out.
-    Returns the finished requests (in index order) and the makespan (first arrival to last completion).
+    Yields after every `engine.step()` (nothing runs between two `next` calls); returns, as the
+    generator's value, the finished requests (in index order) and the makespan (first arrival to last
+    completion).
     """
     n = len(prompts)
     if concurrency <= 0:
@@ -100,9 +118,36 @@ def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals:
                     on_done(q)
                 if arrivals is None and nxt < n:
                     submit(done[q])
+        yield
     engine_index = {q: i for i, q in of_index.items()}
     served = [Served(q, arrival[q], start[q], first[q] - arrival[q], done[q] - arrival[q], engine_index[q])
               for q in range(n) if q in done]
     t0 = min((s.arrival for s in served), default=0.0)
     last = max((s.arrival + s.e2e for s in served), default=0.0)
     return served, max(0.0, last - t0)
+
+
+class TurnClocks:
+    """Clocks for engines that take turns on one machine (`turn(lane)` around each of a lane's
+    steps): lane i's clock (`clock(i)`, seconds) runs only while no other lane has its turn, so the
+    time another engine's steps take never shows in this one's figures, and a drift of the machine
+    between two steps hits every lane alike. Time outside every turn counts for all lanes."""
+
+    def __init__(self, lanes: int, clock: Callable[[], float] = time.perf_counter):
+        self._clock = clock
+        self._away = [0.0] * int(lanes)  # per lane: seconds spent in the other lanes' turns
+
+    def clock(self, lane: int) -> Callable[[], float]:
+        away = self._away
+        return lambda: self._clock() - away[lane]
+
+    @contextmanager
+    def turn(self, lane: int) -> Iterator[None]:
+        t0 = self._clock()
+        try:
+            yield
+        finally:
+            spent = self._clock() - t0
+            for other in range(len(self._away)):
+                if other != lane:
+                    self._away[other] += spent

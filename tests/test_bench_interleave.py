@@ -1,0 +1,126 @@
+"""The benchmark's interleaved runs: engines that take turns step by step on clocks that stop during
+the other engines' turns give exactly the figures each engine gives alone, whatever the other costs."""
+
+from __future__ import annotations
+
+import pytest
+from test_bench import FakeEngine, fake_workload
+
+from suffixspec import bench
+from suffixspec.bench import BenchSettings, TurnClocks
+
+
+class Wall:
+    """A machine's clock that only moves when an engine's work advances it."""
+
+    def __init__(self):
+        self.t = 100.0
+
+    def __call__(self):
+        return self.t
+
+
+class ClockedEngine(FakeEngine):
+    """`FakeEngine` whose steps cost their time on a shared `Wall`, read through the clock the
+    benchmark gives it; it logs its steps to `log` and raises at step `fail_at`."""
+
+    def __init__(self, wall, clock, log, name, fail_at=None, **kw):
+        super().__init__(**kw)
+        self.wall, self.read, self.log, self.name, self.fail_at = wall, clock, log, name, fail_at
+        self.clock = self.read()
+        self.steps = 0
+
+    def now(self):
+        return self.read()
+
+    def add(self, prompt, **kw):
+        self.clock = self.read()  # FakeEngine keeps its times on its `clock` attribute
+        return super().add(prompt, **kw)
+
+    def step(self):
+        if self.fail_at is not None and self.steps == self.fail_at:
+            raise RuntimeError(f"{self.name} broke")
+        start = self.clock = self.read()
+        step = super().step()
+        self.wall.t += self.clock - start
+        self.steps += 1
+        self.log.append(self.name)
+        return step
+
+
+class ClockedBackend:
+    def __init__(self, wall, log, name, budget_k=3, **engine_kw):
+        self.wall, self.log, self.name, self.k, self.engine_kw = wall, log, name, budget_k, engine_kw
+
+    def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
+              logits_processor=None, clock=None):
+        return ClockedEngine(self.wall, clock or self.wall, self.log, self.name, max_batch=max_batch,
+                             max_new_tokens=max_new_tokens, budget=budget, base=0.010, per_row=0.002, k=self.k,
+                             diverge=False, seed=seed, **self.engine_kw)
+
+
+def test_turn_clocks_stop_during_the_other_lanes_turns():
+    wall = Wall()
+    clocks = TurnClocks(2, clock=wall)
+    a, b = clocks.clock(0), clocks.clock(1)
+    with clocks.turn(0):
+        wall.t += 3.0
+    assert (a(), b()) == (103.0, 100.0)
+    with clocks.turn(1):
+        wall.t += 0.5
+        assert b() == 100.5  # inside its own turn a lane's clock runs
+    assert (a(), b()) == (103.0, 100.5)
+    wall.t += 1.0  # outside every turn: counts for both
+    assert (a(), b()) == (104.0, 101.5)
+    with pytest.raises(ValueError), clocks.turn(0):  # a turn that raises still stops the others' clocks
+        wall.t += 2.0
+        raise ValueError
+    assert (a(), b()) == (106.0, 101.5)
+
+
+def runs_of(interleave, fail=None, concurrency=(1, 2), repeat=2, n=4):
+    wall, log = Wall(), []
+    backends = {"plain": ClockedBackend(wall, log, "plain", fail_at=fail),
+                "speculative": ClockedBackend(wall, log, "speculative")}
+    settings = BenchSettings(concurrency=list(concurrency), max_new_tokens=6, budget=8, repeat=repeat,
+                             interleave=interleave, warmup=False)
+    runs = bench.run_benchmark(fake_workload(n, [6, 3, 5, 2][:n]), [[1, 2, 3]] * n, backends, settings,
+                               progress=False, clock=wall)
+    return runs, log
+
+
+def figures(run):
+    return (run.mode, run.concurrency, run.repeat, round(run.makespan_s, 9),
+            [(q["id"], round(q["ttft_s"], 9), round(q["e2e_s"], 9), q["new_tokens"]) for q in run.requests])
+
+
+def test_interleaved_runs_give_each_engine_its_own_figures():
+    alone, alone_log = runs_of(interleave=False)
+    together, log = runs_of(interleave=True)
+    key = lambda r: (r.repeat, r.concurrency, r.mode)  # noqa: E731
+    assert [figures(r) for r in sorted(together, key=key)] == [figures(r) for r in sorted(alone, key=key)]
+    assert all(r.makespan_s > 0 and not r.errors for r in together)
+    # the steps really alternate (plain first on even repeats, speculative first on odd ones) until
+    # the faster engine is done; back to back, each run's steps come in one block
+    assert log[:6] == ["plain", "speculative"] * 3
+    assert alone_log[:2] == ["plain", "plain"]
+    assert {(r.mode, r.concurrency, r.repeat) for r in together} == {
+        (m, c, k) for m in ("plain", "speculative") for c in (1, 2) for k in (0, 1)}
+
+
+def test_a_failing_engine_fails_its_own_run_only():
+    runs, log = runs_of(interleave=True, fail=2, concurrency=(2,), repeat=1)
+    by = {r.mode: r for r in runs}
+    assert by["plain"].errors == ["RuntimeError: plain broke"]
+    assert not by["speculative"].errors
+    assert sum(q["new_tokens"] for q in by["speculative"].requests) == 6 + 3 + 5 + 2
+    assert log.count("plain") == 2 and log.count("speculative") > 2
+
+
+def test_backends_without_a_clock_run_back_to_back():
+    from test_bench import FakeBackend
+
+    assert not bench.takes_clock(FakeBackend())
+    assert bench.takes_clock(ClockedBackend(Wall(), [], "x"))
+    assert bench.takes_clock(bench.SpeculativeBackend(None, None, lambda: None))
+    assert bench.takes_clock(bench.PromptLookupBackend(None))
