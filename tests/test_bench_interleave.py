@@ -3,6 +3,9 @@ the other engines' turns give exactly the figures each engine gives alone, whate
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 from test_bench import FakeEngine, fake_workload
 
@@ -124,3 +127,32 @@ def test_backends_without_a_clock_run_back_to_back():
     assert bench.takes_clock(ClockedBackend(Wall(), [], "x"))
     assert bench.takes_clock(bench.SpeculativeBackend(None, None, lambda: None))
     assert bench.takes_clock(bench.PromptLookupBackend(None))
+
+
+FAULTS = r"""
+import resource, sys
+import numpy as np
+from suffixspec.bench import keep_freed_memory
+kept = keep_freed_memory() if sys.argv[1] == "keep" else None
+a = np.ones(1 << 25)  # 256 MiB, faulted in
+del a
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+b = np.ones(1 << 25)
+print(kept is not None, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt: Linux only")
+def test_kept_memory_is_reused_without_faulting_fresh_pages():
+    def faults(mode):
+        out = subprocess.run([sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True)
+        kept, n = out.stdout.split()
+        return kept == "True", int(n)
+
+    kept, with_keep = faults("keep")
+    _, without = faults("plain")
+    assert kept
+    # glibc unmaps a freed 256 MiB block, so the next one's pages come back fresh: at least one fault
+    # per 2 MiB (huge pages), up to one per 4 KiB
+    assert without >= (1 << 28) // (2 << 20)
+    assert with_keep <= 8  # kept: the second block reuses the first one's pages

@@ -131,6 +131,7 @@ class LocalTarget:
 
         if args.threads:
             torch.set_num_threads(args.threads)
+        self.allocator = bench.keep_freed_memory()  # before the model's memory is allocated
         self.args, self.filters = args, filters
         self.model, self.tokenizer = load_model(args.model)
         corpora = open_corpora(args.corpus, self.tokenizer)
@@ -168,7 +169,7 @@ class LocalTarget:
                 "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
                 "plain_mode": "SpeculativeGenerator with budget=0 (same runtime, cache and sampler)",
                 "cost_curve": self.spec.cost_model.relative() if self.spec.cost_model is not None else None,
-                "environment": bench.environment(self.model, self.tokenizer)}
+                "environment": {**bench.environment(self.model, self.tokenizer), "allocator": self.allocator}}
 
     def extra_checks(self, prompts, settings) -> dict | None:
         if self.tokenizer is None:
