@@ -30,6 +30,8 @@ class ClockedEngine(FakeEngine):
     def __init__(self, wall, clock, log, name, fail_at=None, **kw):
         super().__init__(**kw)
         self.wall, self.read, self.log, self.name, self.fail_at = wall, clock, log, name, fail_at
+        self.run = sum(1 for entry in log if entry == ("open",)) // 2  # engines open in pairs, one per mode
+        log.append(("open",))
         self.clock = self.read()
         self.steps = 0
 
@@ -47,7 +49,7 @@ class ClockedEngine(FakeEngine):
         step = super().step()
         self.wall.t += self.clock - start
         self.steps += 1
-        self.log.append(self.name)
+        self.log.append((self.name, self.run, tuple(step.admitted)))
         return step
 
 
@@ -103,10 +105,17 @@ def test_interleaved_runs_give_each_engine_its_own_figures():
     key = lambda r: (r.repeat, r.concurrency, r.mode)  # noqa: E731
     assert [figures(r) for r in sorted(together, key=key)] == [figures(r) for r in sorted(alone, key=key)]
     assert all(r.makespan_s > 0 and not r.errors for r in together)
-    # the steps really alternate (plain first on even repeats, speculative first on odd ones) until
-    # the faster engine is done; back to back, each run's steps come in one block
-    assert log[:6] == ["plain", "speculative"] * 3
-    assert alone_log[:2] == ["plain", "plain"]
+    steps = [entry for entry in log if entry != ("open",)]
+    steps_alone = [entry for entry in alone_log if entry != ("open",)]
+    # the engines really take turns (plain first on even repeats); back to back, each run's steps
+    # come in one block
+    assert [name for name, *_ in steps[:2]] == ["plain", "speculative"]
+    assert [name for name, *_ in steps_alone[:2]] == ["plain", "plain"]
+    # the faster engine waits for the slower one to add each request, so both admit request q in
+    # consecutive turns (speculation commits 3 tokens a round here: it is ahead after every request)
+    position = {(name, run, q): k for k, (name, run, admitted) in enumerate(steps) for q in admitted}
+    pairs = [(k, position[("speculative", run, q)]) for (name, run, q), k in position.items() if name == "plain"]
+    assert len(pairs) == 2 * 2 * 4 and all(abs(a - b) == 1 for a, b in pairs), pairs
     assert {(r.mode, r.concurrency, r.repeat) for r in together} == {
         (m, c, k) for m in ("plain", "speculative") for c in (1, 2) for k in (0, 1)}
 
@@ -117,7 +126,8 @@ def test_a_failing_engine_fails_its_own_run_only():
     assert by["plain"].errors == ["RuntimeError: plain broke"]
     assert not by["speculative"].errors
     assert sum(q["new_tokens"] for q in by["speculative"].requests) == 6 + 3 + 5 + 2
-    assert log.count("plain") == 2 and log.count("speculative") > 2
+    names = [entry[0] for entry in log if entry != ("open",)]
+    assert names.count("plain") == 2 and names.count("speculative") > 2
 
 
 def test_backends_without_a_clock_run_back_to_back():

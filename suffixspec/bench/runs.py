@@ -111,7 +111,9 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
                       settings: BenchSettings, concurrency: int, repeat: int, arrivals,
                       tick: Callable[[], None], clock: Callable[[], float] = time.perf_counter) -> list[Run]:
     """One run of every (mode, backend) of `lanes` at `concurrency`, their engines taking turns step
-    by step in the given order, each timed on its own `TurnClocks` clock over `clock` (see `run_benchmark`)."""
+    by step in the given order, each timed on its own `TurnClocks` clock over `clock` (see
+    `run_benchmark`). A lane that is ahead (has added more requests to its engine) skips its turns
+    until the others have added as many: waiting costs it nothing on its own clock."""
     clocks = TurnClocks(len(lanes), clock=clock)
     limits = [r.max_new_tokens for r in workload.requests]
     engines, schedules, errors = [], [], [[] for _ in lanes]
@@ -122,11 +124,15 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
             schedules.append(schedule_steps(engines[i], prompts, concurrency, arrivals, limits,
                                             on_done=lambda q: tick()))
     live = list(range(len(lanes)))
+    added = [0] * len(lanes)  # requests each lane's schedule has added to its engine
     while live:
-        for i in list(live):
+        # a lane that has added more requests than another waits for it, so that both admit request
+        # q in consecutive turns: their prefills (a request's time to first token) meet the host alike
+        low = min(added[i] for i in live)
+        for i in [i for i in live if added[i] == low]:
             with clocks.turn(i):
                 try:
-                    next(schedules[i])
+                    added[i] = next(schedules[i])
                     continue
                 except StopIteration as end:
                     outcome[i] = end.value

@@ -61,7 +61,7 @@ def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals:
 
 def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
                    limits: Sequence[int | None] | None = None, on_done: Callable[[int], None] | None = None
-                   ) -> Generator[None, None, tuple[list[Served], float]]:
+                   ) -> Generator[int, None, tuple[list[Served], float]]:
     """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.engine`)
     through one run and time every request on the run's clock: the engine's clock plus the idle gaps
     skipped while waiting for the next Poisson arrival (nothing sleeps).
@@ -70,8 +70,8 @@ def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals:
     request completes (the first `concurrency` arrive at 0). Otherwise request q arrives at
     `arrivals[q]`. The engine itself bounds the running batch (its `max_batch`) and queues the rest.
     An exception from the engine ends the run; requests not finished by then are left out.
-    Yields after every `engine.step()` (nothing runs between two `next` calls); returns, as the
-    generator's value, the finished requests (in index order) and the makespan (first arrival to last
+    Yields after every `engine.step()` (nothing runs between two `next` calls) the number of requests
+    added to the engine so far; returns, as the generator's value, the finished requests (in index order) and the makespan (first arrival to last
     completion).
     """
     n = len(prompts)
@@ -118,7 +118,7 @@ def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals:
                     on_done(q)
                 if arrivals is None and nxt < n:
                     submit(done[q])
-        yield
+        yield nxt
     engine_index = {q: i for i, q in of_index.items()}
     served = [Served(q, arrival[q], start[q], first[q] - arrival[q], done[q] - arrival[q], engine_index[q])
               for q in range(n) if q in done]
