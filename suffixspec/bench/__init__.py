@@ -22,8 +22,9 @@ Times are the engine's clock (`now()`, event times of each round) plus the idle 
 waiting for the next arrival (nothing sleeps), so a fake engine with known costs makes every figure
 exactly predictable (`tests/test_bench.py`). In this process the modes of one concurrency run
 together, their engines taking turns step by step, each on a clock that stops during the other's
-turns (`runs.run_benchmark`): both see the same drift of a shared machine. Sampling draws are keyed by (seed, request index in
-the workload, position) in every mode, so plain and speculative runs use the same draws.
+turns (`runs.run_benchmark`): both see the same drift of a shared machine. Sampling draws are keyed
+by (seed, request index in the workload, position) in every mode, so plain and speculative runs
+use the same draws.
 
 The speculative proposer is fresh for every run (its response cache learns within a run, as it
 would in serving, but never from an earlier repeat of the same prompts).
@@ -54,8 +55,9 @@ from .workloads import (
 __all__ = [
     "Request", "Workload", "load_workload", "prepare_followups", "resolve_followups", "WORKLOADS", "SYSTEM", "chatml",
     "user_turn", "chatml_followup",
-    "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule", "schedule_steps", "TurnClocks",
-    "run_benchmark", "run_order", "takes_clock", "warm_up", "warm_up_all", "warm_up_rows", "summarize", "format_table", "write_report",
-    "write_plots", "environment", "keep_freed_memory", "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
+    "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
+    "schedule_steps", "TurnClocks", "run_benchmark", "run_order", "takes_clock", "warm_up", "warm_up_all",
+    "warm_up_rows", "summarize", "format_table", "write_report", "write_plots", "environment", "keep_freed_memory",
+    "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
     "quality_gate", "SpeculativeBackend", "PromptLookupBackend", "OneAtATime",
 ]

@@ -1,11 +1,13 @@
 """In-process backends of the benchmark: this package's engine, and transformers' prompt lookup.
 
 Contract: a backend's `serve(max_batch=, max_new_tokens=, do_sample=, temperature=, top_k=, top_p=,
-seed=, budget=, logits_processor=, clock=)` returns an engine with the interface of `suffixspec.engine.Server`
-(`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when one is given. `SpeculativeBackend` wraps `SpeculativeGenerator`
-(`fresh()`: a new generator with a new proposer, sharing the measured cost model); plain mode is the
-same backend at budget 0. `PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)`
-one request at a time behind `OneAtATime`. torch and transformers are imported only when used.
+seed=, budget=, logits_processor=, clock=)` returns an engine with the interface of
+`suffixspec.engine.Server` (`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when
+one is given. `SpeculativeBackend` wraps `SpeculativeGenerator` (`fresh()`: a new generator with a
+new proposer, sharing the measured cost model); plain mode is the same backend at budget 0.
+`PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)` one request at a time
+behind `OneAtATime`. torch and transformers are imported only when used. `keep_freed_memory()` makes
+the process's allocator keep what it frees (for timed runs).
 """
 
 from __future__ import annotations

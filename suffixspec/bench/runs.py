@@ -25,7 +25,8 @@ from typing import Any, Callable
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .workloads import Workload
 
-__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "takes_clock", "warm_up_all", "warm_up", "warm_up_rows", "warm_up_rows_together"]
+__all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "takes_clock", "warm_up_all", "warm_up",
+           "warm_up_rows", "warm_up_rows_together"]
 
 MODES = ("plain", "speculative", "prompt_lookup")
 

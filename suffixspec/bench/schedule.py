@@ -71,8 +71,8 @@ def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals:
     `arrivals[q]`. The engine itself bounds the running batch (its `max_batch`) and queues the rest.
     An exception from the engine ends the run; requests not finished by then are left out.
     Yields after every `engine.step()` (nothing runs between two `next` calls) the number of requests
-    added to the engine so far; returns, as the generator's value, the finished requests (in index order) and the makespan (first arrival to last
-    completion).
+    added to the engine so far; returns, as the generator's value, the finished requests (in index
+    order) and the makespan (first arrival to last completion).
     """
     n = len(prompts)
     if concurrency <= 0:
