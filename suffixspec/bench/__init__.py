@@ -41,7 +41,7 @@ engine is built).
 
 from __future__ import annotations
 
-from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend, keep_freed_memory
+from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend, keep_freed_memory, reserve_memory
 from .quality import CharsetConstraint, humaneval_passes, numeric_correct, quality_gate, wilson_interval
 from .report import environment, format_table, write_plots, write_report
 from .runs import MODES, BenchSettings, Run, run_benchmark, run_order, takes_clock, warm_up, warm_up_all, warm_up_rows
@@ -58,6 +58,6 @@ __all__ = [
     "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
     "schedule_steps", "TurnClocks", "run_benchmark", "run_order", "takes_clock", "warm_up", "warm_up_all",
     "warm_up_rows", "summarize", "format_table", "write_report", "write_plots", "environment", "keep_freed_memory",
-    "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
+    "reserve_memory",     "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
     "quality_gate", "SpeculativeBackend", "PromptLookupBackend", "OneAtATime",
 ]

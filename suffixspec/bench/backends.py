@@ -7,7 +7,7 @@ one is given. `SpeculativeBackend` wraps `SpeculativeGenerator` (`fresh()`: a ne
 new proposer, sharing the measured cost model); plain mode is the same backend at budget 0.
 `PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)` one request at a time
 behind `OneAtATime`. torch and transformers are imported only when used. `keep_freed_memory()` makes
-the process's allocator keep what it frees (for timed runs).
+the process's allocator keep what it frees, `reserve_memory()` faults in room on top (for timed runs).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from ..errors import BadInputError
 
-__all__ = ["SpeculativeBackend", "PromptLookupBackend", "OneAtATime", "keep_freed_memory"]
+__all__ = ["SpeculativeBackend", "PromptLookupBackend", "OneAtATime", "keep_freed_memory", "reserve_memory"]
 
 # glibc's mallopt parameters
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4
@@ -43,7 +43,32 @@ def keep_freed_memory() -> str | None:
         return None
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)):
         return None
+    _kept.append(libc)
     return "glibc mallopt: M_MMAP_MAX 0, M_TRIM_THRESHOLD 1 GiB (freed memory stays with the process)"
+
+
+_kept: list = []  # the C library, once `keep_freed_memory` has set it up
+RESERVE_BYTES = 256 << 20
+
+
+def reserve_memory(nbytes: int = RESERVE_BYTES) -> bool:
+    """After `keep_freed_memory`: fault in `nbytes` at the top of the heap and free them there (they
+    stay, below the trim threshold), so that a pass which outgrows the heap's free chunks lands on
+    pages already faulted in rather than paying for fresh ones inside a timed run (the second of two
+    engines alive at once otherwise faulted in 10-30 MB in its prefill). False where it does nothing."""
+    import ctypes
+
+    if not _kept:
+        return False
+    libc = _kept[0]
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    block = libc.malloc(ctypes.c_size_t(nbytes))
+    if not block:
+        return False
+    ctypes.memset(block, 0, nbytes)
+    libc.free(block)
+    return True
 
 
 class SpeculativeBackend:

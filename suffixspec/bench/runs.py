@@ -15,13 +15,16 @@ makes its run's `errors`, never an exception. Warm-ups (`warm_up_all`) run outsi
 
 from __future__ import annotations
 
+import gc
 import inspect
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+from .backends import reserve_memory
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .workloads import Workload
 
@@ -210,18 +213,34 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
             for c, modes in _by_concurrency(run_order(configs, r)):
                 lanes = [(mode, backends[mode].fresh() if hasattr(backends[mode], "fresh") else backends[mode])
                          for mode in modes]
-                if settings.interleave and len(lanes) > 1 and all(takes_clock(b) for _, b in lanes):
-                    bar.set_description(f"repeat {r + 1}/{settings.repeat} {'+'.join(modes)} c={c}")
-                    runs.extend(_execute_together(lanes, workload, prompts, settings, c, r, arrivals,
-                                                  lambda: bar.update(1), clock=clock))
-                    continue
-                for mode, backend in lanes:
-                    bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
-                    runs.append(_execute(backend, mode, workload, prompts, settings, c, r, arrivals,
-                                         lambda: bar.update(1)))
+                with _settled():
+                    if settings.interleave and len(lanes) > 1 and all(takes_clock(b) for _, b in lanes):
+                        bar.set_description(f"repeat {r + 1}/{settings.repeat} {'+'.join(modes)} c={c}")
+                        runs.extend(_execute_together(lanes, workload, prompts, settings, c, r, arrivals,
+                                                      lambda: bar.update(1), clock=clock))
+                        continue
+                    for mode, backend in lanes:
+                        bar.set_description(f"repeat {r + 1}/{settings.repeat} {mode} c={c}")
+                        runs.append(_execute(backend, mode, workload, prompts, settings, c, r, arrivals,
+                                             lambda: bar.update(1)))
     finally:
         bar.close()
     return runs
+
+
+@contextmanager
+def _settled():
+    """Around a concurrency's timed runs: what is alive before them is collected and frozen out of the
+    garbage collector's reach (as `suffixspec serve` freezes after its warm-up: a full collection
+    walks every tracked object, and the benchmark's own records grow run by run), and room is faulted
+    in on top of a kept heap (`reserve_memory`). Unfrozen after them."""
+    gc.collect()
+    reserve_memory()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def takes_clock(backend) -> bool:
