@@ -435,6 +435,7 @@ def test_cli_parsing():
     assert args.workload == "code_edit" and args.concurrency == "1,4" and args.budget == "auto"
     s = settings_from_args(args)
     assert s.concurrency == [1, 4] and s.max_new_tokens == 64 and s.repeat == 1 and not s.do_sample and s.qps is None
+    assert s.interleave and not settings_from_args(build_parser().parse_args(["bench", "--sequential"])).interleave
     args = build_parser().parse_args(["bench", "--workload", "chat", "--model", "m", "--corpus", "a.idx", "--corpus",
                                       "b.idx", "--filter", "repo=x", "--concurrency", "16,1,4", "--qps", "2.5",
                                       "--max-new-tokens", "32", "--budget", "8", "--temperature", "0.7",

@@ -142,12 +142,15 @@ def test_backends_without_a_clock_run_back_to_back():
 FAULTS = r"""
 import resource, sys
 import numpy as np
-from suffixspec.bench import keep_freed_memory
-kept = keep_freed_memory() if sys.argv[1] == "keep" else None
-a = np.ones(1 << 25)  # 256 MiB, faulted in
-del a
+from suffixspec.bench import keep_freed_memory, reserve_memory
+kept = keep_freed_memory() if sys.argv[1] != "plain" else None
+if sys.argv[1] == "reserve":
+    assert reserve_memory()  # 256 MiB of room faulted in on top of the heap
+else:
+    a = np.ones(1 << 25)  # 256 MiB, faulted in
+    del a
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-b = np.ones(1 << 25)
+b = np.ones(1 << 24 if sys.argv[1] == "reserve" else 1 << 25)
 print(kept is not None, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
@@ -166,3 +169,5 @@ def test_kept_memory_is_reused_without_faulting_fresh_pages():
     # per 2 MiB (huge pages), up to one per 4 KiB
     assert without >= (1 << 28) // (2 << 20)
     assert with_keep <= 8  # kept: the second block reuses the first one's pages
+    kept, after_reserve = faults("reserve")
+    assert kept and after_reserve <= 8  # a 128 MiB block inside the reserved room: no fresh pages
