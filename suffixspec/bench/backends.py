@@ -28,8 +28,8 @@ def keep_freed_memory() -> str | None:
     the system: no allocation is served by its own mmap (each would be unmapped on free), and the
     heap's top is trimmed only past 1 GiB. A pass then reuses pages an earlier pass faulted in,
     whichever engine's they were; otherwise every large temporary of a pass can be faulted in anew,
-    and with two engines alive at once (interleaved runs) one of them took 0.5-0.7 GB of fresh pages
-    in a single prefill. Returns what was set, or None where there is no glibc `mallopt`."""
+    and with two engines alive at once (interleaved runs) the second one's prefill pays for fresh
+    pages the first one's did not. Returns what was set, or None where there is no glibc `mallopt`."""
     import ctypes
     import ctypes.util
 
@@ -54,8 +54,8 @@ RESERVE_BYTES = 256 << 20
 def reserve_memory(nbytes: int = RESERVE_BYTES) -> bool:
     """After `keep_freed_memory`: fault in `nbytes` at the top of the heap and free them there (they
     stay, below the trim threshold), so that a pass which outgrows the heap's free chunks lands on
-    pages already faulted in rather than paying for fresh ones inside a timed run (the second of two
-    engines alive at once otherwise faulted in 10-30 MB in its prefill). False where it does nothing."""
+    pages already faulted in rather than paying for fresh ones inside a timed run. False where it
+    does nothing."""
     import ctypes
 
     if not _kept:

@@ -195,9 +195,9 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
     With `settings.interleave` (the default), the modes of one concurrency run together when every
     one's `serve` takes a `clock`: their engines take turns, one step each, in that order, and each is
     timed on its own clock, which stops while another engine has its turn (`TurnClocks`). Every figure
-    of a run is still that engine's alone, but a drift of a shared machine (its memory bandwidth moves
-    by tens of percent within seconds) falls on both modes' steps alike instead of on whichever run
-    it happens to meet. Otherwise (an HTTP endpoint, or `interleave` off) the modes run back to back.
+    of a run is still that engine's alone, but a drift of a shared machine (its memory bandwidth can
+    move within seconds) falls on both modes' steps alike instead of on whichever run it happens to
+    meet. Otherwise (an HTTP endpoint, or `interleave` off) the modes run back to back.
     `clock`: the machine's seconds, under the interleaved runs' clocks."""
     n = len(prompts)
     configs = _configs(settings, backends)
@@ -294,7 +294,7 @@ def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: Be
     mode's budget, every mode's batch alive at once when the timed runs interleave
     (`warm_up_rows_together`, for the whole output): a mode's first run at a concurrency would
     otherwise pay what only its own passes at that many rows pay once (with two engines alive, the
-    second one's first prefill faulted in 0.5-0.7 GB of fresh pages: 10-15% of a code-edit run at 16 rows)."""
+    second one's first prefill would fault in fresh pages for its whole batch)."""
     configs = _configs(settings, backends)
     if not configs or not prompts:
         return
@@ -352,7 +352,7 @@ def warm_up_rows_together(lanes: list[tuple[Any, list[list[int]], Any, int]], se
     """`warm_up_rows` of every (backend, prompts, budget, max_new_tokens) lane, their engines taking
     turns step by step as interleaved runs do: the memory of every lane's batch is alive at once, so
     the process holds the pages that interleaved runs need together (the lane whose prefill came
-    second would otherwise fault in hundreds of MB of fresh pages inside its timed run). Lanes of at
+    second would otherwise fault in fresh pages inside its timed run). Lanes of at
     most two prompts are skipped (`warm_up` has served two rows together already)."""
     engines = []
     for backend, prompts, budget, max_new_tokens in lanes:
