@@ -171,3 +171,35 @@ def test_kept_memory_is_reused_without_faulting_fresh_pages():
     assert with_keep <= 8  # kept: the second block reuses the first one's pages
     kept, after_reserve = faults("reserve")
     assert kept and after_reserve <= 8  # a 128 MiB block inside the reserved room: no fresh pages
+
+
+@pytest.mark.parametrize("flags, runs_as", [([], "interleaved"), (["--sequential"], "back_to_back")])
+def test_bench_cli_in_process_runs_the_modes_together_or_back_to_back(tmp_path, flags, runs_as):
+    # `suffixspec bench` as a user runs it: its own process, a local model directory, a workload file
+    import json
+
+    pytest.importorskip("transformers")
+    from test_http_support import make_tiny_model_dir
+
+    model_dir = make_tiny_model_dir(tmp_path / "tiny", fim=False)
+    prompts = [f"def g{i}(a, b):\n    return a * {i} + b\n\ndef g{i}(a, b):\n    return a" for i in range(3)]
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(prompts)))
+    out = tmp_path / "out"
+    done = subprocess.run([sys.executable, "-m", "suffixspec.cli", "bench", "--model", str(model_dir), "--workload",
+                           str(path), "--num-prompts", "3", "--concurrency", "1,2", "--max-new-tokens", "12",
+                           "--budget", "8", "--threads", "1", "--no-prompt-lookup", "--out", str(out), *flags],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["settings"]["mode_runs"] == runs_as
+    if sys.platform.startswith("linux"):
+        assert report["environment"]["allocator"].startswith("glibc mallopt")
+    by = {(r["mode"], r["concurrency"]): r for r in report["records"]}
+    assert set(by) == {(m, c) for m in ("plain", "speculative") for c in (1, 2)}
+    for rec in by.values():
+        assert rec["mismatches"] == 0 and rec["failures"] == 0 and rec["new_tokens"] > 0, rec
+        assert rec["throughput_tok_s"] > 0 and rec["ttft_ms"] > 0
+    outputs = {(r["mode"], r["concurrency"]): r["outputs"] for r in report["runs"] if r["repeat"] == 0}
+    assert len({json.dumps(o) for o in outputs.values()}) == 1  # greedy: every mode's texts are the same
+    assert json.loads(done.stdout.strip().splitlines()[-1])["report"] == str(out / "report.json")

@@ -43,7 +43,8 @@ def keep_freed_memory() -> str | None:
         return None
     if not (mallopt(_M_MMAP_MAX, 0) and mallopt(_M_TRIM_THRESHOLD, 1 << 30)):
         return None
-    _kept.append(libc)
+    if not _kept:
+        _kept.append(libc)
     return "glibc mallopt: M_MMAP_MAX 0, M_TRIM_THRESHOLD 1 GiB (freed memory stays with the process)"
 
 
