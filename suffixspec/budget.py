@@ -25,6 +25,7 @@ from collections import deque
 import numpy as np
 
 from .fileio import atomic_write_json, cache_dir
+from ._kernels import sizing as sk
 from .tree import DraftTree, prune_tree
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
@@ -324,8 +325,7 @@ class RequestTrust:
         self.shadows: list[Shadow] = []
 
     def factor(self) -> float:
-        return float(np.clip((self.hits + REQUEST_PRIOR * REQUEST_PRIOR_RATIO) / (self.predicted + REQUEST_PRIOR),
-                             0.05, 3.0))
+        return min(max((self.hits + REQUEST_PRIOR * REQUEST_PRIOR_RATIO) / (self.predicted + REQUEST_PRIOR), 0.05), 3.0)
 
     def learn(self, calibration: RankCalibration, verified: DraftTree, accepted_nodes, proposed: DraftTree,
               committed: list[int], limit: int) -> None:
@@ -402,6 +402,12 @@ class OutputLengths:
         at = s[np.minimum(np.arange(done, done + depth + 1), len(s) - 1)]
         return at / at[0]
 
+    def continuing_rows(self, done, depth: int) -> np.ndarray:
+        """`continuing(done[i], depth)` for every entry of `done`, as float64[len(done), depth + 1]."""
+        s = self.survival()
+        at = s[np.minimum(np.asarray(done, np.int64)[:, None] + np.arange(depth + 1), len(s) - 1)]
+        return at / at[:, :1]
+
 
 class DraftCadence:
     """How often a running batch whose automatic budget keeps choosing plain decoding drafts at all.
@@ -436,6 +442,22 @@ class DraftCadence:
 
     def wake(self) -> None:
         self.skip = 0
+
+
+def _continuing_rows(row_continuing, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """`size_round`'s `row_continuing` as (float64[b, D], bool[b]: the row has an entry)."""
+    if row_continuing is None:
+        return np.ones((b, 1)), np.zeros(b, np.bool_)
+    if isinstance(row_continuing, np.ndarray):
+        return np.ascontiguousarray(row_continuing, np.float64), np.ones(b, np.bool_)
+    use = np.array([c is not None for c in row_continuing], np.bool_)
+    width = max((len(c) for c in row_continuing if c is not None), default=1)
+    cont = np.ones((b, width))
+    for i, c in enumerate(row_continuing):
+        if c is not None:
+            cont[i, : len(c)] = c
+            cont[i, len(c):] = c[-1]  # depths past its end read its last entry
+    return cont, use
 
 
 class BudgetPolicy:
@@ -482,18 +504,18 @@ class BudgetPolicy:
         runs past a node d deep, `OutputLengths.continuing`; None: 1) discounts its deep nodes, so an
         answer likely to end soon does not draft wider than it can repay."""
         b = len(trees)
-        scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
-        going = [None] * b if row_continuing is None else row_continuing
-        best_scores = [self.calibration.apply(np.sort(self._worth(t, g))[::-1], f) if len(t) else np.zeros(0)
-                       for t, f, g in zip(trees, scale, going)]
-        kmax = max((len(s) for s in best_scores), default=0)
+        kmax = max((len(t) for t in trees), default=0)
         if kmax == 0:
             return trees
+        scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
         w = np.ones(b) if weights is None else np.asarray(weights, np.float64)
-        gains = np.zeros(kmax + 1)
-        for wi, s in zip(w, best_scores):
-            c = np.concatenate([[0.0], np.cumsum(s)])
-            gains += wi * c[np.minimum(np.arange(kmax + 1), len(s))]
+        offsets = np.zeros(b + 1, np.int64)
+        np.cumsum([len(t) for t in trees], out=offsets[1:])
+        scores = np.concatenate([t.scores for t in trees])
+        depths = np.concatenate([t.depths for t in trees])
+        cont, use_cont = _continuing_rows(row_continuing, b)
+        gains = sk.round_gains(scores, depths, offsets, scale, w, cont, use_cont,
+                               np.ascontiguousarray(self.calibration.factors(kmax), np.float64), kmax)
         cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
         if width > 1:
             plain_rate = float(w.sum()) / float(self.cost_model(b, batch=b))
@@ -510,13 +532,6 @@ class BudgetPolicy:
             if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
                 k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
-
-    @staticmethod
-    def _worth(tree: DraftTree, continuing) -> np.ndarray:
-        """The tree's scores, each discounted by the chance the output runs past its node."""
-        if continuing is None:
-            return tree.scores
-        return tree.scores * continuing[np.minimum(tree.depths, len(continuing) - 1)]
 
     def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
         """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""

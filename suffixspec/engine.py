@@ -425,8 +425,8 @@ class Server:
         # rows with a fixed budget keep their trees; the policy sizes the round for all rows alike
         trees = [r.tree if r.request.auto else DraftTree.empty() for r in rows]
         lengths, depth = self.policy.lengths, self.policy.max_budget
-        continuing = [lengths.continuing(len(rq.output), depth) if len(lengths) and len(t) else None
-                      for rq, t in zip(requests, trees)]
+        # rows without a tree have no node to discount: their entries are never read
+        continuing = lengths.continuing_rows([len(rq.output) for rq in requests], depth) if len(lengths) else None
         sized = self.policy.size_round(trees, [r.limit for r in rows], width=width, weights=weights,
                                        row_factors=[rq.trust.factor() for rq in requests],
                                        row_continuing=continuing)

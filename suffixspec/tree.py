@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .tokenids import as_tokens
+from ._kernels.sizing import prune_keep
 from .errors import BadInputError
+from .tokenids import as_tokens
 
 
 class DraftTree:
@@ -172,19 +173,6 @@ def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
         return DraftTree.empty()
     if n <= size and int(tree.depths.max()) <= max_depth:
         return tree
-    order = np.argsort(-tree.scores, kind="stable").tolist()  # best first, ties in index order
-    par, depth = tree.parents.tolist(), tree.depths.tolist()
-    keep = [False] * n
-    count = 0
-    for i in order:
-        if count >= size:
-            break
-        if depth[i] <= max_depth and (par[i] < 0 or keep[par[i]]):
-            keep[i] = True
-            count += 1
-    idx = np.flatnonzero(keep)
-    remap = -np.ones(n, np.int64)
-    remap[idx] = np.arange(len(idx))
-    parents = np.where(tree.parents[idx] >= 0, remap[np.maximum(tree.parents[idx], 0)], -1).astype(np.int32)
+    idx, parents = prune_keep(tree.scores, tree.parents, tree.depths, int(size), int(max_depth))
     # a subset closed under parents, in the original order: still topological, siblings distinct and sorted
     return DraftTree.unchecked(tree.tokens[idx], parents, tree.depths[idx], tree.scores[idx])
