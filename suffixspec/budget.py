@@ -533,6 +533,15 @@ class BudgetPolicy:
                 k = 0  # a predicted gain within the model's error is not worth the risk of a loss
         return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
 
+    def prefill_may_draft(self, rows: int, width: int) -> bool:
+        """Whether a prefill of `rows` rows `width` tokens wide could carry a tree within `prefill_slack`
+        (`size_round` never takes more; the cost curve never falls, so one node decides). True while
+        there is no cost model."""
+        if self.cost_model is None:
+            return True
+        cost = self.cost_model([rows * width, rows * (width + 1)], batch=rows)
+        return bool(cost[1] <= (1.0 + self.prefill_slack) * cost[0])
+
     def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
         """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""
         if self.cost_model is not None:

@@ -11,7 +11,11 @@ Contract of one `step()`:
    most one admission between two of their rounds): waiting requests (FIFO) fill the free slots.
    Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
    is also their first round; grouped by prompt length so left padding stays small); their cache
-   rows then join the running batch (`KVState.add_rows`). A newcomer's first tokens thus end the
+   rows then join the running batch (`KVState.add_rows`). Automatic rows of a prefill that could not
+   carry a single draft node within the policy's slack (`BudgetPolicy.prefill_may_draft`) open their
+   proposer sessions at their first drafting round instead (`Request.deferred`), so the set-up is not
+   on their time to first token; a request that finishes before it drafts opens and closes its
+   session then, so its output still joins the past responses. A newcomer's first tokens thus end the
    step that admits it: its time to first token is its queueing and its prefill, never a round of
    the running batch, whichever way the step's events reach it (events' times, or the end of the
    step for a caller that publishes them then).
@@ -94,6 +98,7 @@ class Request:
     prediction: Prediction | None = None
     trust: RequestTrust = field(default_factory=RequestTrust)
     cancelled: bool = False
+    deferred: bool = False  # its session opens when it first drafts (its prefill could carry no tree)
 
     @property
     def auto(self) -> bool:
@@ -327,8 +332,14 @@ class Server:
             step.admitted.append(rq.index)
         for group in prefill_groups(newcomers):
             try:
+                # a prefill too short to carry any tree within the policy's slack leaves its automatic
+                # rows' session set-up to their first drafting round, off their time to first token
+                room = self.policy.prefill_may_draft(len(group), max(len(rq.pending) for rq in group))
                 for rq in group:
-                    self._open_session(rq)
+                    if room or not rq.auto or rq.filter is not None or rq.prediction is not None:
+                        self._open_session(rq)
+                    else:
+                        rq.deferred = True
                 state = self._new_state(len(group))
                 kept = self._round(state, group, step.events, drafts=True)
                 self._state.add_rows(state)
@@ -338,9 +349,15 @@ class Server:
         self._cadence.wake()  # a newcomer may draft well: the next round looks
 
     def _open_session(self, rq: Request) -> None:
+        """Its proposer session over its prompt; tokens it committed before (a deferred session's,
+        a retried request's) wait in `unfed`."""
         speculate = rq.auto or int(rq.budget) > 0
         if rq.session is None and speculate:
-            rq.session = self.gen.proposer.start(rq.context, request_id=rq.request_id, filter=rq.filter)
+            done = len(rq.output)
+            rq.session = self.gen.proposer.start(rq.context[: len(rq.context) - done], request_id=rq.request_id,
+                                                 filter=rq.filter)
+            rq.unfed = list(rq.output)
+        rq.deferred = False
 
     def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
                cadence: DraftCadence | None = None) -> list[Request]:
@@ -390,6 +407,8 @@ class Server:
                 continue
             want = self.policy.max_budget if rq.auto else int(rq.budget)
             budgets.append(max(0, min(want, r.limit - 1)))
+            if rq.deferred and rq.output and budgets[-1] > 0:  # not on its prefill (no output yet)
+                self._open_session(rq)
         live = [i for i, r in enumerate(rows) if r.request.session is not None and budgets[i] > 0]
         if live:
             sessions = [rows[i].request.session for i in live]
@@ -500,8 +519,8 @@ class Server:
             rq = r.request
             if rq.session is not None:
                 rq.unfed.extend(r.tokens)
-                if r.reason:
-                    self._close_session(rq)
+            if r.reason:
+                self._close_session(rq)
 
     def _catch_up(self, rq: Request) -> None:
         """The session takes the request's committed tokens it has not seen (one extend call)."""
@@ -528,7 +547,10 @@ class Server:
             self._finished_predictions[rq.index] = (accepted, max(len(rq.prediction) - accepted, 0))
 
     def _close_session(self, rq: Request) -> None:
-        """The session closes over the whole output (what it closes over joins the past responses)."""
+        """The session closes over the whole output (what it closes over joins the past responses);
+        a deferred session that never drafted opens for that."""
+        if rq.deferred:
+            self._open_session(rq)
         if rq.session is not None:
             try:
                 self._catch_up(rq)

@@ -333,10 +333,11 @@ def test_the_server_filter_reaches_every_session_without_its_own():
 
 
 def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_nothing():
-    """A cost model under which no draft ever pays: after the prefill, the running batch's automatic
-    rows propose on a thinning cadence (never two rounds in a row after the first, never more than
-    four rounds apart, about one round in four in all), a fixed-budget row proposes every round,
-    every proposal sees the request's whole output so far, every session closes over the whole
+    """A cost model under which no draft ever pays: the automatic rows' prefills (too short to carry
+    a tree) neither propose nor open a session; from their first round the running batch's automatic
+    rows propose on a thinning cadence (never two rounds in a row, never more than four rounds
+    apart, about one round in four in all), a fixed-budget row proposes every round from its prefill
+    on, every proposal sees the request's whole output so far, every session closes over the whole
     output, and the outputs equal plain decoding."""
     from suffixspec.options import DecodeOptions
 
@@ -358,7 +359,10 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
     server = gen.serve(max_new_tokens=new, budget="auto")
     original_start = proposer.start
 
+    opened: dict[int, int] = {}  # request -> step at which its session opened
+
     def start(prompt_ids, request_id=None, filter=None):
+        opened[request_id] = step_no[0]
         session = original_start(prompt_ids, request_id, filter)
         original_close = session.close
         session.close = lambda: (closed.__setitem__(request_id, list(session.out)), original_close())
@@ -376,12 +380,61 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
     rounds = res.stats.requests[fixed].rounds
     # one round a step (the first is the prefill); the last round has one token left: no draft
     assert proposals[fixed] == list(range(1, rounds)), proposals[fixed]
+    assert opened[fixed] == 1
     for q in auto:
         steps = proposals[q]
-        assert steps[:2] == [1, 2]  # the prefill drafts, and so does the batch's first round
-        gaps = [b - a for a, b in zip(steps[1:], steps[2:])]
+        assert opened[q] == steps[0] == 2  # the batch's first round drafts (a newcomer wakes the cadence)
+        gaps = [b - a for a, b in zip(steps, steps[1:])]
         assert gaps and all(2 <= g <= 4 for g in gaps), steps
         assert len(steps) <= res.stats.requests[q].rounds // 4 + 4, steps
+
+
+def test_a_prefill_opens_its_session_only_when_it_could_carry_a_tree():
+    """Where one draft node more keeps the prefill within the policy's slack, the automatic rows'
+    sessions open at admission and their prefill proposes; where it cannot, the session opens at the
+    request's first drafting round, and a request that never drafts (one token) still closes a
+    session over its whole output (its output joins the past responses as before). Outputs equal
+    plain decoding either way."""
+    model = tiny_model("llama")
+    prompts = prompts_for()[:2]
+    new = 12
+    refs = [hf_generate(model, p, new) for p in prompts]
+    for slack, first in [(1.0, 1), (0.01, 2)]:
+        step_no = [0]
+        opened, proposed, closed = {}, {}, {}
+
+        def draft(session, budget):
+            proposed.setdefault(session.request_id, step_no[0])
+            return DraftTree.from_paths([[1, 2, 3]], [0.9])
+
+        proposer = StandInProposer(draft)
+        gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 1.5, 800.0]))
+        gen.policy.prefill_slack = slack
+        original_start = proposer.start
+
+        def start(prompt_ids, request_id=None, filter=None, proposer_start=original_start):
+            opened[request_id] = step_no[0]
+            session = proposer_start(prompt_ids, request_id, filter)
+            original_close = session.close
+            session.close = lambda: (closed.__setitem__(request_id, list(session.prompt) + list(session.out)),
+                                     original_close())
+            return session
+
+        proposer.start = start
+        server = gen.serve(max_new_tokens=new, budget="auto")
+        for i, p in enumerate(prompts):
+            server.add(p, request_id=i)
+        one = server.add(prompts[0], request_id=9, max_new_tokens=1)
+        while not server.idle:
+            step_no[0] += 1
+            server.step()
+        res = server.result()
+        assert res.sequences == refs + [refs[0][:1]]
+        assert opened[0] == opened[1] == proposed[0] == proposed[1] == first, (slack, opened, proposed)
+        assert 9 not in proposed, (slack, opened, proposed, closed)
+        assert closed.get(9) == list(prompts[0]) + refs[0][:1], (slack, opened, closed)
+        assert closed[0] == list(prompts[0]) + refs[0] and closed[1] == list(prompts[1]) + refs[1]
+        assert res.stats.requests[one].new_tokens == 1
 
 
 def test_a_verified_draft_ends_the_quiet_streak():
