@@ -24,7 +24,9 @@ Contract of one `step()`:
    them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
    requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
    learn (the policy's calibration). Finished requests leave the batch; their slots fill at the
-   next step. While the running batch's automatic budget keeps choosing plain decoding, its
+   next step. Their sessions close (their outputs join the past responses) just before the proposer
+   next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
+   that finishes them nor in one that only admits, so that bookkeeping is off every first token. While the running batch's automatic budget keeps choosing plain decoding, its
    automatic rows draft only every few rounds (`budget.DraftCadence`); a session receives its
    committed tokens when it next drafts or closes (`Request.unfed`), so rounds without drafts never
    touch the proposer.
@@ -183,6 +185,9 @@ class Server:
         self._rows: list[Request] = []  # the rows of self._state, in order
         self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
         self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
+        # finished requests' sessions to close: (session or None to open one over the prompt,
+        # prompt, tokens it has not seen, request id, filter); see _flush_closes
+        self._closing: list[tuple] = []
         self._clock = clock
         self._t0 = clock()
         self.unsupported = gen.check_support()
@@ -295,6 +300,10 @@ class Server:
         """Drop cancelled requests, then either admit what fits (their prefill is their first round)
         or run one round for every running request; see the module docstring."""
         step = Step(self.now(), 0.0)
+        if self.idle:  # nothing to decode: the deferred upkeep
+            self.upkeep()
+            step.end_s = self.now()
+            return step
         self._drop_cancelled(step)
         if self.unsupported is not None:
             if self._waiting:
@@ -322,6 +331,16 @@ class Server:
             self._state = self._new_state(0)
         step.end_s = self.stats.e2e_s = self.now()
         return step
+
+    def upkeep(self) -> None:
+        """Close finished requests' proposer sessions now (their outputs join the past responses).
+        Steps leave that to the next proposal, so it never lands on a newcomer's first token; a step
+        of an idle server, `close()` and `run()` do it too. Counted in `stats.proposer_s` (and `e2e_s`)."""
+        if self._closing:
+            t = self._clock()
+            self._flush_closes()
+            self.stats.proposer_s += self._clock() - t
+            self.stats.e2e_s = self.now()
 
     def _admit(self, free: int, step: Step) -> None:
         """The first `free` waiting requests: their prefill rounds (grouped by prompt length), then
@@ -407,9 +426,13 @@ class Server:
                 continue
             want = self.policy.max_budget if rq.auto else int(rq.budget)
             budgets.append(max(0, min(want, r.limit - 1)))
-            if rq.deferred and rq.output and budgets[-1] > 0:  # not on its prefill (no output yet)
-                self._open_session(rq)
-        live = [i for i, r in enumerate(rows) if r.request.session is not None and budgets[i] > 0]
+        opening = [r.request for r, b in zip(rows, budgets) if b > 0 and r.request.deferred and r.request.output]
+        live = [i for i, r in enumerate(rows)
+                if budgets[i] > 0 and (r.request.session is not None or (r.request.deferred and r.request.output))]
+        if live and self._closing:  # the outputs that finished before join the past responses first
+            self._flush_closes()
+        for rq in opening:  # not on its prefill (no output yet)
+            self._open_session(rq)
         if live:
             sessions = [rows[i].request.session for i in live]
             for i in live:
@@ -547,17 +570,33 @@ class Server:
             self._finished_predictions[rq.index] = (accepted, max(len(rq.prediction) - accepted, 0))
 
     def _close_session(self, rq: Request) -> None:
-        """The session closes over the whole output (what it closes over joins the past responses);
-        a deferred session that never drafted opens for that."""
+        """The request's session is queued to close over the whole output (what it closes over joins
+        the past responses) by `_flush_closes`; a deferred session that never drafted opens there."""
         if rq.deferred:
-            self._open_session(rq)
-        if rq.session is not None:
+            done = len(rq.output)
+            self._closing.append((None, rq.context[: len(rq.context) - done], list(rq.output), rq.request_id,
+                                  rq.filter))
+        elif rq.session is not None:
+            self._closing.append((rq.session, None, rq.unfed, None, None))
+        rq.session, rq.unfed, rq.deferred = None, [], False
+
+    def _flush_closes(self) -> None:
+        """Close the queued sessions: before the proposer next drafts, and when the server goes idle
+        or closes, so that work is never on a newcomer's time to first token and every proposal
+        sees the outputs that finished before it. A session that fails to close is logged; its
+        output does not join the past responses, and no running request pays for it."""
+        closing, self._closing = self._closing, []
+        for session, prompt, unfed, request_id, filter in closing:
             try:
-                self._catch_up(rq)
-                rq.session.close()
-            finally:
-                rq.session = None
-                rq.unfed = []
+                if session is None:
+                    session = self.gen.proposer.start(prompt, request_id=request_id, filter=filter)
+                try:
+                    if unfed:
+                        session.extend(unfed)
+                finally:
+                    session.close()
+            except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
+                log.warning("closing a finished request's proposer session failed: %r", exc)
 
     def _drop_cancelled(self, step: Step) -> None:
         if not any(rq.cancelled for rq in self._live.values()):
@@ -642,6 +681,7 @@ class Server:
         """Close every live proposer session (requests still running or waiting are abandoned)."""
         for rq in [*self._rows, *self._waiting]:
             self._close_session(rq)
+        self.upkeep()
         self._rows, self._waiting = [], deque()
         self._live.clear()
         self._state = self._new_state(0)

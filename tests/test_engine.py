@@ -376,6 +376,7 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
         server.step()
     res = server.result()
     assert res.sequences == refs
+    server.close()  # the last sessions close here (no proposal came after them)
     assert closed == {i: refs[i] for i in range(3)}
     rounds = res.stats.requests[fixed].rounds
     # one round a step (the first is the prefill); the last round has one token left: no draft
@@ -429,12 +430,74 @@ def test_a_prefill_opens_its_session_only_when_it_could_carry_a_tree():
             step_no[0] += 1
             server.step()
         res = server.result()
+        server.close()
         assert res.sequences == refs + [refs[0][:1]]
         assert opened[0] == opened[1] == proposed[0] == proposed[1] == first, (slack, opened, proposed)
         assert 9 not in proposed, (slack, opened, proposed, closed)
         assert closed.get(9) == list(prompts[0]) + refs[0][:1], (slack, opened, closed)
         assert closed[0] == list(prompts[0]) + refs[0] and closed[1] == list(prompts[1]) + refs[1]
         assert res.stats.requests[one].new_tokens == 1
+
+
+def test_a_finished_session_closes_before_the_next_proposal_not_in_a_newcomers_first_step():
+    """One client at a time: request 0's session closes (its output joins the past responses) neither
+    in the step that finishes it nor in the step that admits request 1 (its time to first token), but
+    before request 1's first proposal; the last request's closes in a step of the idle server. A close
+    that raises is logged and fails nothing. Outputs equal plain decoding."""
+    model = tiny_model("llama")
+    prompts = prompts_for()[:3]
+    new = 10
+    refs = [hf_generate(model, p, new) for p in prompts]
+    step_no = [0]
+    log = []
+
+    def draft(session, budget):
+        log.append(("propose", session.request_id, step_no[0]))
+        return DraftTree.from_paths([[1, 2, 3]], [0.9])
+
+    proposer = StandInProposer(draft)
+    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    original_start = proposer.start
+
+    def start(prompt_ids, request_id=None, filter=None):
+        session = original_start(prompt_ids, request_id, filter)
+
+        def close():
+            log.append(("close", request_id, step_no[0]))
+            if request_id == 1:
+                raise RuntimeError("the cache is full")
+
+        session.close = close
+        return session
+
+    proposer.start = start
+    server = gen.serve(max_new_tokens=new, budget="auto")
+    finished, admitted = {}, {}
+    q = server.add(prompts[0], request_id=0)
+    while not server.idle:
+        step_no[0] += 1
+        step = server.step()
+        for i in step.admitted:
+            admitted[i] = step_no[0]
+        for ev in step.events:
+            if ev.finish_reason:
+                finished[ev.index] = step_no[0]
+                if ev.index + 1 < len(prompts):
+                    server.add(prompts[ev.index + 1], request_id=ev.index + 1)
+    res = server.result()
+    assert res.sequences == refs and all(rs.finish_reason == "length" for rs in res.stats.requests)
+    closes = {r: at for kind, r, at in log if kind == "close"}
+    first_proposal = {}
+    for kind, r, at in log:
+        if kind == "propose":
+            first_proposal.setdefault(r, at)
+    for r in (0, 1):
+        assert finished[r] < admitted[r + 1] < closes[r] == first_proposal[r + 1], (log, finished, admitted)
+        assert log.index(("close", r, closes[r])) < log.index(("propose", r + 1, closes[r]))
+    assert 2 not in closes
+    step_no[0] += 1
+    server.step()  # an idle server's step does the upkeep
+    assert log[-1] == ("close", 2, step_no[0]) and len(closes) == 2 and q == 0
 
 
 def test_a_verified_draft_ends_the_quiet_streak():

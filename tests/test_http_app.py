@@ -103,6 +103,9 @@ class FakeServer:
     def step(self):
         return self.on_step()
 
+    def upkeep(self):
+        pass
+
     def cancel(self, index):
         return True
 

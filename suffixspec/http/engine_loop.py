@@ -280,6 +280,8 @@ class EngineLoop:
         server = self.server
         try:
             while True:
+                if server.idle:
+                    server.upkeep()  # finished requests' sessions close here, not on a newcomer's time
                 self._take_inbox(block=server.idle)
                 if server.idle:
                     if self._stop.is_set():
