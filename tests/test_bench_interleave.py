@@ -83,6 +83,26 @@ def test_turn_clocks_stop_during_the_other_lanes_turns():
     assert (a(), b()) == (106.0, 101.5)
 
 
+def test_a_held_lane_clock_stands_still_between_turns_too():
+    wall = Wall()
+    clocks = TurnClocks(2, clock=wall)
+    a, b = clocks.clock(0), clocks.clock(1)
+    clocks.hold(1)
+    for _ in range(3):
+        with clocks.turn(0):
+            wall.t += 2.0
+        wall.t += 0.25  # between turns: counts for the lane that runs, not the one held
+    assert (a(), b()) == (106.75, 100.0)
+    clocks.hold(1)  # holding again changes nothing
+    clocks.release(1)
+    clocks.release(1)
+    wall.t += 1.0
+    assert (a(), b()) == (107.75, 101.0)
+    with clocks.turn(1):
+        wall.t += 0.5
+    assert (a(), b()) == (107.75, 101.5)
+
+
 def runs_of(interleave, fail=None, concurrency=(1, 2), repeat=2, n=4):
     wall, log = Wall(), []
     backends = {"plain": ClockedBackend(wall, log, "plain", fail_at=fail),

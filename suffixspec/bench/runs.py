@@ -117,7 +117,8 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
     """One run of every (mode, backend) of `lanes` at `concurrency`, their engines taking turns step
     by step in the given order, each timed on its own `TurnClocks` clock over `clock` (see
     `run_benchmark`). A lane that is ahead (has added more requests to its engine) skips its turns
-    until the others have added as many: waiting costs it nothing on its own clock."""
+    until the others have added as many: its clock is held meanwhile, so waiting costs it nothing,
+    not even the time between the others' turns."""
     clocks = TurnClocks(len(lanes), clock=clock)
     limits = [r.max_new_tokens for r in workload.requests]
     engines, schedules, errors = [], [], [[] for _ in lanes]
@@ -133,7 +134,11 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
         # a lane that has added more requests than another waits for it, so that both admit request
         # q in consecutive turns: their prefills (a request's time to first token) meet the host alike
         low = min(added[i] for i in live)
+        for i in live:  # waiting costs a lane nothing, not even the time between the others' turns
+            if added[i] > low:
+                clocks.hold(i)
         for i in [i for i in live if added[i] == low]:
+            clocks.release(i)
             with clocks.turn(i):
                 try:
                     added[i] = next(schedules[i])

@@ -131,15 +131,29 @@ class TurnClocks:
     """Clocks for engines that take turns on one machine (`turn(lane)` around each of a lane's
     steps): lane i's clock (`clock(i)`, seconds) runs only while no other lane has its turn, so the
     time another engine's steps take never shows in this one's figures, and a drift of the machine
-    between two steps hits every lane alike. Time outside every turn counts for all lanes."""
+    between two steps hits every lane alike. Time outside every turn counts for all lanes but those
+    held (`hold`: a lane waiting for the others, whose clock stands still until `release`)."""
 
     def __init__(self, lanes: int, clock: Callable[[], float] = time.perf_counter):
         self._clock = clock
         self._away = [0.0] * int(lanes)  # per lane: seconds spent in the other lanes' turns
+        self._held: list[float | None] = [None] * int(lanes)  # per lane: its clock's reading while held
 
     def clock(self, lane: int) -> Callable[[], float]:
-        away = self._away
-        return lambda: self._clock() - away[lane]
+        away, held = self._away, self._held
+        return lambda: self._clock() - away[lane] if held[lane] is None else held[lane]
+
+    def hold(self, lane: int) -> None:
+        """The lane waits for the others: its clock stands still, even between turns, until `release`."""
+        if self._held[lane] is None:
+            self._held[lane] = self._clock() - self._away[lane]
+
+    def release(self, lane: int) -> None:
+        """The lane's clock runs on from where `hold` stopped it."""
+        held = self._held[lane]
+        if held is not None:
+            self._away[lane] = self._clock() - held
+            self._held[lane] = None
 
     @contextmanager
     def turn(self, lane: int) -> Iterator[None]:
