@@ -211,10 +211,10 @@ def rank_factor(cal, rank, share, strength):
 #
 #     factor(g) = min(GROUP_MAX, (hits + strength) / (expected + strength))     (1 with no trials)
 #
-# It may exceed 1: a source whose drafts were accepted more often than their steps said (the
-# request's own text, deep in a copied block) is raised against one that was over-trusted (a stale
-# corpus's guess at the next token). The proposer's table halves a group once its trials pass
-# GLOBAL_CAP.
+# Never above 1, like the sibling factor: a group that was over-trusted (a stale corpus's lone
+# guess at the next token) is lowered; one accepted more often than its steps said is left as it
+# is (raising the request's own deep chains, measured, lost acceptance). The proposer's table halves
+# a group once its trials pass GLOBAL_CAP.
 N_AGREE = 4
 N_GROUPS = N_CLASSES * N_AGREE
 GROUP_MAX = 1.0
