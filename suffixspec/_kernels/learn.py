@@ -203,7 +203,9 @@ def rank_factor(cal, rank, share, strength):
 
 # -- Source calibration. A node's *group* names the part that created it: its source class and, at
 # the root, how many parts proposed its token there (1, 2, 3+: parts that agree on the next token
-# are right more often than a lone one; an inner node's agreement bucket is 0). Its *step* is the
+# are right more often than a lone one; an inner node's agreement bucket is 0). Only corpus parts
+# have groups (the table keeps a row per class): discounting the request's own and past responses'
+# parts as well, measured, lost acceptance on chat without a corpus. Its *step* is the
 # probability it was given over its parent's before the group's factor: its share times its rank
 # factor. A group table is float64 [N_GROUPS, 3] (columns CAL_HITS, CAL_EXPECT: the sum of the
 # judged nodes' steps, CAL_TRIALS), judged like the sibling calibration; `group_factor` is what the
@@ -228,13 +230,18 @@ def new_group_calibration() -> np.ndarray:
 @njit(cache=True, nogil=True, inline="always")
 def group(cls, agree):
     """The group of a node created by a part of class `cls`; `agree`: at the root, the number of
-    parts that proposed its token (>= 1), 0 for an inner node."""
+    parts that proposed its token (>= 1), 0 for an inner node. -1 (no group: factor 1, not
+    judged) unless `cls` is CLS_CORPUS."""
+    if cls != CLS_CORPUS:
+        return -1
     return cls * N_AGREE + min(agree, N_AGREE - 1)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def group_factor(gcal, g, strength):
     """The factor of group `g` (see above)."""
+    if g < 0:
+        return 1.0
     t = gcal[g, CAL_TRIALS]
     if t <= 0:
         return 1.0
