@@ -197,8 +197,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
     docstring; `cal` is the calibration table, `out_share` gets each node's share in the part that
     created it). A part's step is also multiplied by `learn.group_factor` of the node's group in
     `gcal` (its class, and at the root how many parts proposed the token: known once every part's
-    context is expanded, when the root candidates are re-scored), capped so that no node scores
-    above its parent; `out_group` and `out_step` get each node's group and its step before that
+    context is expanded, when the root candidates are re-scored: no candidate is popped and no
+    chain taken before), never above 1; `out_group` and `out_step` get each node's group and its step before that
     factor (`learn.count_tree` judges both tables). `tops` (a `frozen.top_table`) gives the best
     children of frozen states with many.
 
@@ -235,7 +235,12 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
     n_heap = 0
     n_out = 0
     seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
-    rooted = False  # the root candidates re-scored with their groups (once every part is seeded)
+    # the root candidates re-scored with their groups, once every part is seeded (only needed when
+    # some part has groups: until then nothing is popped and no chain is taken)
+    rooted = True
+    for i in range(n_parts):
+        if part_src[i] >= 0 and learn.group(cls_rows[part_src[i]], 1) >= 0:
+            rooted = False
     gf = 1.0  # the group factor of inner nodes of the part at hand
     direct = -1  # a candidate to pop next without going through the heap
     direct_p = 0.0
@@ -335,7 +340,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
         # child is the next pop whatever happens; it is taken without candidate, heap or
         # child-selection bookkeeping (the usual case along a copied block). Same formula as
         # below, where a lone child's share is (cnt + rec cnt) / (cnt (1 + rec)).
-        while rooted and not (max_depth > 0 and depth + 1 > max_depth):
+        while seeded >= n_parts and rooted and not (max_depth > 0 and depth + 1 > max_depth):
             if live:
                 e = S[v, sk.HEAD]
                 if e == -1 or E[e, sk.NEXT] != -1:
@@ -358,7 +363,9 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
                 break
             total = float(cnt)
             cf = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength)
-            prob = p * min(1.0, (cnt + rec * total) * (cf / (total * (1.0 + rec))) * gf)
+            prob = (cnt + rec * total) * (p * cf / (total * (1.0 + rec)))
+            if gf < 1.0:
+                prob *= gf
             if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
                 break
             slot = budget if here < 0 else here
@@ -514,7 +521,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
                 j -= 1
         for taken in range(m):
             best_w = kids[taken, K_COUNT] + (bonus if kids[taken, K_LAST] == top else 0.0)
-            prob = min(p, best_w * scale)
+            prob = best_w * scale
             if prob < min_prob or n_cand >= cand.shape[0]:
                 break
             cand_p[n_cand] = prob
@@ -526,7 +533,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
             cand[n_cand, C_DEPTH] = depth + 1
             cand[n_cand, C_PART] = q
             cand[n_cand, C_GROUP] = learn.group(cls, 0)
-            if taken == 0 and rooted and (n_heap == 0 or prob > hkey[0]):
+            if taken == 0 and seeded >= n_parts and rooted and (n_heap == 0 or prob > hkey[0]):
                 # the best child, more probable than every waiting candidate, is the next pop:
                 # it skips the heap (its siblings score no higher)
                 direct = n_cand
