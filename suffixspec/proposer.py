@@ -245,16 +245,20 @@ class Proposer:
     before it: per sibling rank and step share, how many drafts were accepted against how many the
     shares expected; a node's step is multiplied by the learned ratio (never above 1, shrunk toward
     1 by `calibration_strength`), so that alternatives to a better sibling are weighed by what they
-    were seen to be worth (`calibration()`; see `_kernels/draft.py`). `match_levels` defaults to 2:
-    each source also drafts from its next shorter match, which sees more occurrences (a stale
-    corpus's longest match often diverges where a shorter one continues).
+    were seen to be worth (`calibration()`; see `_kernels/draft.py`). The same judgement, per group
+    of the corpus part that drafted a node (at the root: how many parts proposed its token; below
+    it: one group per match level kind), gives a second factor, never above 1
+    (`group_calibration()`): a stale corpus's lone guess at the next token is weighed by how often
+    such guesses were accepted. `match_levels` defaults to 3: each source also drafts from its next
+    shorter matches, which see more occurrences (a stale corpus's longest match often diverges
+    where a shorter one continues).
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
                  min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 2,
+                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 3,
                  vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
                  session_strength: float = 16.0, calibration_strength: float = 16.0,
                  cache_upkeep: str = "inline"):
