@@ -335,3 +335,43 @@ def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
             b.close()
         assert not blank._current_sources().tops.any()
         assert max(int(tops[0].max()) for tops in prop._current_sources().held_tops) >= 0  # states with a row
+
+
+def test_a_corpus_whose_lone_guesses_fail_is_discounted():
+    """A stale corpus that always continues a context with another token than the request does:
+    its lone root guesses are judged misses, its group's factor falls below 1, and a later tree
+    scores that guess lower than the same session's tree with the group table emptied."""
+    from suffixspec._kernels import draft as dk
+
+    rng = np.random.default_rng(3)
+    words = [rng.integers(10, 60, 6).tolist() for _ in range(40)]
+    stale = SuffixAutomaton()
+    stale.add_document([t for w in words for t in w + [7]])  # the corpus: every word then 7
+    prop = Proposer(corpus=stale.freeze(), global_cache=False)
+    for w in words[:30]:  # the requests: every word then 8
+        s = prop.start(w)
+        for _ in range(3):
+            s.propose(16)
+            s.extend([8])
+            s.propose(16)
+            s.extend(w)
+        s.close()
+    lone = lk.group(lk.CLS_CORPUS, 1)
+    table = prop.group_calibration()
+    assert table[lone, lk.CAL_TRIALS] > 20 and table[lone, lk.CAL_HITS] == 0
+    assert lk.group_factor(table, lone, prop.params[dk.P_CAL_STRENGTH]) < 0.6
+
+    def root_scores(tree):
+        return {int(t): float(x) for t, x, p in zip(tree.tokens, tree.scores, tree.parents) if p < 0}
+
+    lowered = 0
+    for w in words[30:]:
+        s = prop.start(w)
+        with_table = root_scores(s.propose(16))
+        prop._group_cal[...] = 0.0  # in place: the frames name the table
+        without = root_scores(s.propose(16))
+        prop._group_cal[...] = table
+        s.close()
+        assert 7 in without and with_table.get(7, 0.0) < without[7]
+        lowered += 1
+    assert lowered == 10
