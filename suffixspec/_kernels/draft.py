@@ -258,14 +258,15 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
             direct = -1
             n_heap = 0
             for c in range(n_cand):
-                agree = 0
-                for c2 in range(n_cand):
-                    if cand[c2, C_TOK] == cand[c, C_TOK]:
-                        agree += 1
                 src = part_src[cand[c, C_PART]]
-                g = learn.group(learn.CLS_OWN if src < 0 else cls_rows[src], agree)
-                cand[c, C_GROUP] = g
-                cand_p[c] = min(1.0, cand_share[c] * learn.group_factor(gcal, g, cal_strength))
+                if src >= 0 and learn.group(cls_rows[src], 1) >= 0:  # only parts with groups
+                    agree = 0
+                    for c2 in range(n_cand):
+                        if cand[c2, C_TOK] == cand[c, C_TOK]:
+                            agree += 1
+                    g = learn.group(cls_rows[src], agree)
+                    cand[c, C_GROUP] = g
+                    cand_p[c] = min(1.0, cand_share[c] * learn.group_factor(gcal, g, cal_strength))
                 n_heap = _heap_push(hkey, hval, n_heap, cand_p[c], c)
         if seeded < n_parts:
             q = seeded
