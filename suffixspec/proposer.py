@@ -196,10 +196,12 @@ class _LiveSlots:
 class _Workspace:
     """One thread's kernel scratch (`dk.workspace_buffers`) and output arena (`pk.set_arena`),
     named by the int64 frame at `addr`; `tokens`, `parents`, `depths`, `scores` are the arena's
-    blocks, which trees are views of (`shares`: each node's share, read by `learn.count_tree`). An arena is replaced when full (`new_arena`) and lives
+    blocks, which trees are views of (`shares`, `groups`, `steps`: each node's share, group and step, read by
+    `learn.count_tree`). An arena is replaced when full (`new_arena`) and lives
     while any of its trees does."""
 
-    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores", "shares")
+    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores", "shares",
+                 "groups", "steps")
 
     def __init__(self, budget: int, n_sources: int, max_children: int):
         self.budget, self.n_sources = budget, n_sources
@@ -211,10 +213,11 @@ class _Workspace:
     def new_arena(self) -> None:
         """A fresh arena for at least 64 trees of the workspace's budget."""
         cap = max(4096, 64 * self.budget)
-        out_i32, out_f64 = np.empty(3 * cap, np.int32), np.empty(2 * cap, np.float64)
+        out_i32, out_f64 = np.empty(4 * cap, np.int32), np.empty(3 * cap, np.float64)
         pk.set_arena(self.frame, out_i32, out_f64)
-        self.tokens, self.parents, self.depths = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap :]
-        self.scores, self.shares = out_f64[:cap], out_f64[cap:]
+        self.tokens, self.parents, self.depths = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap : 3 * cap]
+        self.groups = out_i32[3 * cap :]
+        self.scores, self.shares, self.steps = out_f64[:cap], out_f64[cap : 2 * cap], out_f64[2 * cap :]
 
 
 class Proposer:
@@ -242,16 +245,20 @@ class Proposer:
     before it: per sibling rank and step share, how many drafts were accepted against how many the
     shares expected; a node's step is multiplied by the learned ratio (never above 1, shrunk toward
     1 by `calibration_strength`), so that alternatives to a better sibling are weighed by what they
-    were seen to be worth (`calibration()`; see `_kernels/draft.py`). `match_levels` defaults to 2:
-    each source also drafts from its next shorter match, which sees more occurrences (a stale
-    corpus's longest match often diverges where a shorter one continues).
+    were seen to be worth (`calibration()`; see `_kernels/draft.py`). The same judgement, per group
+    of the corpus part that drafted a node (at the root: how many parts proposed its token; below
+    it: one group per match level kind), gives a second factor, never above 1
+    (`group_calibration()`): a stale corpus's lone guess at the next token is weighed by how often
+    such guesses were accepted. `match_levels` defaults to 3: each source also drafts from its next
+    shorter matches, which see more occurrences (a stale corpus's longest match often diverges
+    where a shorter one continues).
     """
 
     def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
                  min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
                  max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
                  cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 2,
+                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 3,
                  vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
                  session_strength: float = 16.0, calibration_strength: float = 16.0,
                  cache_upkeep: str = "inline"):
@@ -269,6 +276,7 @@ class Proposer:
         self.learn = bool(learn)
         self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
         self._calibration = lk.new_calibration()  # the proposer's judged drafts, by rank and share (lk)
+        self._group_cal = lk.new_group_calibration()  # ... and by the group of the part that drafted them (lk)
         self.max_nodes = int(max_nodes)
         self._min_match = int(min_match)
         self.max_session_tokens = int(max_session_tokens)
@@ -352,6 +360,11 @@ class Proposer:
         """A copy of the proposer's sibling calibration, float64 [ranks, share buckets, (hits,
         expected, trials)] (`_kernels/learn.py`)."""
         return self._calibration.copy()
+
+    def group_calibration(self) -> np.ndarray:
+        """A copy of the proposer's source calibration, float64 [groups, (hits, expected, trials)]
+        (`_kernels/learn.py`: a group is a source class and, at the root, how many parts agreed)."""
+        return self._group_cal.copy()
 
     def _version_holder(self):
         return self._cache if self._cache is not None else self._null
@@ -480,12 +493,12 @@ class Proposer:
                     g.release()
         if fast:
             trusted = DraftTree.unchecked
-            out_tok, out_par, out_depth, out_prob, out_share = outs
+            out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step = outs
             learning = self.learn
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
                 e = a + k
                 trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
-                sessions[i]._judged = (out_tok, out_par, out_share, a, e) if learning and k else None
+                sessions[i]._judged = (out_tok, out_par, out_share, out_group, out_step, a, e) if learning and k else None
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees
@@ -498,12 +511,12 @@ class Proposer:
         np.cumsum(budget_arr[:-1], out=starts[1:])
         total = int(starts[-1] + budget_arr[-1])
         outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64),
-                np.empty(total, np.float64))
+                np.empty(total, np.float64), np.empty(total, np.int32), np.empty(total, np.float64))
         curs = np.stack([sessions[i]._cur for i in fast])
         stats = np.stack([sessions[i]._stats for i in fast])
         threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
         args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.tops, src.classes, stats, self._learned,
-                self._calibration, budget_arr, self.params, self.min_match, self.match_levels)
+                self._calibration, self._group_cal, budget_arr, self.params, self.min_match, self.match_levels)
         if threads == 1:
             counts = pk.propose_batch_serial(*args, starts, *outs)
         else:
@@ -567,7 +580,7 @@ class Session:
         self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
         self._stats = lk.new_stats()  # this request's learned counts (lk)
         # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
-        # (tokens, parents, shares) and its span, or None
+        # (tokens, parents, shares, groups, steps) and its span, or None
         self._judged = None
         self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
@@ -605,7 +618,7 @@ class Session:
             if judged is not None:
                 self._judged = None
                 if learning:
-                    lk.count_tree(*judged, toks, p._calibration)
+                    lk.count_tree(*judged, toks, p._calibration, p._group_cal)
             if learning:
                 sam = self._sam
                 lk.count_own(sam._S, sam._E, sam._H, sam._M, toks, p.min_match, self._stats, p._learned)
@@ -683,7 +696,7 @@ class Session:
                             self._judged = None
                             return _EMPTY
                         tokens, parents = ws.tokens, ws.parents
-                        self._judged = (tokens, parents, ws.shares, a, e)
+                        self._judged = (tokens, parents, ws.shares, ws.groups, ws.steps, a, e)
                         return _tree(tokens[a:e], parents[a:e], ws.depths[a:e], ws.scores[a:e])
                 return self._kernel_tree(budget)
             p = self.proposer
@@ -707,7 +720,7 @@ class Session:
         self._params = p.params  # kept alive while the frame names it
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
                                        p.match_levels, self._src.classes, self._stats, p._learned, p._calibration,
-                                       self._src.tops)
+                                       self._src.tops, p._group_cal)
         self._frame_addr = address(self._frame, np.int64)
         self._n_sources = (1 + len(self._automata)) * p.match_levels
         self._version = self._src.version
@@ -733,7 +746,7 @@ class Session:
         if a == e:
             self._judged = None
             return _EMPTY
-        self._judged = (ws.tokens, ws.parents, ws.shares, a, e)
+        self._judged = (ws.tokens, ws.parents, ws.shares, ws.groups, ws.steps, a, e)
         return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:

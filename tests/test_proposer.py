@@ -14,9 +14,9 @@ from suffixspec.cli import main as cli_main
 from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 
 
-def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=2):
+def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=3):
     """All draft paths from the request's own text with their probabilities (exhaustive), from
-    `levels` matched suffixes (the proposer's default `match_levels` is 2)."""
+    `levels` matched suffixes (the proposer's default `match_levels` is 3)."""
     return _naive_part_candidates([text], text, 2, levels, match_prior, recency, max_depth)
 
 
@@ -254,7 +254,7 @@ def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, 
     return out
 
 
-@pytest.mark.parametrize("match_levels", [1, 2])
+@pytest.mark.parametrize("match_levels", [1, 2, 3])
 def test_tree_over_several_sources_equals_brute_force_union(match_levels):
     """The one-heap expansion over all parts (request, corpora; several match levels) gives the
     `budget` best paths of the union of every part's exhaustive candidates, a path shared by
@@ -340,7 +340,7 @@ def _random_index(tmp_path, rng, name):
 
 
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize("match_levels", [1, 2])
+@pytest.mark.parametrize("match_levels", [1, 2, 3])
 def test_batch_kernel_equals_one_by_one(tmp_path, threads, match_levels):
     """propose_batch (one parallel kernel call) gives exactly the trees of single proposals, with
     every kind of source: the request, a corpus automaton, a sharded index (restricted sessions

@@ -1,8 +1,9 @@
-"""Sibling calibration (`_kernels/learn.py`: `count_tree`, `rank_factor`; `_kernels/draft.py`):
-the judged drafts against a brute-force judge of the trees, the factor against its formula, the
-counts a proposer collects from its own rounds, and calibrated trees against a brute-force check
-of their definition (every node scores its best part's calibrated path probability at the rank
-it holds among its siblings, and nothing left out scores more than what the tree kept)."""
+"""Sibling and source calibration (`_kernels/learn.py`: `count_tree`, `rank_factor`,
+`group_factor`; `_kernels/draft.py`): the judged drafts against a brute-force judge of the trees,
+the factors against their formulas, the counts a proposer collects from its own rounds, and
+calibrated trees against a brute-force check of their definition (every node scores its best
+part's calibrated path probability at the rank it holds among its siblings, with its part's group
+factor, and nothing left out scores more than what the tree kept)."""
 
 import bisect
 import random
@@ -34,9 +35,22 @@ def _factor(cal, rank, share, strength):
     return f
 
 
-def _judge(tokens, parents, shares, committed, cal):
+def _group_factor(gcal, g, strength):
+    if g < 0:
+        return 1.0
+    hits, expected, trials = gcal[g]
+    return 1.0 if trials <= 0 else min(lk.GROUP_MAX, (hits + strength) / (expected + strength))
+
+
+def _group(cls, agree):
+    """Corpus parts only; -1: no group (factor 1)."""
+    return cls * lk.N_AGREE + min(agree, lk.N_AGREE - 1) if cls == lk.CLS_CORPUS else -1
+
+
+def _judge(tokens, parents, shares, committed, cal, groups=None, steps=None, gcal=None):
     """Brute force: a node is judged when its parent's path equals the committed tokens' prefix
-    and the committed tokens reach its depth; a hit when its path equals that prefix too."""
+    and the committed tokens reach its depth; a hit when its path equals that prefix too. With
+    `gcal`, its group's row counts it too, expecting its step."""
     paths, hits = [], 0
     for i in range(len(tokens)):
         p = parents[i]
@@ -47,7 +61,10 @@ def _judge(tokens, parents, shares, committed, cal):
         rank = sum(1 for j in range(i) if parents[j] == p)
         cell = cal[min(rank, 3), _share_bucket(shares[i])]
         cell += (0.0, shares[i], 1.0)
-        if path[-1] == committed[len(path) - 1]:
+        hit = path[-1] == committed[len(path) - 1]
+        if gcal is not None and groups[i] >= 0:
+            gcal[groups[i]] += (float(hit), steps[i], 1.0)
+        if hit:
             cell[0] += 1.0
             hits += 1
     return hits
@@ -81,6 +98,20 @@ def test_share_buckets_and_factor_equal_their_definition():
         assert got == pytest.approx(_factor(cal, rank, share, strength))
         assert 0 < got <= 1 and got <= lk.rank_factor(cal, max(rank - 1, 0), share, strength)  # never more for a later sibling
         assert lk.rank_factor(empty, rank, share, strength) == 1.0
+    empty = lk.new_group_calibration()
+    for _ in range(300):
+        gcal = lk.new_group_calibration()
+        gcal[:, lk.CAL_TRIALS] = rng.integers(0, 3, lk.N_GROUPS)
+        gcal[:, lk.CAL_EXPECT] = rng.random(lk.N_GROUPS) * 3
+        gcal[:, lk.CAL_HITS] = rng.random(lk.N_GROUPS) * 3
+        g, strength = int(rng.integers(-1, lk.N_GROUPS)), float(rng.choice([0.5, 4.0, 16.0]))
+        got = lk.group_factor(gcal, g, strength)
+        assert got == pytest.approx(_group_factor(gcal, g, strength)) and 0 < got <= lk.GROUP_MAX
+        assert lk.group_factor(empty, g, strength) == 1.0
+    for cls in range(lk.N_CLASSES):
+        for agree in range(6):
+            assert lk.group(cls, agree) == _group(cls, agree) < lk.N_GROUPS
+    assert lk.group(lk.CLS_CORPUS, 1) >= 0 and lk.group(lk.CLS_OWN, 1) == lk.group(lk.CLS_CACHE, 0) == -1
 
 
 def test_count_tree_equals_a_brute_force_judge():
@@ -90,12 +121,16 @@ def test_count_tree_equals_a_brute_force_judge():
         tokens, parents, shares = _random_tree(rng, n, alphabet)
         committed = np.array([rng.randrange(alphabet) for _ in range(rng.randrange(0, 8))], np.int32)
         cal = np.random.default_rng(trial).random((lk.N_RANKS, lk.N_SHARES, lk.CAL_COLS))
-        expect = cal.copy()
+        gcal = np.random.default_rng(trial + 1000).random((lk.N_GROUPS, lk.CAL_COLS))
+        groups = np.array([rng.randrange(-1, lk.N_GROUPS) for _ in range(n)], np.int32)
+        steps = np.array([rng.random() for _ in range(n)])
+        expect, gexpect = cal.copy(), gcal.copy()
         pad = rng.randrange(0, 5)  # the tree at [pad, pad + n) of the arena blocks
-        blocks = [np.concatenate([np.full(pad, -7, a.dtype), a, np.full(3, -7, a.dtype)]) for a in (tokens, parents, shares)]
-        hits = lk.count_tree(*blocks, pad, pad + n, committed, cal)
-        assert hits == _judge(tokens, parents, shares, committed, expect), trial
-        assert np.allclose(cal, expect), trial
+        blocks = [np.concatenate([np.full(pad, -7, a.dtype), a, np.full(3, -7, a.dtype)])
+                  for a in (tokens, parents, shares, groups, steps)]
+        hits = lk.count_tree(*blocks, pad, pad + n, committed, cal, gcal)
+        assert hits == _judge(tokens, parents, shares, committed, expect, groups, steps, gexpect), trial
+        assert np.allclose(cal, expect) and np.allclose(gcal, gexpect), trial
 
 
 def test_calibration_counts_the_proposers_own_rounds():
@@ -106,7 +141,7 @@ def test_calibration_counts_the_proposers_own_rounds():
     sam = SuffixAutomaton()
     sam.add_document(docs[0])
     prop = Proposer(corpus=sam.freeze(), global_cache=False)
-    expect = lk.new_calibration()
+    expect, gexpect = lk.new_calibration(), lk.new_group_calibration()
     for request in range(3):
         s = prop.start([rng.randrange(3) for _ in range(8)])
         for round_ in range(12):
@@ -114,18 +149,20 @@ def test_calibration_counts_the_proposers_own_rounds():
             tree = s.propose(budget) if round_ % 2 else prop.propose_batch([s], budget)[0]
             committed = [rng.randrange(3) for _ in range(rng.randrange(1, 5))]
             if len(tree):
-                tokens, parents, shares, a, e = s._judged
+                tokens, parents, shares, groups, steps, a, e = s._judged
                 assert np.array_equal(tokens[a:e], tree.tokens) and np.array_equal(parents[a:e], tree.parents)
-                _judge(tree.tokens, tree.parents, shares[a:e], committed, expect)
+                _judge(tree.tokens, tree.parents, shares[a:e], committed, expect, groups[a:e], steps[a:e], gexpect)
             s.extend(committed)
             assert np.allclose(prop.calibration(), expect), (request, round_)
+            assert np.allclose(prop.group_calibration(), gexpect), (request, round_)
         s.close()
     assert expect[..., lk.CAL_TRIALS].sum() > 20  # the check saw judged drafts
+    assert (gexpect[:, lk.CAL_TRIALS] > 0).sum() >= 2  # of several groups (corpus parts only)
     off = Proposer(learn=False, global_cache=False)
     s = off.start([1, 2, 1, 2, 1])
     s.propose(8)
     s.extend([2, 1])
-    assert not off.calibration().any()
+    assert not off.calibration().any() and not off.group_calibration().any()
 
 
 def _level_lengths(docs, text, min_count, levels):
@@ -142,10 +179,12 @@ def _level_lengths(docs, text, min_count, levels):
     return out
 
 
-def _check_calibrated_tree(tree, parts, cal, strength, budget):
-    """`parts`: one dict per part, path -> uncalibrated path probability (exhaustive). A node's
-    step share in a part is its probability over its parent's; the part's calibrated probability
-    multiplies the shares by `_factor` at the rank each node holds (its index among siblings).
+def _check_calibrated_tree(tree, parts, cal, strength, budget, classes, gcal):
+    """`parts`: one dict per part, path -> uncalibrated path probability (exhaustive), of source
+    class `classes[q]`. A node's step share in a part is its probability over its parent's; the
+    part's calibrated probability multiplies each step by min(1, share times the group factor of
+    its class and, at the root, of the number of parts proposing the token), then by `_factor` at
+    the rank the node holds (its index among siblings).
     Checks: every node scores the max over parts of that; nodes come best first; and no child left
     out (at the rank it would take) scores more than the tree's last node, or exists at all when
     the tree is not full."""
@@ -153,6 +192,15 @@ def _check_calibrated_tree(tree, parts, cal, strength, budget):
     n = len(tree)
     paths, rank, kids = [], [], {}
     reach = [dict() for _ in parts]  # part -> node -> calibrated probability
+    agree = {}
+    for part in parts:
+        for path in part:
+            if len(path) == 1:
+                agree[path] = agree.get(path, 0) + 1
+
+    def step(q, path, share):
+        g = _group(classes[q], agree[path] if len(path) == 1 else 0)
+        return min(1.0, share * _group_factor(gcal, g, strength))
     for i in range(n):
         p = int(tree.parents[i])
         path = (paths[p] if p >= 0 else ()) + (int(tree.tokens[i]),)
@@ -164,7 +212,7 @@ def _check_calibrated_tree(tree, parts, cal, strength, budget):
             if path not in part or (p >= 0 and p not in reach[q]):
                 continue
             share = part[path] / (part[path[:-1]] if p >= 0 else 1.0)
-            reach[q][i] = (reach[q][p] if p >= 0 else 1.0) * share * _factor(cal, rank[i], share, strength)
+            reach[q][i] = (reach[q][p] if p >= 0 else 1.0) * step(q, path, share) * _factor(cal, rank[i], share, strength)
             best = max(best, reach[q][i])
         assert tree.scores[i] == pytest.approx(best), (i, path)
         if i:
@@ -179,7 +227,7 @@ def _check_calibrated_tree(tree, parts, cal, strength, budget):
             if p is None or (p >= 0 and p not in reach[q]):
                 continue
             share = prob / (part[path[:-1]] if p >= 0 else 1.0)
-            value = (reach[q][p] if p >= 0 else 1.0) * share * _factor(cal, kids.get(p, 0), share, strength)
+            value = (reach[q][p] if p >= 0 else 1.0) * step(q, path, share) * _factor(cal, kids.get(p, 0), share, strength)
             assert value <= floor + 1e-9, (path, value, floor)
 
 
@@ -207,16 +255,22 @@ def test_calibrated_trees_equal_their_brute_force_definition(alphabet):
             cal[..., lk.CAL_TRIALS] = np_rng.integers(0, 3, cal.shape[:2])
             cal[..., lk.CAL_EXPECT] = np_rng.random(cal.shape[:2]) * 3
             cal[..., lk.CAL_HITS] = np_rng.random(cal.shape[:2])
-            prop._calibration[...] = cal  # the table the kernels read (in place: frames name it)
+            prop._calibration[...] = cal  # the tables the kernels read (in place: frames name them)
+            gcal = lk.new_group_calibration()
+            gcal[:, lk.CAL_TRIALS] = np_rng.integers(0, 2, lk.N_GROUPS)
+            gcal[:, lk.CAL_EXPECT] = np_rng.random(lk.N_GROUPS) * 8
+            gcal[:, lk.CAL_HITS] = np_rng.random(lk.N_GROUPS) * 8
+            prop._group_cal[...] = gcal
             local, glob = session._stats.copy(), prop.learned()
             budget = rng.randrange(1, 20)
             tree = session.propose(budget)
-            parts = []
+            parts, classes = [], []
             for docs, min_count, cls in (([text], 2, lk.CLS_OWN), (corpus_docs, 1, lk.CLS_CORPUS)):
                 for length in _level_lengths(docs, text, min_count, prop.match_levels):
+                    classes.append(cls)
                     parts.append(_naive_part_candidates(docs, text[len(text) - length :], min_count, 1, 1.37, 0.5, 5,
                                                         lambda m, cls=cls: _conf(local, glob, cls, m, 1.37)))
-            _check_calibrated_tree(tree, parts, cal, strength, budget)
+            _check_calibrated_tree(tree, parts, cal, strength, budget, classes, gcal)
             checked += len(tree)
     assert checked > 100
 
@@ -281,3 +335,43 @@ def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
             b.close()
         assert not blank._current_sources().tops.any()
         assert max(int(tops[0].max()) for tops in prop._current_sources().held_tops) >= 0  # states with a row
+
+
+def test_a_corpus_whose_lone_guesses_fail_is_discounted():
+    """A stale corpus that always continues a context with another token than the request does:
+    its lone root guesses are judged misses, its group's factor falls below 1, and a later tree
+    scores that guess lower than the same session's tree with the group table emptied."""
+    from suffixspec._kernels import draft as dk
+
+    rng = np.random.default_rng(3)
+    words = [rng.integers(10, 60, 6).tolist() for _ in range(40)]
+    stale = SuffixAutomaton()
+    stale.add_document([t for w in words for t in w + [7]])  # the corpus: every word then 7
+    prop = Proposer(corpus=stale.freeze(), global_cache=False)
+    for w in words[:30]:  # the requests: every word then 8
+        s = prop.start(w)
+        for _ in range(3):
+            s.propose(16)
+            s.extend([8])
+            s.propose(16)
+            s.extend(w)
+        s.close()
+    lone = lk.group(lk.CLS_CORPUS, 1)
+    table = prop.group_calibration()
+    assert table[lone, lk.CAL_TRIALS] > 20 and table[lone, lk.CAL_HITS] == 0
+    assert lk.group_factor(table, lone, prop.params[dk.P_CAL_STRENGTH]) < 0.6
+
+    def root_scores(tree):
+        return {int(t): float(x) for t, x, p in zip(tree.tokens, tree.scores, tree.parents) if p < 0}
+
+    lowered = 0
+    for w in words[30:]:
+        s = prop.start(w)
+        with_table = root_scores(s.propose(16))
+        prop._group_cal[...] = 0.0  # in place: the frames name the table
+        without = root_scores(s.propose(16))
+        prop._group_cal[...] = table
+        s.close()
+        assert 7 in without and with_table.get(7, 0.0) < without[7]
+        lowered += 1
+    assert lowered == 10

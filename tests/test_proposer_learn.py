@@ -123,7 +123,7 @@ def test_trees_with_learned_confidence_equal_brute_force(alphabet):
         for d in corpus_docs:
             sam.add_document(d)
         prop = Proposer(corpus=sam.freeze(), global_cache=False, max_children=64, max_depth=5, match_prior=1.0,
-                        recency=0.5)
+                        recency=0.5, match_levels=2)
         warm = prop.start([rng.randrange(alphabet) for _ in range(6)])
         warm.extend([rng.randrange(alphabet) for _ in range(10)])
         warm.close()
@@ -136,7 +136,7 @@ def test_trees_with_learned_confidence_equal_brute_force(alphabet):
         budget = rng.randrange(1, 20)
         tree = session.propose(budget)
         _check_tree_invariants(tree)
-        # the proposer's default match_levels: 2 matched suffixes per source
+        # match_levels 2: 2 matched suffixes per source
         union = _naive_part_candidates([text], text, 2, 2, 1.0, 0.5, 5, lambda n: _conf(local, glob, lk.CLS_OWN, n))
         for path, score in _naive_part_candidates(corpus_docs, text, 1, 2, 1.0, 0.5, 5,
                                                   lambda n: _conf(local, glob, lk.CLS_CORPUS, n)).items():

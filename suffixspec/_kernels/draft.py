@@ -90,9 +90,10 @@ def _heap_pop(hkey, hval, n):
 
 WS_HEADER = 3  # the int64 buffer's header: cap, budget, n_sources
 WS_CAP, WS_BUDGET, WS_SOURCES = 0, 1, 2
-# candidate rows: token, parent (output node, -1: the context), state, matched length, depth, part
-C_TOK, C_PARENT, C_STATE, C_LEN, C_DEPTH, C_PART = range(6)
-CAND_COLS = 6
+# candidate rows: token, parent (output node, -1: the context), state, matched length, depth, part,
+# group (`learn.group`)
+C_TOK, C_PARENT, C_STATE, C_LEN, C_DEPTH, C_PART, C_GROUP = range(7)
+CAND_COLS = 7
 # rows of the children of one state: token, state, count, last end position
 K_TOK, K_STATE, K_COUNT, K_LAST = range(4)
 KID_COLS = 4
@@ -177,8 +178,8 @@ def make_workspace(budget, max_children, n_sources):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts, budget, params, ws, out_tok, out_par,
-           out_depth, out_prob, out_share, at):
+def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_parts, budget, params, ws, out_tok,
+           out_par, out_depth, out_prob, out_share, out_group, out_step, at):
     """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
     the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
     context in a source: the live automaton (source -1, counts through its link-cut tree, which
@@ -194,7 +195,12 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
     path scoring the max over parts, and the work stops there: no part is expanded past what the
     merged tree keeps. Every part's step into a node is calibrated at the node's rank (module
     docstring; `cal` is the calibration table, `out_share` gets each node's share in the part that
-    created it). `tops` (a `frozen.top_table`) gives the best children of frozen states with many.
+    created it). A part's step is also multiplied by `learn.group_factor` of the node's group in
+    `gcal` (its class, and at the root how many parts proposed the token: known once every part's
+    context is expanded, when the root candidates are re-scored: no candidate is popped and no
+    chain taken before), never above 1; `out_group` and `out_step` get each node's group and its step before that
+    factor (`learn.count_tree` judges both tables). `tops` (a `frozen.top_table`) gives the best
+    children of frozen states with many.
 
     Written as one loop on purpose: passing arrays to helper functions costs reference-count
     traffic per call, which dominated the per-node cost.
@@ -229,6 +235,13 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
     n_heap = 0
     n_out = 0
     seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
+    # the root candidates re-scored with their groups, once every part is seeded (only needed when
+    # some part has groups: until then nothing is popped and no chain is taken)
+    rooted = True
+    for i in range(n_parts):
+        if part_src[i] >= 0 and learn.group(cls_rows[part_src[i]], 1) >= 0:
+            rooted = False
+    gf = 1.0  # the group factor of inner nodes of the part at hand
     direct = -1  # a candidate to pop next without going through the heap
     direct_p = 0.0
     here = -1  # the expansion at hand: output node `here` (-1: the context) through part q
@@ -238,6 +251,23 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
     depth = 0
     p = 1.0
     while budget > 0:
+        if seeded == n_parts and not rooted:
+            # every part's root candidates are in (nothing popped yet): each gets its group, with
+            # the number of parts that proposed its token, and its factor; the heap is rebuilt
+            rooted = True
+            direct = -1
+            n_heap = 0
+            for c in range(n_cand):
+                src = part_src[cand[c, C_PART]]
+                if src >= 0 and learn.group(cls_rows[src], 1) >= 0:  # only parts with groups
+                    agree = 0
+                    for c2 in range(n_cand):
+                        if cand[c2, C_TOK] == cand[c, C_TOK]:
+                            agree += 1
+                    g = learn.group(cls_rows[src], agree)
+                    cand[c, C_GROUP] = g
+                    cand_p[c] = min(1.0, cand_share[c] * learn.group_factor(gcal, g, cal_strength))
+                n_heap = _heap_push(hkey, hval, n_heap, cand_p[c], c)
         if seeded < n_parts:
             q = seeded
             seeded += 1
@@ -270,8 +300,10 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
             # the step is calibrated for the node's rank; a key computed at a lower rank bounds
             # it from above, so a discounted candidate waits in the heap for its turn
             pc = cand_p[c]
+            rf = 1.0
             if rank > 0 or cal_on:
-                pc *= learn.rank_factor(cal, rank, cand_share[c], cal_strength)
+                rf = learn.rank_factor(cal, rank, cand_share[c], cal_strength)
+                pc *= rf
             if pc < p:
                 if pc >= min_prob:
                     n_heap = _heap_push(hkey, hval, n_heap, pc, c)
@@ -282,6 +314,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
                 out_par[at + x] = parent
                 out_prob[at + x] = p
                 out_share[at + x] = cand_share[c]
+                out_group[at + x] = cand[c, C_GROUP]
+                out_step[at + x] = cand_share[c] * rf
                 node_rank[x] = rank
                 out_depth[at + x] = cand[c, C_DEPTH]
                 next_sib[x] = first_child[slot]
@@ -296,6 +330,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
             q = cand[c, C_PART]
         live = part_src[q] < 0
         cls = learn.CLS_OWN if live else cls_rows[part_src[q]]
+        gf = learn.group_factor(gcal, learn.group(cls, 0), cal_strength)
         if not live:
             offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
             row_of, top_edges, top_totals = top_arrays(tops, part_src[q])
@@ -306,7 +341,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
         # child is the next pop whatever happens; it is taken without candidate, heap or
         # child-selection bookkeeping (the usual case along a copied block). Same formula as
         # below, where a lone child's share is (cnt + rec cnt) / (cnt (1 + rec)).
-        while seeded >= n_parts and not (max_depth > 0 and depth + 1 > max_depth):
+        while seeded >= n_parts and rooted and not (max_depth > 0 and depth + 1 > max_depth):
             if live:
                 e = S[v, sk.HEAD]
                 if e == -1 or E[e, sk.NEXT] != -1:
@@ -330,6 +365,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
             total = float(cnt)
             cf = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength)
             prob = (cnt + rec * total) * (p * cf / (total * (1.0 + rec)))
+            if gf < 1.0:
+                prob *= gf
             if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
                 break
             slot = budget if here < 0 else here
@@ -340,8 +377,10 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
                 rank += 1
             if x != -1:
                 rank = node_rank[x]
+            rf = 1.0
             if rank > 0 or cal_on:
-                pc = prob * learn.rank_factor(cal, rank, cf, cal_strength)
+                rf = learn.rank_factor(cal, rank, cf, cal_strength)
+                pc = prob * rf
                 if pc < prob:  # discounted at its rank: still the next pop?
                     if pc < min_prob or (n_heap > 0 and not pc > hkey[0]):
                         break
@@ -352,6 +391,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
                 out_par[at + x] = here
                 out_prob[at + x] = prob
                 out_share[at + x] = cf
+                out_group[at + x] = learn.group(cls, 0)
+                out_step[at + x] = cf * rf
                 node_rank[x] = rank
                 out_depth[at + x] = depth + 1
                 next_sib[x] = first_child[slot]
@@ -460,7 +501,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
         if k == 0 or total <= 0:
             continue
         step = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength) / (total * (1.0 + rec))
-        scale = p * step
+        scale = p * step * (gf if here >= 0 else 1.0)  # a root's factor waits for its agreement
         bonus = rec * total  # the most recent child's (kids[i, K_LAST] == top)
         # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
         # recent one), ties in gather order: one pass over the k children, inserting into the
@@ -492,7 +533,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts,
             cand[n_cand, C_LEN] = length + 1
             cand[n_cand, C_DEPTH] = depth + 1
             cand[n_cand, C_PART] = q
-            if taken == 0 and seeded >= n_parts and (n_heap == 0 or prob > hkey[0]):
+            cand[n_cand, C_GROUP] = learn.group(cls, 0)
+            if taken == 0 and seeded >= n_parts and rooted and (n_heap == 0 or prob > hkey[0]):
                 # the best child, more probable than every waiting candidate, is the next pop:
                 # it skips the heap (its siblings score no higher)
                 direct = n_cand

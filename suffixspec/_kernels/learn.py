@@ -201,16 +201,77 @@ def rank_factor(cal, rank, share, strength):
     return f
 
 
+# -- Source calibration. A node's *group* names the part that created it: its source class and, at
+# the root, how many parts proposed its token there (1, 2, 3+: parts that agree on the next token
+# are right more often than a lone one; an inner node's agreement bucket is 0). Only corpus parts
+# have groups (the table keeps a row per class): discounting the request's own and past responses'
+# parts as well, measured, lost acceptance on chat without a corpus. Its *step* is the
+# probability it was given over its parent's before the group's factor: its share times its rank
+# factor. A group table is float64 [N_GROUPS, 3] (columns CAL_HITS, CAL_EXPECT: the sum of the
+# judged nodes' steps, CAL_TRIALS), judged like the sibling calibration; `group_factor` is what the
+# draft kernel multiplies a part's step by (the path probability never above its parent's):
+#
+#     factor(g) = min(GROUP_MAX, (hits + strength) / (expected + strength))     (1 with no trials)
+#
+# Never above 1, like the sibling factor: a group that was over-trusted (a stale corpus's lone
+# guess at the next token) is lowered; one accepted more often than its steps said is left as it
+# is (raising the request's own deep chains, measured, lost acceptance). The proposer's table halves
+# a group once its trials pass GLOBAL_CAP.
+N_AGREE = 4
+N_GROUPS = N_CLASSES * N_AGREE
+GROUP_MAX = 1.0
+
+
+def new_group_calibration() -> np.ndarray:
+    """An empty group table."""
+    return np.zeros((N_GROUPS, CAL_COLS), np.float64)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def group(cls, agree):
+    """The group of a node created by a part of class `cls`; `agree`: at the root, the number of
+    parts that proposed its token (>= 1), 0 for an inner node. -1 (no group: factor 1, not
+    judged) unless `cls` is CLS_CORPUS."""
+    if cls != CLS_CORPUS:
+        return -1
+    return cls * N_AGREE + min(agree, N_AGREE - 1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def group_factor(gcal, g, strength):
+    """The factor of group `g` (see above)."""
+    if g < 0:
+        return 1.0
+    t = gcal[g, CAL_TRIALS]
+    if t <= 0:
+        return 1.0
+    return min(GROUP_MAX, (gcal[g, CAL_HITS] + strength) / (gcal[g, CAL_EXPECT] + strength))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _judge(cal, r, b, share, hit):
+    cal[r, b, CAL_TRIALS] += 1.0
+    cal[r, b, CAL_EXPECT] += share
+    if hit:
+        cal[r, b, CAL_HITS] += 1.0
+    if cal[r, b, CAL_TRIALS] > GLOBAL_CAP:
+        cal[r, b, CAL_TRIALS] *= 0.5
+        cal[r, b, CAL_EXPECT] *= 0.5
+        cal[r, b, CAL_HITS] *= 0.5
+
+
 @njit(cache=True, nogil=True)
-def count_tree(tokens, parents, shares, a, e, committed, cal):
+def count_tree(tokens, parents, shares, groups, steps, a, e, committed, cal, gcal):
     """Judge the tree at [a, e) of the arena blocks (parents local to the tree, parents before
     children) by the tokens committed after it: every node whose parent lay on the committed path
-    (the root does), at a depth the committed tokens reach, is a trial of its (rank, share) cell,
-    a hit when its token is the committed one. Returns the number of hits (accepted drafts)."""
+    (the root does), at a depth the committed tokens reach, is a trial of its (rank, share) cell of
+    `cal` and of its group of `gcal` (expected: its step), a hit when its token is the committed
+    one. Returns the number of hits (accepted drafts)."""
     n = e - a
     on_path = np.zeros(n, np.bool_)
     depth = np.zeros(n, np.int64)
     kids = np.zeros(n + 1, np.int64)  # children seen so far, per node (index n: the root)
+    gcal2 = gcal.reshape((1, gcal.shape[0], gcal.shape[1]))
     hits = 0
     m = committed.shape[0]
     for i in range(n):
@@ -224,15 +285,10 @@ def count_tree(tokens, parents, shares, a, e, committed, cal):
             continue
         hit = tokens[a + i] == committed[d - 1]
         on_path[i] = hit
-        r = min(rank, N_RANKS - 1)
-        b = share_bucket(shares[a + i])
-        cal[r, b, CAL_TRIALS] += 1.0
-        cal[r, b, CAL_EXPECT] += shares[a + i]
         if hit:
-            cal[r, b, CAL_HITS] += 1.0
             hits += 1
-        if cal[r, b, CAL_TRIALS] > GLOBAL_CAP:
-            cal[r, b, CAL_TRIALS] *= 0.5
-            cal[r, b, CAL_EXPECT] *= 0.5
-            cal[r, b, CAL_HITS] *= 0.5
+        _judge(cal, min(rank, N_RANKS - 1), share_bucket(shares[a + i]), shares[a + i], hit)
+        g = groups[a + i]
+        if 0 <= g < gcal.shape[0]:
+            _judge(gcal2, 0, g, steps[a + i], hit)
     return hits

@@ -39,25 +39,27 @@ CUR_STATE, CUR_LEN = 0, 1
 CUR_COLS = 2
 
 (F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
- F_GLOBAL, F_CAL, F_TOPS) = range(14)
-FRAME_LEN = 14
+ F_GLOBAL, F_CAL, F_TOPS, F_GCAL) = range(15)
+FRAME_LEN = 15
 STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
-def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops) -> np.ndarray:
+def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops, gcal) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
     `source_table` they index and their source classes (int64 [n]), the proposer's params and
-    knobs, the session's and the proposer's learn stats tables and the proposer's calibration table
-    and the sources' `frozen.top_table` (the caller keeps them alive)."""
+    knobs, the session's and the proposer's learn stats tables, the proposer's calibration table,
+    the sources' `frozen.top_table` and the proposer's group table (`learn.new_group_calibration`;
+    the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
         raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
     stats_shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
     if (cls_rows.shape != (cur.shape[0],) or cls_rows.dtype != np.int64 or local.shape != stats_shape
             or glob.shape != stats_shape or not (local.flags.c_contiguous and glob.flags.c_contiguous)
-            or cal.shape != (learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS) or not cal.flags.c_contiguous):
-        raise InternalError("session_frame: expected int64 classes per cursor row, two C stats tables and a C "
-                            "calibration table")
+            or cal.shape != (learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS) or not cal.flags.c_contiguous
+            or gcal.shape != (learn.N_GROUPS, learn.CAL_COLS) or gcal.dtype != np.float64 or not gcal.flags.c_contiguous):
+        raise InternalError("session_frame: expected int64 classes per cursor row, two C stats tables, a C "
+                            "calibration table and a C group table")
     if tops.shape != (cur.shape[0], 2 * N_TOP_ARRAYS) or tops.dtype != np.int64:
         raise InternalError(f"session_frame: expected a top table [n, {2 * N_TOP_ARRAYS}], got {tops.shape}")
     if live.shape != (sk.LIVE_LEN,):
@@ -72,17 +74,19 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
     frame[F_LOCAL], frame[F_GLOBAL] = address(local, np.float64), address(glob, np.float64)
     frame[F_CAL] = address(cal, np.float64)
     frame[F_TOPS] = address(tops, np.int64)
+    frame[F_GCAL] = address(gcal, np.float64)
     return frame
 
 
 @njit(cache=True, nogil=True, inline="always")
-def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal, budget, params, min_match, levels,
-                ws, out_tok, out_par, out_depth, out_prob, out_share, at):
+def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal, gcal, budget, params, min_match,
+                levels, ws, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at):
     """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
 
     Row j of `frozen` (a `source_table`) holds the source of cursor row j, of class cls_rows[j];
-    `local` and `glob` are the session's and the proposer's learn stats, `cal` the proposer's
-    calibration table; `out_share` gets each node's share (`learn.count_tree` reads it)."""
+    `local` and `glob` are the session's and the proposer's learn stats, `cal` and `gcal` the
+    proposer's calibration and group tables; `out_share`, `out_group` and `out_step` get each node's
+    share, group and step (`learn.count_tree` reads them)."""
     part_src, part_state, part_len = ws[dk.V_PART_SRC], ws[dk.V_PART_STATE], ws[dk.V_PART_LEN]
     n_parts = 0
     last = M[sk.LAST_STATE]
@@ -118,8 +122,8 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
             length = lens[state] if state > 0 else 0
     if n_parts == 0:
         return 0, stack
-    return dk.expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, n_parts, budget, params, ws,
-                     out_tok, out_par, out_depth, out_prob, out_share, at)
+    return dk.expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_parts, budget, params, ws,
+                     out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at)
 
 
 # propose_framed's result: the tree's first arena node above TREE_SHIFT bits, its node count below
@@ -134,14 +138,14 @@ def tree_span(r: int) -> tuple[int, int]:
 
 
 def set_arena(wsf, out_i32, out_f64) -> None:
-    """Give a workspace frame a fresh output arena: tokens, parents and depths of up to `cap`
-    nodes in out_i32 (int32[3 cap]: three blocks of cap), probabilities and shares in out_f64
-    (float64[2 cap]: two blocks).
+    """Give a workspace frame a fresh output arena: tokens, parents, depths and groups of up to
+    `cap` nodes in out_i32 (int32[4 cap]: four blocks of cap), probabilities, shares and steps in
+    out_f64 (float64[3 cap]: three blocks).
     Trees are written one after another and handed out as views, so the arrays must never be
     written again by anyone else (the caller keeps them alive while the frame can be read)."""
-    cap = out_f64.shape[0] // 2
-    if out_i32.shape != (3 * cap,) or out_f64.shape != (2 * cap,):
-        raise InternalError(f"set_arena: expected int32[{3 * cap}] beside float64[{2 * cap}], got {out_i32.shape}")
+    cap = out_f64.shape[0] // 3
+    if out_i32.dtype != np.int32 or out_i32.shape != (4 * cap,) or out_f64.shape != (3 * cap,):
+        raise InternalError(f"set_arena: expected int32[{4 * cap}] beside float64[{3 * cap}], got {out_i32.dtype}{out_i32.shape}")
     wsf[dk.WS_OUT_I32], wsf[dk.WS_OUT_F64] = address(out_i32, np.int32), address(out_f64, np.float64)
     wsf[dk.WS_OUT_CAP], wsf[dk.WS_OUT_OFF] = cap, 0
 
@@ -151,7 +155,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
     """`propose_one` for the session whose `session_frame` lies at `frame_addr`, in the workspace
     whose `dk.workspace_frame` lies at `wsf_addr`, into the next free nodes of its output arena.
     Returns (offset << TREE_SHIFT) | count (`tree_span` decodes it): the tree lies at
-    [offset, offset + count) of the arena's four blocks; -1 (nothing written) when the workspace
+    [offset, offset + count) of the arena's seven blocks; -1 (nothing written) when the workspace
     is too small for `budget` nodes from the session's parts or the arena has no room for them.
     Three integer arguments and no output allocation (passing the arrays themselves costs the
     dispatcher a type check and unboxing per array); the addresses
@@ -165,7 +169,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
     n_parts = (1 + frame[F_CUR_ROWS]) * frame[F_LEVELS]
     if budget < 1 or budget > header[dk.WS_BUDGET] or n_parts > header[dk.WS_SOURCES] or off + budget > cap:
         return -1
-    out = view_i32(wsf[dk.WS_OUT_I32], 3 * cap)
+    out = view_i32(wsf[dk.WS_OUT_I32], 4 * cap)
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
@@ -176,17 +180,19 @@ def propose_framed(frame_addr, wsf_addr, budget):
     local = view_f64(frame[F_LOCAL], STATS_LEN).reshape(shape)
     glob = view_f64(frame[F_GLOBAL], STATS_LEN).reshape(shape)
     cal = view_f64(frame[F_CAL], learn.CAL_LEN).reshape((learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS))
-    out_f64 = view_f64(wsf[dk.WS_OUT_F64], 2 * cap)
-    k, stack = propose_one(S, E, L, M, stack, cur, table, tops, cls_rows, local, glob, cal, budget, params,
+    gcal = view_f64(frame[F_GCAL], learn.N_GROUPS * learn.CAL_COLS).reshape((learn.N_GROUPS, learn.CAL_COLS))
+    out_f64 = view_f64(wsf[dk.WS_OUT_F64], 3 * cap)
+    k, stack = propose_one(S, E, L, M, stack, cur, table, tops, cls_rows, local, glob, cal, gcal, budget, params,
                            frame[F_MIN_MATCH], frame[F_LEVELS], dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap],
-                           out[2 * cap :], out_f64[:cap], out_f64[cap:], off)
+                           out[2 * cap : 3 * cap], out_f64[:cap], out_f64[cap : 2 * cap], out[3 * cap :],
+                           out_f64[2 * cap :], off)
     wsf[dk.WS_OUT_OFF] = off + k
     return (off << TREE_SHIFT) | k
 
 
 @njit(cache=True, nogil=True)
-def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
-                 n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, counts):
+def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
+                 c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
     loops (some trees differed from the serial kernel's); a call per share costs nothing."""
@@ -198,31 +204,33 @@ def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, 
     stack = np.empty(64, np.int32)
     for i in range(c, n, n_chunks):
         S, E, L, M = live[slots[i]]
-        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, tops, cls_rows, locals_[i], glob, cal, budgets[i],
-                               params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, out_share, starts[i])
+        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, tops, cls_rows, locals_[i], glob, cal, gcal,
+                               budgets[i], params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, out_share,
+                               out_group, out_step, starts[i])
         counts[i] = k
 
 
 @njit(cache=True, nogil=True)
-def propose_batch_serial(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match,
-                         levels, starts, out_tok, out_par, out_depth, out_prob, out_share):
+def propose_batch_serial(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
+                         levels, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step):
     """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`, learn stats
     `locals_[i]`) gets its tree at `out_*[starts[i]:]`; returns the node count of each. One thread,
     no parallel region: nothing to share with (or wait for) the model's OpenMP threads."""
     counts = np.zeros(slots.shape[0], np.int64)
-    _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, 0, 1,
-                 starts, out_tok, out_par, out_depth, out_prob, out_share, counts)
+    _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
+                 0, 1, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts)
     return counts
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propose_batch(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels,
-                  n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share):
+def propose_batch(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
+                  n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step):
     """`propose_batch_serial` split into `n_chunks` strided shares run in parallel (prange)."""
     counts = np.zeros(slots.shape[0], np.int64)
     for c in prange(n_chunks):
-        _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, budgets, params, min_match, levels, c,
-                     n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, counts)
+        _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
+                     levels, c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step,
+                     counts)
     return counts
 
 
