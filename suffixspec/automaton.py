@@ -458,6 +458,18 @@ class FrozenAutomaton(_Queries):
             got = self.__dict__["_kernel_arrays"] = tuple(out)
         return got
 
+    def edge_records(self) -> np.ndarray:
+        """`_kernels.frozen.edge_records` of the kernel arrays (the drafting kernel's children: an
+        edge's token, target and the target's count and last end, side by side), read-only; built
+        once and kept on the automaton (16 bytes per edge)."""
+        got = self.__dict__.get("_edge_records")
+        if got is None:
+            offsets, etok, eto, counts, lasts, _links, _lens = self.kernel_arrays()
+            got = fk.edge_records(etok, eto, counts, lasts)
+            got.flags.writeable = False
+            self.__dict__["_edge_records"] = got
+        return got
+
     def __reduce__(self):
         return (_rebuild_frozen, ({f: np.array(a) for f, a in self.arrays().items()},))
 

@@ -90,6 +90,7 @@ def _build(tokens: np.ndarray, starts: np.ndarray) -> FrozenAutomaton:
         sam.add_document(tokens[a:b])
     fa = sam.freeze()
     fa.kernel_arrays()
+    fa.edge_records()
     return fa
 
 

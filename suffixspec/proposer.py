@@ -160,7 +160,7 @@ class _Sources:
         # each row's source class (lk.CLS_*), as the kernels read it
         self.classes = np.array([lk.CLS_CORPUS] * len(static) + [lk.CLS_CACHE] * len(cached), np.int64)
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
-        self.held = [fa.kernel_arrays() for fa in self.automata]
+        self.held = [fa.kernel_arrays() + (fa.edge_records(),) for fa in self.automata]
         self.table = fk.source_table(self.held)
         # each source's best children of its states with many (fk.top_children), or None
         self.held_tops = [tops_of(fa) for fa in self.automata]
@@ -402,7 +402,7 @@ class Proposer:
         width = int(self.params[dk.P_MAX_CHILDREN]) + 1
         tops = None
         if width <= dk.CHILD_BUF:
-            tops = fk.top_children(offsets, etok, eto, counts, lasts, width, max(16, 2 * width))
+            tops = fk.top_children(offsets, etok, eto, counts, lasts, width, fk.top_min_children(width))
         self._tops[id(fa)] = (fa, tops)
         return tops
 

@@ -295,19 +295,49 @@ def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(3)
-    sources = [tuple(rng.integers(-5, 1000, int(rng.integers(0, 40))).astype(np.int32) for _ in range(7)) for _ in range(5)]
+    n = fk.N_SOURCE_ARRAYS
+    sources = [tuple(rng.integers(-5, 1000, int(rng.integers(0, 40))).astype(np.int32) for _ in range(n)) for _ in range(5)]
     table = fk.source_table(sources)
-    assert table.shape == (5, 14)
+    assert table.shape == (5, 2 * n)
     for j, arrs in enumerate(sources):
         got = _read_source(table, j)
         for a, b in zip(arrs, got):
             assert b.tolist() == a.tolist()
     with pytest.raises(InternalError, match="int32"):
-        fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(7))])
+        fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(n))])
     with pytest.raises(InternalError, match="C-contiguous"):
-        fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(7))])
-    with pytest.raises(InternalError, match="7 arrays"):
+        fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(n))])
+    with pytest.raises(InternalError, match=f"{n} arrays"):
         fk.source_table([(np.zeros(3, np.int32),)])
+
+
+def test_edge_records_pack_each_edge_with_its_target():
+    """`frozen.edge_records` against a loop over the edges: token, target, the target's count and
+    last end side by side; a target outside the states is kept with count and last 0."""
+    from suffixspec._kernels import frozen as fk
+
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        n, m = int(rng.integers(1, 30)), int(rng.integers(0, 60))
+        etok = rng.integers(0, 50, m).astype(np.int32)
+        eto = rng.integers(-3, n + 3, m).astype(np.int32)
+        counts = rng.integers(0, 100, n).astype(np.int32)
+        lasts = rng.integers(-1, 100, n).astype(np.int32)
+        got = fk.edge_records(etok, eto, counts, lasts).reshape(-1, fk.REC_COLS)
+        assert got.shape == (m, fk.REC_COLS)
+        for e in range(m):
+            w = int(eto[e])
+            ok = 0 <= w < n
+            want = [int(etok[e]), w, int(counts[w]) if ok else 0, int(lasts[w]) if ok else 0]
+            assert [int(got[e, c]) for c in (fk.REC_TOK, fk.REC_TO, fk.REC_COUNT, fk.REC_LAST)] == want
+    # the automaton's records are its kernel arrays', read-only, built once
+    sam = SuffixAutomaton([1, 2, 3, 1, 2, 4, 1, 2, 3])
+    fa = sam.freeze()
+    rec = fa.edge_records().reshape(-1, fk.REC_COLS)
+    assert rec[:, fk.REC_TOK].tolist() == fa.etok.tolist() and rec[:, fk.REC_TO].tolist() == fa.eto.tolist()
+    assert rec[:, fk.REC_COUNT].tolist() == fa.counts[fa.eto].tolist()
+    assert rec[:, fk.REC_LAST].tolist() == fa.lasts[fa.eto].tolist()
+    assert not fa.edge_records().flags.writeable and fa.edge_records() is fa.edge_records()
 
 
 def _read_source(table, j):
@@ -317,8 +347,9 @@ def _read_source(table, j):
 
     @njit
     def read(table, j):
-        offsets, etok, eto, counts, lasts, links, lens = fk.source_arrays(table, j)
-        return offsets.copy(), etok.copy(), eto.copy(), counts.copy(), lasts.copy(), links.copy(), lens.copy()
+        offsets, etok, eto, counts, lasts, links, lens, records = fk.source_arrays(table, j)
+        return (offsets.copy(), etok.copy(), eto.copy(), counts.copy(), lasts.copy(), links.copy(), lens.copy(),
+                records.copy())
 
     return read(table, j)
 

@@ -41,7 +41,7 @@ from . import learn
 from . import lct
 from . import sam as sk
 from .address import address, view_f64, view_i32, view_i64
-from .frozen import source_arrays, top_arrays
+from .frozen import REC_COLS, REC_COUNT, REC_LAST, REC_TO, REC_TOK, source_arrays, top_arrays, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
  P_CAL_STRENGTH) = range(8)
@@ -226,9 +226,10 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
     for i in range(budget + 1):
         first_child[i] = -1
     offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
-    etok, eto, counts, lasts = offsets, offsets, offsets, offsets
+    counts, lasts, erec = offsets, offsets, offsets  # (its children: through its edge records)
     row_of, top_edges, top_totals = offsets, offsets, offsets  # its best children of big states
     width = max_children + 1
+    min_row = top_min_children(width)  # states with no more children have no top row
     n_frozen = 0
     n_edges = 0
     n_cand = 0
@@ -332,11 +333,11 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
         cls = learn.CLS_OWN if live else cls_rows[part_src[q]]
         gf = learn.group_factor(gcal, learn.group(cls, 0), cal_strength)
         if not live:
-            offsets, etok, eto, counts, lasts, _links, _lens = source_arrays(frozen, part_src[q])
+            offsets, _etok, _eto, counts, lasts, _links, _lens, erec = source_arrays(frozen, part_src[q])
             row_of, top_edges, top_totals = top_arrays(tops, part_src[q])
             # every index read below is checked against these (a damaged source drafts nothing)
             n_frozen = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
-            n_edges = min(etok.shape[0], eto.shape[0])
+            n_edges = erec.shape[0] // REC_COLS
         # -- a chain: while v has one child, more probable than every waiting candidate, that
         # child is the next pop whatever happens; it is taken without candidate, heap or
         # child-selection bookkeeping (the usual case along a copied block). Same formula as
@@ -355,11 +356,11 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
                 lo = offsets[v]
                 if offsets[v + 1] != lo + 1 or not 0 <= lo < n_edges:
                     break
-                w = eto[lo]
+                w = erec[REC_COLS * lo + REC_TO]
                 if w < 0 or w >= n_frozen:
                     break
-                tok = etok[lo]
-                cnt = counts[w]
+                tok = erec[REC_COLS * lo + REC_TOK]
+                cnt = erec[REC_COLS * lo + REC_COUNT]
             if cnt <= 0:
                 break
             total = float(cnt)
@@ -461,7 +462,7 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
         elif 0 <= v < n_frozen:
             lo = offsets[v]
             hi = offsets[v + 1]
-            r = row_of[v] if v < row_of.shape[0] else -1
+            r = row_of[v] if hi - lo > min_row and v < row_of.shape[0] else -1
             if r >= 0 and 0 <= lo <= hi <= n_edges and (r + 1) * width <= top_edges.shape[0] and r < top_totals.shape[0]:
                 # a state with many children: its best ones and their count total, precomputed
                 # (`frozen.top_children`), instead of a scan of them all
@@ -469,31 +470,34 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
                     e = top_edges[r * width + i]
                     if e < 0:
                         break
-                    w = eto[e] if lo <= e < hi else -1
+                    w = erec[REC_COLS * e + REC_TO] if lo <= e < hi else -1
                     if w < 0 or w >= n_frozen:
                         k = 0  # damaged arrays: draft nothing from here
                         break
-                    kids[k, K_TOK] = etok[e]
+                    lst = erec[REC_COLS * e + REC_LAST]
+                    kids[k, K_TOK] = erec[REC_COLS * e + REC_TOK]
                     kids[k, K_STATE] = w
-                    kids[k, K_COUNT] = counts[w]
-                    kids[k, K_LAST] = lasts[w]
-                    if k == 0 or lasts[w] > top:
-                        top = lasts[w]
+                    kids[k, K_COUNT] = erec[REC_COLS * e + REC_COUNT]
+                    kids[k, K_LAST] = lst
+                    if k == 0 or lst > top:
+                        top = lst
                     k += 1
                 total = float(top_totals[r])
             elif 0 <= lo <= hi <= n_edges:
                 for e in range(lo, min(hi, lo + CHILD_BUF)):
-                    w = eto[e]
+                    w = erec[REC_COLS * e + REC_TO]
                     if w < 0 or w >= n_frozen:
                         k = 0  # damaged arrays: draft nothing from here
                         break
-                    kids[k, K_TOK] = etok[e]
+                    cnt = erec[REC_COLS * e + REC_COUNT]
+                    lst = erec[REC_COLS * e + REC_LAST]
+                    kids[k, K_TOK] = erec[REC_COLS * e + REC_TOK]
                     kids[k, K_STATE] = w
-                    kids[k, K_COUNT] = counts[w]
-                    kids[k, K_LAST] = lasts[w]
-                    total += counts[w]
-                    if k == 0 or lasts[w] > top:
-                        top = lasts[w]
+                    kids[k, K_COUNT] = cnt
+                    kids[k, K_LAST] = lst
+                    total += cnt
+                    if k == 0 or lst > top:
+                        top = lst
                     k += 1
                 if hi - lo > CHILD_BUF and counts[v] > total:
                     total = float(counts[v])  # children past the bound still hold their share

@@ -107,12 +107,43 @@ def out_edges(offsets, etok, eto, state):
     return etok[lo:hi].copy(), dst, True
 
 
+# A frozen automaton's edge records (`edge_records`), the drafting kernel's view of a state's
+# children: per edge e, rec[REC_COLS * e + REC_*] = its token, its target w, counts[w] and lasts[w].
+# The children of a state are one contiguous block of records, so reading them costs a cache line
+# per four children instead of a random line of `counts` and one of `lasts` per child (drafting
+# from a frozen source is bound by those misses; the arrays hardly fit the L2 cache).
+REC_COLS = 4
+REC_TOK, REC_TO, REC_COUNT, REC_LAST = range(REC_COLS)
+
+
+@njit(cache=True, nogil=True)
+def edge_records(etok, eto, counts, lasts):
+    """int32[REC_COLS * m], m = min(len(etok), len(eto)): the records of every edge (see above).
+    A target outside the states is kept as it is (the kernels check it) with count and last 0."""
+    n = min(counts.shape[0], lasts.shape[0])
+    m = min(etok.shape[0], eto.shape[0])
+    rec = np.empty(REC_COLS * m, np.int32)
+    for e in range(m):
+        w = eto[e]
+        i = REC_COLS * e
+        rec[i + REC_TOK] = etok[e]
+        rec[i + REC_TO] = w
+        if 0 <= w < n:
+            rec[i + REC_COUNT] = counts[w]
+            rec[i + REC_LAST] = lasts[w]
+        else:
+            rec[i + REC_COUNT] = 0
+            rec[i + REC_LAST] = 0
+    return rec
+
+
 # The proposal kernels take every frozen source of a session as one table: row j holds the
-# addresses of source j's seven int32 arrays (offsets, etok, eto, counts, lasts, links, lens),
-# then their lengths. One array argument, where a typed list of tuples cost ~0.9 us per call to
-# type-check and unbox. The caller keeps the arrays alive while kernels may read them.
-N_SOURCE_ARRAYS = 7
-SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS = range(N_SOURCE_ARRAYS)
+# addresses of source j's eight int32 arrays (offsets, etok, eto, counts, lasts, links, lens and
+# its `edge_records`), then their lengths. One array argument, where a typed list of tuples cost
+# ~0.9 us per call to type-check and unbox. The caller keeps the arrays alive while kernels may
+# read them.
+N_SOURCE_ARRAYS = 8
+SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS, SRC_RECORDS = range(N_SOURCE_ARRAYS)
 
 
 def address_table(arrays, width: int, name: str) -> np.ndarray:
@@ -133,18 +164,18 @@ def address_table(arrays, width: int, name: str) -> np.ndarray:
 
 
 def source_table(arrays) -> np.ndarray:
-    """The table of frozen sources from their arrays (7 C-contiguous int32 arrays each)."""
+    """The table of frozen sources from their arrays (8 C-contiguous int32 arrays each)."""
     return address_table(arrays, N_SOURCE_ARRAYS, "source_table")
 
 
 @njit(cache=True, nogil=True, inline="always")
 def source_arrays(table, j):
-    """(offsets, etok, eto, counts, lasts, links, lens) of row j of a `source_table`."""
+    """(offsets, etok, eto, counts, lasts, links, lens, records) of row j of a `source_table`."""
     n = N_SOURCE_ARRAYS
     return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
             view_i32(table[j, 2], table[j, n + 2]), view_i32(table[j, 3], table[j, n + 3]),
             view_i32(table[j, 4], table[j, n + 4]), view_i32(table[j, 5], table[j, n + 5]),
-            view_i32(table[j, 6], table[j, n + 6]))
+            view_i32(table[j, 6], table[j, n + 6]), view_i32(table[j, 7], table[j, n + 7]))
 
 
 # The best children of the frozen states with many (the proposal kernels' bounded gather): per
@@ -157,6 +188,13 @@ def source_arrays(table, j):
 # all-zero row: no table for that source.
 N_TOP_ARRAYS = 3
 TOP_ROW_OF, TOP_EDGES, TOP_TOTALS = range(N_TOP_ARRAYS)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def top_min_children(width):
+    """The `min_children` of the proposer's tables of `width`: a state with no more children has
+    no row, so the kernels read `row_of` only for states with more (a row gives what a scan would)."""
+    return max(16, 2 * width)
 
 
 @njit(cache=True, nogil=True)

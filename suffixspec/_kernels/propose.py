@@ -106,7 +106,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
         length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        _offsets, _etok, _eto, _counts, _lasts, links, lens = source_arrays(frozen, j)
+        _offsets, _etok, _eto, _counts, _lasts, links, lens, _rec = source_arrays(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
                 break
