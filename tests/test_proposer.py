@@ -340,6 +340,23 @@ def test_edge_records_pack_each_edge_with_its_target():
     assert not fa.edge_records().flags.writeable and fa.edge_records() is fa.edge_records()
 
 
+def test_prefetch_is_only_a_hint():
+    """`address.prefetch` changes nothing and never faults, at any index (outside: nothing)."""
+    from numba import njit
+
+    from suffixspec._kernels.address import prefetch
+
+    @njit
+    def touch(a, idx):
+        for i in idx:
+            prefetch(a, i)
+        return a.sum()
+
+    a = np.arange(1000, dtype=np.int32)
+    assert touch(a, np.array([-5, 0, 3, 999, 1000, 1 << 40], np.int64)) == a.sum()
+    assert a.tolist() == list(range(1000))
+
+
 def _read_source(table, j):
     from numba import njit
 

@@ -40,7 +40,7 @@ from numba import njit
 from . import learn
 from . import lct
 from . import sam as sk
-from .address import address, view_f64, view_i32, view_i64
+from .address import address, prefetch, view_f64, view_i32, view_i64
 from .frozen import REC_COLS, REC_COUNT, REC_LAST, REC_TO, REC_TOK, source_arrays, top_arrays, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
@@ -538,6 +538,8 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
             cand[n_cand, C_DEPTH] = depth + 1
             cand[n_cand, C_PART] = q
             cand[n_cand, C_GROUP] = learn.group(cls, 0)
+            if not live:
+                prefetch(offsets, kids[taken, K_STATE])  # read when the candidate is expanded
             if taken == 0 and seeded >= n_parts and rooted and (n_heap == 0 or prob > hkey[0]):
                 # the best child, more probable than every waiting candidate, is the next pop:
                 # it skips the heap (its siblings score no higher)

@@ -28,8 +28,8 @@ from numba import njit, prange, typed, types
 from . import draft as dk
 from . import learn
 from . import sam as sk
-from .address import address, view_f64, view_i32, view_i64, view_i64_2d
-from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, source_arrays
+from .address import address, prefetch, view_f64, view_i32, view_i64, view_i64_2d
+from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, REC_COLS, source_arrays
 from ..errors import InternalError
 
 
@@ -106,7 +106,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
         length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        _offsets, _etok, _eto, _counts, _lasts, links, lens, _rec = source_arrays(frozen, j)
+        offsets, _etok, _eto, _counts, _lasts, links, lens, _rec = source_arrays(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
                 break
@@ -114,6 +114,7 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
             part_state[n_parts] = state
             part_len[n_parts] = length
             n_parts += 1
+            prefetch(offsets, state)  # every part's first reads, in flight together (below too)
             if not 0 <= state < links.shape[0]:
                 break
             state = links[state]
@@ -122,6 +123,12 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
             length = lens[state] if state > 0 else 0
     if n_parts == 0:
         return 0, stack
+    for i in range(n_parts):
+        if part_src[i] >= 0:
+            offsets, _etok, _eto, _counts, _lasts, _links, _lens, rec = source_arrays(frozen, part_src[i])
+            v = part_state[i]
+            if 0 <= v < offsets.shape[0]:
+                prefetch(rec, REC_COLS * offsets[v])
     return dk.expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_parts, budget, params, ws,
                      out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at)
 
