@@ -312,6 +312,7 @@ class Proposer:
         self._tops: dict = {}  # id(frozen automaton) -> (it, its fk.top_children or None)
         for fa in self._static:
             self._tops_of(fa)
+            fa.edge_records()  # a shard's are mapped; an in-memory automaton's are built here, not on a first request
         self._sources_lock = threading.Lock()
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
