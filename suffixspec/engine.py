@@ -26,8 +26,9 @@ Contract of one `step()`:
    learn (the policy's calibration). Finished requests leave the batch; their slots fill at the
    next step. Their sessions close (their outputs join the past responses) just before the proposer
    next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
-   that finishes them nor in one that only admits, so that bookkeeping is off every first token. While the running batch's automatic budget keeps choosing plain decoding, its
-   automatic rows draft only every few rounds (`budget.DraftCadence`); a session receives its
+   that finishes them nor in one that only admits, so that bookkeeping is off every first token.
+   While the running batch's automatic budget keeps choosing plain decoding, its automatic rows
+   draft only every few rounds (`budget.DraftCadence`); a session receives its
    committed tokens when it next drafts or closes (`Request.unfed`), so rounds without drafts never
    touch the proposer.
 4. A round that raises is retried request by request from a fresh cache: the request that raises
