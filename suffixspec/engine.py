@@ -427,13 +427,13 @@ class Server:
                 continue
             want = self.policy.max_budget if rq.auto else int(rq.budget)
             budgets.append(max(0, min(want, r.limit - 1)))
-        opening = [r.request for r, b in zip(rows, budgets) if b > 0 and r.request.deferred and r.request.output]
-        live = [i for i, r in enumerate(rows)
-                if budgets[i] > 0 and (r.request.session is not None or (r.request.deferred and r.request.output))]
+        # a deferred session opens when its request first drafts, never on its prefill (no output yet)
+        opening = [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.deferred and r.request.output]
+        live = sorted(opening + [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.session is not None])
         if live and self._closing:  # the outputs that finished before join the past responses first
             self._flush_closes()
-        for rq in opening:  # not on its prefill (no output yet)
-            self._open_session(rq)
+        for i in opening:
+            self._open_session(rows[i].request)
         if live:
             sessions = [rows[i].request.session for i in live]
             for i in live:

@@ -252,9 +252,9 @@ def _bench_one(target, workload, settings) -> dict:
 
 
 def _settings_dict(settings, workload, prompts, backends) -> dict:
-    from ..bench import takes_clock
+    from ..bench import interleaves
 
-    together = settings.interleave and all(takes_clock(b) for b in backends.values())
+    together = interleaves(settings, backends.values())
     return {
         "workload": {"name": workload.name, "source": workload.source, "note": workload.note,
                      "prompts": len(prompts), "request_ids": [r.id for r in workload.requests],

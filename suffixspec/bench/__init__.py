@@ -44,7 +44,7 @@ from __future__ import annotations
 from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend, keep_freed_memory, reserve_memory
 from .quality import CharsetConstraint, humaneval_passes, numeric_correct, quality_gate, wilson_interval
 from .report import environment, format_table, write_plots, write_report
-from .runs import MODES, BenchSettings, Run, run_benchmark, run_order, takes_clock, warm_up, warm_up_all, warm_up_rows
+from .runs import MODES, BenchSettings, Run, interleaves, run_benchmark, run_order, takes_clock, warm_up, warm_up_all, warm_up_rows
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .summary import summarize
 from .workloads import (
@@ -56,7 +56,7 @@ __all__ = [
     "Request", "Workload", "load_workload", "prepare_followups", "resolve_followups", "WORKLOADS", "SYSTEM", "chatml",
     "user_turn", "chatml_followup",
     "FIRST_TURN_TOKENS", "MODES", "BenchSettings", "Run", "Served", "poisson_arrivals", "serve_schedule",
-    "schedule_steps", "TurnClocks", "run_benchmark", "run_order", "takes_clock", "warm_up", "warm_up_all",
+    "schedule_steps", "TurnClocks", "run_benchmark", "run_order", "interleaves", "takes_clock", "warm_up", "warm_up_all",
     "warm_up_rows", "summarize", "format_table", "write_report", "write_plots", "environment", "keep_freed_memory",
     "reserve_memory",     "CharsetConstraint", "wilson_interval", "humaneval_passes", "numeric_correct",
     "quality_gate", "SpeculativeBackend", "PromptLookupBackend", "OneAtATime",

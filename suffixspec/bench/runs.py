@@ -219,7 +219,7 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
                 lanes = [(mode, backends[mode].fresh() if hasattr(backends[mode], "fresh") else backends[mode])
                          for mode in modes]
                 with _settled():
-                    if settings.interleave and len(lanes) > 1 and all(takes_clock(b) for _, b in lanes):
+                    if len(lanes) > 1 and interleaves(settings, [b for _, b in lanes]):
                         bar.set_description(f"repeat {r + 1}/{settings.repeat} {'+'.join(modes)} c={c}")
                         runs.extend(_execute_together(lanes, workload, prompts, settings, c, r, arrivals,
                                                       lambda: bar.update(1), clock=clock))
@@ -246,6 +246,12 @@ def _settled():
         yield
     finally:
         gc.unfreeze()
+
+
+def interleaves(settings: BenchSettings, backends) -> bool:
+    """Whether the modes of one concurrency run together (every backend takes a clock, and
+    `settings.interleave`), as `run_benchmark`, `warm_up_all` and the report decide alike."""
+    return settings.interleave and all(takes_clock(b) for b in backends)
 
 
 def takes_clock(backend) -> bool:
@@ -314,7 +320,7 @@ def warm_up_all(backends: dict[str, Any], prompts: list[list[int]], settings: Be
     widest: dict[str, int] = {}
     for mode, c in configs:
         widest[mode] = max(widest.get(mode, 0), c)
-    together = settings.interleave and all(takes_clock(backends[mode]) for mode in widest)
+    together = interleaves(settings, [backends[mode] for mode in widest])
     # back to back, plain: two tokens (its passes have one shape); a drafting mode: enough tokens that
     # its tree passes at that many rows run too. Interleaved: the whole output, as the timed runs do
     # (the pages of both modes' caches, grown to their full length, stay with the process)
