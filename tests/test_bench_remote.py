@@ -291,6 +291,13 @@ def test_cli_grid_against_the_fake_server(fake_server, tmp_path, capsys):
     assert "verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) in printed
     assert counts["off"] == counts["neutral"] == 0
     assert (out / "grid_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # every run's requests are kept, so that a cell's modes pair request by request
+    for part in report["benchmarks"]:
+        runs = part["runs"]
+        assert sorted((r["mode"], r["concurrency"], r["repeat"]) for r in runs) == sorted(
+            (m, c, k) for m in ("plain", "speculative") for c in (1, 2) for k in range(3))
+        assert all(sorted(q["id"] for q in r["requests"]) == ["q0", "q1"] for r in runs)
+        assert all(q["ttft_s"] > 0 and q["new_tokens"] == part["max_new_tokens"] for r in runs for q in r["requests"])
 
 
 def test_second_turns_are_answered_through_the_baseline_mode(fake_server):

@@ -358,7 +358,11 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
             results.append((name, max_new, one["records"]))
             parts.append({"workload": name, "max_new_tokens": max_new, "bench_s": one["bench_s"],
                           "settings": _settings_dict(cell_settings, one["workload"], one["prompts"], target.backends),
-                          "records": one["records"], "quality": one["quality"]})
+                          "records": one["records"], "quality": one["quality"],
+                          # per request, so that a cell's two modes can be paired request by request
+                          "runs": [{"mode": r.mode, "concurrency": r.concurrency, "repeat": r.repeat,
+                                    "makespan_s": r.makespan_s, "requests": r.requests, "errors": r.errors}
+                                   for r in one["runs"]]})
     cells = grid_cells(results, mode=spec_mode, baseline=settings.baseline)
     described = target.describe(settings)
     out = Path(args.out)
