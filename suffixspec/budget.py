@@ -50,10 +50,16 @@ class CostModel:
     Within a batch size the correction is a speed factor common to every size, which every observed
     pass moves, times a shape factor per observed size, which moves `SHAPE_RATE` times slower and
     keeps a geometric mean of 1 over the observed sizes: the machine's speed shows at once in every
-    size, including sizes seldom or never observed, and only a lasting difference in shape stays per size."""
+    size, including sizes seldom or never observed, and only a lasting difference in shape stays per size.
+    Beyond one row the one-row curve only guesses the shape: b rows' one-token step (b tokens) skips
+    the mask a b-token pass of one row builds, so it costs the curve at b times `step_ratio` (the
+    one-row step over the one-row 2-token pass), and each tree size's first passes correct its shape
+    at once (`GUESS_PASSES`). Observed passes are whole verification steps (the pass, the
+    acceptance and the cache commit), so a tree's bookkeeping counts against it."""
 
     SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
     SHAPE_RATE = 0.2
+    GUESS_PASSES = 2
 
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
@@ -64,9 +70,12 @@ class CostModel:
         self._log_sizes = np.log(self.sizes).tolist()
         self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
         self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
-        self._seen: dict[int, list[bool]] = {}  # batch size -> which sizes were observed
+        self._seen: dict[int, list[int]] = {}  # batch size -> passes observed per size
         self._curves: dict[int, np.ndarray] = {}
         self.seconds = self._curve(1)
+        # the part of a one-row pass of 2 tokens that a one-token step (no mask, no tree) skips
+        self.step_ratio = float(min(1.0, self.seconds[0] / np.interp(2.0, self.sizes, self.seconds))) \
+            if self.sizes[0] == 1 and len(self.sizes) > 1 else 1.0
 
     def _raw(self, batch: int) -> np.ndarray:
         """The corrected curve of `batch` rows before it is made monotone."""
@@ -76,7 +85,12 @@ class CostModel:
     def _curve(self, batch: int) -> np.ndarray:
         curve = self._curves.get(batch)
         if curve is None:
-            curve = self._curves[batch] = np.maximum.accumulate(self._raw(batch))  # never cheaper when bigger
+            # never cheaper when bigger, from the largest size a pass of `batch` rows can take (at
+            # least one token a row): smaller sizes, never fed, must not lift the rest
+            curve = self._raw(batch).copy()
+            lo = max(0, int(np.searchsorted(self.sizes, batch, side="right")) - 1)
+            curve[lo:] = np.maximum.accumulate(curve[lo:])
+            self._curves[batch] = curve
         return curve
 
     def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
@@ -90,7 +104,7 @@ class CostModel:
         log_t = math.log(max(tokens, 1))
         i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
         factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
-        seen = self._seen.setdefault(batch, [False] * len(self._size_list))
+        seen = self._seen.setdefault(batch, [0] * len(self._size_list))
         speed = self._speed.setdefault(batch, 1.0)
         # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
         # its own shape factor instead of driving it (and through the mean, the speed) down without end
@@ -104,15 +118,24 @@ class CostModel:
         else:
             a, b = measured[j - 1] * speed * factors[j - 1], measured[j] * speed * factors[j]
             expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+        if batch > 1 and tokens == batch:  # the one-token step (see the class docstring)
+            expected *= self.step_ratio
         # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
         step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
         speed *= step
         rate = weight * self.SHAPE_RATE
+        if batch > 1 and tokens != batch:
+            # beyond one row the measured curve (one row feeding as many tokens) only guesses the
+            # shape of tree passes, which pay for a mask and a tree per row: the first passes of each
+            # size replace the guess quickly (a running mean in which it counts as GUESS_PASSES
+            # passes), later ones move it as slowly as at one row. The one-token step, seen every
+            # plain round, moves the batch's speed as before
+            rate = max(rate, 1.0 / (seen[i] + 1 + self.GUESS_PASSES))
         factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 0.5), 2.0)
-        seen[i] = True
+        seen[i] += 1
         # the observed shape factors' geometric mean goes into the speed: an observation of one size
         # leaves the other observed sizes' costs as they are
-        mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(seen))
+        mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(1 for o in seen if o))
         self._speed[batch] = speed * mean
         for k, o in enumerate(seen):
             if o:
@@ -122,11 +145,15 @@ class CostModel:
             self.seconds = self._curve(1)
 
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
-        curve = self._curve(int(batch))
+        batch = int(batch)
+        curve = self._curve(batch)
         tokens = np.asarray(tokens, np.float64)
         inside = np.interp(tokens, self.sizes, curve)
         beyond = curve[-1] * tokens / self.sizes[-1]
-        return np.where(tokens > self.sizes[-1], beyond, inside)
+        cost = np.where(tokens > self.sizes[-1], beyond, inside)
+        if batch > 1:  # a pass of one token per row is the one-token step: no mask, no tree
+            cost = np.where(tokens == batch, cost * self.step_ratio, cost)
+        return cost
 
     def relative(self) -> dict[int, float]:
         return {int(s): float(c / self.seconds[0]) for s, c in zip(self.sizes, self.seconds)}

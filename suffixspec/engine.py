@@ -484,12 +484,13 @@ class Server:
         trees = [r.tree for r in rows]
         t_pass = self._clock()
         logits, root = state.forward([rq.pending for rq in requests], trees)
-        if width == 1 and any(rq.auto for rq in requests):  # prefills are dominated by the prompt: not observed
-            self.policy.observe_pass(len(rows), len(rows) * (1 + max(len(t) for t in trees)), self._clock() - t_pass)
         results = accept(logits, root, trees, [rq.decoding.sampler for rq in requests], [rq.context for rq in requests],
                          [rq.key for rq in requests], [len(rq.output) for rq in requests], [r.limit for r in rows],
                          [rq.decoding.eos for rq in requests])
         state.commit([res.accepted_nodes for res in results])
+        if width == 1 and any(rq.auto for rq in requests):  # prefills are dominated by the prompt: not observed
+            # the whole step: a tree's acceptance walk and cache rewrite are part of what it costs
+            self.policy.observe_pass(len(rows), len(rows) * (1 + max(len(t) for t in trees)), self._clock() - t_pass)
         for r, res in zip(rows, results):
             r.tokens = res.tokens
             r.accepted_nodes = res.accepted_nodes
