@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ._kernels import build as bk
 from ._kernels import frozen as fk
 from ._kernels import lct as lk
 from ._kernels import sam as sk
@@ -358,6 +359,65 @@ class FrozenAutomaton(_Queries):
         for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens):
             if a.flags.writeable:
                 a.flags.writeable = False
+
+    @classmethod
+    def from_documents(cls, tokens, doc_starts, *, extending: FrozenAutomaton | None = None) -> FrozenAutomaton:
+        """The automaton `SuffixAutomaton.add_document` builds over the documents
+        tokens[doc_starts[i]:doc_starts[i + 1]] (the last one to the end), frozen, with its
+        `kernel_arrays()` and `edge_records()` made: the same arrays, in one kernel call
+        (`_kernels/build.py`). `doc_starts`: 0 first, strictly increasing, each below
+        len(tokens) (no empty document); [0] for no tokens. An int32 array of tokens is taken as it
+        is (its ids are checked in the kernel), anything else goes through `as_tokens`.
+
+        `extending`: an automaton over exactly the first of these documents (as this method or
+        `SuffixAutomaton.freeze` makes it; its tokens and document starts are checked to be theirs,
+        its arrays to be a well-formed layout): it is thawed instead of rebuilt, so only the later
+        documents are added (then the whole is laid out again)."""
+        if not (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
+                and tokens.flags.c_contiguous):
+            tokens = as_tokens(tokens)
+        starts = doc_starts if isinstance(doc_starts, np.ndarray) else np.asarray(
+            doc_starts if isinstance(doc_starts, (list, tuple)) else None)
+        if not (np.issubdtype(starts.dtype, np.integer) or (starts.size == 0 and starts.dtype == np.float64)):
+            raise BadInputTypeError(f"doc_starts: expected a 1-D sequence of integer positions, got "
+                                    f"{type(doc_starts).__name__}")
+        if starts.ndim != 1:
+            raise BadInputError(f"doc_starts: expected a 1-D sequence of positions, got shape {starts.shape}")
+        starts = np.ascontiguousarray(starts, dtype=np.int64)
+        bad = bk.check_documents(tokens, starts)
+        if bad == bk.DOCS_NEGATIVE_TOKEN:
+            raise BadInputError("tokens: expected token ids in [0, 2**31 - 1], got a negative one")
+        if bad != bk.DOCS_OK:
+            raise BadInputError(f"doc_starts: expected 0 first, strictly increasing and below {tokens.shape[0]} "
+                                f"(no empty document), got {starts.tolist()[:8]}")
+        if extending is not None and not isinstance(extending, FrozenAutomaton):
+            raise BadInputTypeError(f"extending: expected a FrozenAutomaton, got {type(extending).__name__}")
+        if extending is None or len(extending) == 0:
+            built = bk.build_frozen(tokens, starts)
+        else:
+            first = int(extending.doc_starts.shape[0])
+            built = bk.extend_frozen(*extending._thaw_arrays(tokens, starts), tokens, starts, first)
+        links, lens, counts, lasts, offsets, etok, eto, text, starts, offsets32, records = built
+        fa = cls(links=links, lens=lens, counts=counts, lasts=lasts, offsets=offsets, etok=etok, eto=eto,
+                 tokens=text, doc_starts=starts)
+        offsets32.flags.writeable = False
+        records.flags.writeable = False
+        fa.__dict__["_kernel_arrays"] = (offsets32, etok, eto, counts, lasts, links, lens)  # KERNEL_FIELDS
+        fa.__dict__["_edge_records"] = records
+        return fa
+
+    def _thaw_arrays(self, tokens: np.ndarray, starts: np.ndarray) -> tuple:
+        """The arrays `_kernels.build.extend_frozen` thaws, once this automaton is checked to be
+        over the first documents of (tokens, starts) (`from_documents`) with a layout it can follow."""
+        k, first = len(self), int(self.doc_starts.shape[0])
+        if not (first <= starts.shape[0] and (starts[first] == k if first < starts.shape[0] else k == tokens.shape[0])
+                and np.array_equal(starts[:first], self.doc_starts) and np.array_equal(tokens[:k], self.tokens)):
+            raise BadInputError("extending: expected the automaton over the first documents of tokens")
+        arrays = (self.links, self.lens, self.counts, self.lasts, np.asarray(self.offsets, np.int64), self.etok, self.eto)
+        if not (all(a.ndim == 1 and a.dtype == (np.int64 if i == 4 else np.int32) for i, a in enumerate(arrays))
+                and bk.layout_ok(*arrays, k)):
+            raise BadInputError("extending: not a well-formed frozen automaton")
+        return arrays
 
     def _corrupt(self, what):
         raise IndexFormatError(f"frozen automaton: damaged arrays ({what})")

@@ -8,13 +8,17 @@ Memory is therefore bounded by `max_tokens` plus one generation (plus the last d
 
 Upkeep, amortised O(new tokens) (times a logarithm) per added document: the live generation
 is a short list of *levels*, each a `FrozenAutomaton` over some of its documents, oldest and
-largest first. A new document becomes a level of its own (built and frozen in O(its length));
-then, while the level before the newest holds at most `MERGE_RATIO` times the newest, the two
-are rebuilt as one (from their tokens, so every level is always exactly the automaton a fresh
-`SuffixAutomaton` builds over its documents). Levels shrink geometrically (at most ~log base
-MERGE_RATIO of generation/document size of them) and a token is rebuilt O(log) times over its
-generation's life. A generation that rotates is rebuilt once as a single automaton. Nothing of
-this grows with the tokens already cached, unlike re-freezing the whole live generation.
+largest first. A new document becomes a level of its own; then, while the level before the
+newest holds at most `MERGE_RATIO` times the newest, the two become one. Those merges are
+decided on the sizes alone, so each add makes one automaton, in one kernel call
+(`FrozenAutomaton.from_documents`): the new level, over the documents of the levels it absorbs
+and the new one, the first (largest) of those levels thawed and the others' documents and the new
+one added to it. Every level is always exactly the automaton a fresh `SuffixAutomaton` builds
+over its documents. Levels shrink geometrically (at most ~log base MERGE_RATIO of
+generation/document size of them) and a token is added to an automaton or laid out again O(log)
+times over its generation's life. A generation that rotates is laid out once as a single
+automaton. Nothing of this grows with the tokens already cached, unlike re-freezing the whole
+live generation.
 Sources (`sources()`) are the frozen generations then the live levels; every level and
 generation has an id never reused, so a session's cursor into an unchanged one carries over and
 a new one is re-matched.
@@ -38,7 +42,7 @@ File format (`save` / `load`), little-endian, version FORMAT_VERSION:
 Only token ids and document boundaries are stored: `load` checks every field, size, offset and
 checksum, every token id (in [0, 2**31 - 1]) and boundary (0 first, strictly increasing, within
 the tokens) and the generation invariants, then *rebuilds* every automaton from the tokens with
-the same code as `add`. No array a kernel follows (links, edges, counts) ever comes from the
+the same code as `add` (`FrozenAutomaton.from_documents`). No array a kernel follows (links, edges, counts) ever comes from the
 file, so no damage can make a kernel read out of bounds, and no code is executed. Any damage is
 an `IndexFormatError` naming the file and what was wrong. Only regular files are opened.
 """
@@ -56,7 +60,7 @@ from pathlib import Path
 import numpy as np
 
 from .tokenids import as_tokens
-from .automaton import FrozenAutomaton, SuffixAutomaton
+from .automaton import FrozenAutomaton
 from .errors import BadInputError, IndexFormatError
 from .fileio import atomic_write_bytes
 
@@ -65,6 +69,7 @@ __all__ = ["ResponseCache", "MAGIC", "FORMAT_VERSION", "MERGE_RATIO"]
 MAGIC = b"SFXSPRC\0"
 FORMAT_VERSION = 2  # version 1 was a pickle, never read
 MERGE_RATIO = 4
+THAW_MIN_TOKENS = 256  # a smaller first level is rebuilt with the rest, not thawed (no cheaper below ~300)
 KIND_FROZEN, KIND_LIVE = 0, 1
 MAX_ENTRIES = 1 << 16
 MAX_GENERATIONS = 1 << 16
@@ -82,26 +87,25 @@ def _align8(n: int) -> int:
 
 
 def _build(tokens: np.ndarray, starts: np.ndarray) -> FrozenAutomaton:
-    """The frozen automaton over the documents tokens[starts[i]:starts[i + 1]], laid out for the
-    kernels (on the caller's time, not the next proposal's)."""
-    sam = SuffixAutomaton()
-    bounds = starts.tolist() + [int(tokens.shape[0])]
-    for a, b in zip(bounds[:-1], bounds[1:]):
-        sam.add_document(tokens[a:b])
-    fa = sam.freeze()
-    fa.kernel_arrays()
-    fa.edge_records()
-    return fa
+    """The frozen automaton a fresh `SuffixAutomaton` builds over the documents
+    tokens[starts[i]:starts[i + 1]], laid out for the kernels (on the caller's time, not the next
+    proposal's): one kernel call (`FrozenAutomaton.from_documents`)."""
+    return FrozenAutomaton.from_documents(tokens, starts)
 
 
-def _merge(levels: list[tuple[int, FrozenAutomaton]]) -> FrozenAutomaton:
-    """One automaton over the documents of `levels`, in order."""
-    tokens = np.concatenate([fa.tokens for _, fa in levels])
+def _merge(levels: list[tuple[int, FrozenAutomaton]], doc: np.ndarray) -> FrozenAutomaton:
+    """One automaton over the documents of `levels`, in order, then the document `doc`: the first
+    level's automaton extended by the others' documents and `doc` (the same automaton as `_build`
+    over them all gives, without adding the first level's documents again)."""
+    tokens = np.concatenate([fa.tokens for _, fa in levels] + [doc])
     starts, base = [], 0
     for _, fa in levels:
         starts.append(np.asarray(fa.doc_starts, np.int64) + base)
         base += len(fa)
-    return _build(tokens, np.concatenate(starts))
+    starts.append(np.array([base], np.int64))
+    if not levels or len(levels[0][1]) < THAW_MIN_TOKENS:
+        return _build(tokens, np.concatenate(starts))
+    return FrozenAutomaton.from_documents(tokens, np.concatenate(starts), extending=levels[0][1])
 
 
 class ResponseCache:
@@ -143,16 +147,26 @@ class ResponseCache:
         with self._add_lock:
             levels = list(self._levels)  # only add() changes them, and adds are serialised
             frozen = list(self._frozen)
-            levels.append((self._new_id(), _build(toks, np.zeros(1, np.int64))))
-            if sum(len(fa) for _, fa in levels) >= self.generation_tokens:
-                whole = levels[0][1] if len(levels) == 1 else _merge(levels)
-                frozen.append((self._new_id(), whole))
+            gid = self._new_id()  # the new document's level
+            # The levels the document's level is merged with, decided on sizes alone, so that
+            # the result is built once: levels[j:] and the document become one level (or, once
+            # the generation is full, all of them one frozen generation). The ids are those the
+            # merges one by one would take.
+            sizes = [len(fa) for _, fa in levels]
+            merged_size = int(toks.shape[0])
+            rotate = sum(sizes) + merged_size >= self.generation_tokens
+            j = 0 if rotate else len(levels)
+            while not rotate and j >= 1 and sizes[j - 1] <= MERGE_RATIO * merged_size:
+                j -= 1
+                merged_size += sizes[j]
+                gid = self._new_id()
+            built = _merge(levels[j:], toks)
+            if rotate:
+                frozen.append((self._new_id(), built))
                 levels = []
                 del frozen[: max(0, len(frozen) - (self.generations - 1))]
             else:
-                while len(levels) >= 2 and len(levels[-2][1]) <= MERGE_RATIO * len(levels[-1][1]):
-                    merged = _merge(levels[-2:])
-                    levels[-2:] = [(self._new_id(), merged)]
+                levels[j:] = [(gid, built)]
             with self._lock:
                 self._frozen, self._levels = frozen, levels
                 self._version = next(_versions)

@@ -2,7 +2,9 @@
 
 Modules: `lct` (link-cut tree keeping suffix-link-tree path aggregates exact online),
 `sam` (the growable suffix automaton: extension and queries), `frozen` (queries over the
-compact read-only CSR layout, bounds-checked so damaged arrays cannot crash the process).
+compact read-only CSR layout, bounds-checked so damaged arrays cannot crash the process),
+`build` (a frozen layout over many documents in one call, or a frozen layout extended by more
+documents), and the drafting, corpus, sizing, learning and addressing kernels.
 Their caches are keyed by all the kernel modules' sources together (`cachestamp`).
 """
 

@@ -551,6 +551,41 @@ def accumulate(S, M):
                 S[p, LAST] = S[v, LAST]
 
 
+@njit(cache=True, nogil=True)
+def thaw(links, lens, counts, lasts, offsets, etok, eto, n_tokens, more_states, more_edges):
+    """(S, E, H, M) in MODE_BULK of the automaton a frozen layout holds (`to_csr` and
+    `state_columns` of an automaton over n_tokens tokens, counts accumulated), with room for
+    `more_states` / `more_edges` rows, for `extend` to add documents to. The same automaton:
+    its edges are listed by token instead of in the order they came, which no result depends on;
+    CNT is each state's own positions (its count less its suffix-link children's) and LAST its
+    frozen last end, the latest own position of its subtree (a subtree only ever gains states), so
+    that `accumulate` after more documents gives what one build over all of them gives. The caller
+    checks the layout first (`build.layout_ok`)."""
+    n = links.shape[0]
+    m = etok.shape[0]
+    S = np.empty((n + more_states, STATE_COLS), np.int32)
+    E = np.empty((m + more_edges, E_COLS), np.int32)
+    hashed = 0
+    for v in range(n):
+        lo = offsets[v]
+        hi = offsets[v + 1]
+        S[v, LINK], S[v, LEN], S[v, CNT], S[v, LAST] = links[v], lens[v], counts[v], lasts[v]
+        S[v, HEAD] = lo if hi > lo else -1
+        S[v, DEG] = hi - lo
+        if hi - lo > SMALL_DEG:
+            hashed += hi - lo
+        for k in range(lo, hi):
+            E[k, SRC], E[k, TOK], E[k, TO], E[k, NEXT] = v, etok[k], eto[k], k + 1 if k + 1 < hi else -1
+    for v in range(1, n):
+        S[links[v], CNT] -= counts[v]
+    size = 32  # room for the edges to come too, so that extend need not rehash
+    while (hashed + more_edges) * HASH_LOAD_DEN > size * HASH_LOAD_NUM:
+        size *= 2
+    M = np.zeros(META, np.int64)
+    M[N_STATES], M[N_EDGES], M[N_TOKENS], M[N_HASHED], M[MODE] = n, m, n_tokens, hashed, MODE_BULK
+    return S, E, _rehash(S, E, m, size), M
+
+
 @njit(cache=True)
 def init_lct(S, L, M):
     n = M[N_STATES]
