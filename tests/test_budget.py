@@ -415,7 +415,8 @@ def test_cost_model_beyond_one_row_step_and_first_tree_passes():
         for _ in range(20):
             cm.observe(4, 0.8, batch=4)
     assert cm(4, batch=4) == pytest.approx(0.8, rel=0.01)  # the plain step stays where it was seen
-    assert 1.28 < float(cm(8, batch=4) / cm(4, batch=4)) < 1.4
+    tree_over_step = float(cm(8, batch=4) / cm(4, batch=4))
+    assert tree_over_step > 1.28 and tree_over_step < 1.4  # from 1.16, toward 1.4
     one = CostModel(*curve)
     for _ in range(3):
         one.observe(2, 1.16 * 1.4)
