@@ -27,6 +27,7 @@ the verdict.
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 from typing import Any
 
@@ -81,8 +82,6 @@ def paired_ttft_ratios(runs: list[dict[str, Any]], mode: str = "speculative",
                        baseline: str = "plain") -> dict[int, float]:
     """Per concurrency, the median over requests of `mode`'s TTFT over `baseline`'s for the same request
     (id) in the same repeat; `runs` as a report keeps them (mode, concurrency, repeat, requests)."""
-    import statistics
-
     ttft = {(r["mode"], r["concurrency"], r["repeat"], q["id"]): q["ttft_s"] for r in runs for q in r["requests"]
             if q.get("finish_reason") != "error"}
     ratios: dict[int, list[float]] = {}
