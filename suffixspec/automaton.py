@@ -376,9 +376,9 @@ class FrozenAutomaton(_Queries):
         if not (isinstance(tokens, np.ndarray) and tokens.dtype == np.int32 and tokens.ndim == 1
                 and tokens.flags.c_contiguous):
             tokens = as_tokens(tokens)
-        starts = doc_starts if isinstance(doc_starts, np.ndarray) else np.asarray(
-            doc_starts if isinstance(doc_starts, (list, tuple)) else None)
-        if not (np.issubdtype(starts.dtype, np.integer) or (starts.size == 0 and starts.dtype == np.float64)):
+        starts = np.asarray(doc_starts) if isinstance(doc_starts, (np.ndarray, list, tuple)) else None
+        if starts is None or not (np.issubdtype(starts.dtype, np.integer)
+                                  or (starts.size == 0 and starts.dtype == np.float64)):
             raise BadInputTypeError(f"doc_starts: expected a 1-D sequence of integer positions, got "
                                     f"{type(doc_starts).__name__}")
         if starts.ndim != 1:

@@ -303,9 +303,7 @@ def run(args) -> int:
         "records": records,
         "quality": quality,
         "structured_output": constraint,
-        "runs": [{"mode": r.mode, "concurrency": r.concurrency, "repeat": r.repeat, "makespan_s": r.makespan_s,
-                  "requests": r.requests, "errors": r.errors,
-                  **({"outputs": [target.decode(o) for o in r.outputs]} if r.repeat == 0 else {})} for r in runs],
+        "runs": [_run_dict(r, [target.decode(o) for o in r.outputs] if r.repeat == 0 else None) for r in runs],
     }
     out = Path(args.out)
     bench.write_report(out / "report.json", report)
@@ -340,6 +338,13 @@ def run(args) -> int:
     return 1 if failed else 0
 
 
+def _run_dict(run, outputs=None) -> dict:
+    """One run as a report keeps it: its per-request figures (so modes pair request by request),
+    plus its decoded outputs where given."""
+    return {"mode": run.mode, "concurrency": run.concurrency, "repeat": run.repeat, "makespan_s": run.makespan_s,
+            "requests": run.requests, "errors": run.errors, **({"outputs": outputs} if outputs is not None else {})}
+
+
 def _run_grid(args, settings, target, grid, t_start) -> int:
     """Every (workload, max_new_tokens) of the grid at every concurrency; cells, grid.json, heat map."""
     from .. import bench
@@ -360,9 +365,7 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
                           "settings": _settings_dict(cell_settings, one["workload"], one["prompts"], target.backends),
                           "records": one["records"], "quality": one["quality"],
                           # per request, so that a cell's two modes can be paired request by request
-                          "runs": [{"mode": r.mode, "concurrency": r.concurrency, "repeat": r.repeat,
-                                    "makespan_s": r.makespan_s, "requests": r.requests, "errors": r.errors}
-                                   for r in one["runs"]]})
+                          "runs": [_run_dict(r) for r in one["runs"]]})
     cells = grid_cells(results, mode=spec_mode, baseline=settings.baseline)
     paired = {(part["workload"], part["max_new_tokens"]): paired_ttft_ratios(part["runs"], spec_mode, settings.baseline)
               for part in parts}
