@@ -283,7 +283,8 @@ class KVState:
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.slot_pos = torch.empty((batch_size, 0), dtype=torch.long, device=self.device)  # [b, L]
-        self.n_cached = np.zeros(batch_size, np.int64)  # logical tokens in the cache, per row
+        # logical tokens in the cache, per row: always exactly the row's valid (>= 0) slots
+        self.n_cached = np.zeros(batch_size, np.int64)
         self._cache_arg = _cache_argument(model)
         self._logits_to_keep = _accepts_logits_to_keep(model)
         self._types, self._window = _layer_types(model.config)
@@ -319,7 +320,8 @@ class KVState:
         W = int((p + n).max())
         K = int(n.max()) + 1
         L = self.cache_len
-        if W == 1 and L and "sliding_attention" not in (self._types or ()) and bool((self.slot_pos >= 0).all()):
+        # no holes: every row's n_cached valid slots fill the whole cache (invariant of n_cached)
+        if W == 1 and L and "sliding_attention" not in (self._types or ()) and bool((self.n_cached == L).all()):
             return self._step([x[0] for x in pending])
         tokens = np.zeros((b, W), np.int64)  # [b, W]
         positions = np.zeros((b, W), np.int64)  # [b, W]

@@ -51,8 +51,9 @@ def test_rounds_match_full_recomputation(kind, attn):
     state = KVState(model, len(prompts))
     committed = [list(p) for p in prompts]
     pending = [list(p) for p in prompts]
-    for round_ in range(5):
-        trees = [random_tree(rng, vocab, int(rng.integers(0, 9))) for _ in prompts]
+    for round_ in range(6):
+        # the last round drafts nothing: one token a row over a cache with holes (mask path, not _step)
+        trees = [random_tree(rng, vocab, int(rng.integers(0, 9))) if round_ < 5 else DraftTree.empty() for _ in prompts]
         logits, root = state.forward(pending, trees)
         kept = []
         for r, tree in enumerate(trees):
@@ -72,12 +73,16 @@ def test_rounds_match_full_recomputation(kind, attn):
             pending[r] = [bonus]
         state.commit(kept)
         assert state.n_cached.tolist() == [len(c) - 1 for c in committed]
+        # the invariant `forward` relies on: a row's valid slots are its n_cached tokens
+        assert (state.slot_pos >= 0).sum(dim=1).tolist() == state.n_cached.tolist()
         if round_ == 2:  # drop a finished request mid-way
             keep = [0, 2, 3]
             state.select_rows(keep)
             prompts = [prompts[i] for i in keep]
             committed = [committed[i] for i in keep]
             pending = [pending[i] for i in keep]
+            assert (state.slot_pos >= 0).sum(dim=1).tolist() == state.n_cached.tolist()
+    assert bool((state.slot_pos < 0).any())  # rows of different lengths: the last round had holes
 
 
 def test_growing_cache_append_equals_concatenation():
@@ -227,6 +232,42 @@ def test_kv_cache_is_not_copied_on_every_pass():
         state.forward([[7], [8]], trees)
         state.commit([[0], []])
     assert [layer._kbuf.data_ptr() for layer in state.cache.layers] == buffers
+
+
+def test_added_rows_keep_the_slot_invariant_and_logits():
+    """Rows joining a running batch (`add_rows`): the shorter cache is padded with holes, every
+    row's valid slots stay its `n_cached` tokens, and one-token passes over the joined cache (holes:
+    the mask path) and then, after compaction, without holes (the maskless step) equal recomputation."""
+    model = tiny_model("llama")
+    vocab = model.config.vocab_size
+    rng = np.random.default_rng(11)
+    seqs = [rng.integers(0, vocab, n).tolist() for n in (9, 4)]
+    running = KVState(model, 1)
+    running.forward([seqs[0]], [DraftTree.empty()])
+    running.commit([[]])
+    newcomer = KVState(model, 1)
+    newcomer.forward([seqs[1]], [DraftTree.empty()])
+    newcomer.commit([[]])
+    running.add_rows(newcomer)
+    assert running.n_cached.tolist() == [9, 4] and running.cache_len == 9
+    assert (running.slot_pos >= 0).sum(dim=1).tolist() == running.n_cached.tolist()
+    steps = []
+    real_step = running._step
+    running._step = lambda tokens: (steps.append(len(tokens)), real_step(tokens))[1]
+    for round_ in range(3):
+        if round_ == 2:
+            running.select_rows([1])  # the longer request finished: compaction leaves no hole
+        nxt = [[int(rng.integers(0, vocab))] for _ in range(running.batch_size)]
+        logits, root = running.forward(nxt, [DraftTree.empty()] * running.batch_size)
+        running.commit([[]] * running.batch_size)
+        if round_ == 2:
+            seqs = [seqs[1]]
+        for r in range(running.batch_size):
+            seqs[r] = seqs[r] + nxt[r]
+            ref = sequential_logits(model, seqs[r])[-1]
+            np.testing.assert_allclose(logits[r, root[r]].numpy(), ref.numpy(), atol=1e-9)
+        assert (running.slot_pos >= 0).sum(dim=1).tolist() == running.n_cached.tolist()
+    assert steps == [1]  # only the round without holes took the maskless step
 
 
 def test_compaction_keeps_logits():
