@@ -264,10 +264,11 @@ class PassLayout:
     pending: np.ndarray  # int64[b]: pending tokens per row
     nodes: np.ndarray  # int64[b]: draft nodes per row
 
-    @property
-    def plain(self) -> bool:
-        """No drafts and no pads: every new slot stays where the pass wrote it."""
-        return not self.nodes.any() and not self.offsets.any()
+    plain: bool  # no drafts and no pads: every new slot stays where the pass wrote it
+
+    @classmethod
+    def of(cls, width: int, offsets: np.ndarray, pending: np.ndarray, nodes: np.ndarray) -> PassLayout:
+        return cls(width, offsets, pending, nodes, not nodes.any() and not offsets.any())
 
 
 class KVState:
@@ -282,21 +283,45 @@ class KVState:
             self.cache.layer_class_to_replicate = _growing_layer_class()
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
-        self.slot_pos = torch.empty((batch_size, 0), dtype=torch.long, device=self.device)  # [b, L]
-        # logical tokens in the cache, per row: always exactly the row's valid (>= 0) slots
+        # slot_pos [b, L] as a tensor, or None while it is dense: every row's slot i holds position i
+        # (no holes), which one-token steps keep without touching it
+        self._pos: torch.Tensor | None = None
+        self._len = 0  # L
+        # logical tokens in the cache, per row: always exactly the row's valid (>= 0) slots, so the
+        # cache is dense exactly when every row has L of them
         self.n_cached = np.zeros(batch_size, np.int64)
         self._cache_arg = _cache_argument(model)
         self._logits_to_keep = _accepts_logits_to_keep(model)
         self._types, self._window = _layer_types(model.config)
+        self._sliding = "sliding_attention" in (self._types or ())
         self._last: PassLayout | None = None  # the last pass, until it is committed
+        self._step_layout: PassLayout | None = None  # the one-token step's (read-only arrays)
 
     @property
     def batch_size(self) -> int:
-        return int(self.slot_pos.shape[0])
+        return int(self.n_cached.shape[0])
 
     @property
     def cache_len(self) -> int:
-        return int(self.slot_pos.shape[1])
+        return self._len
+
+    @property
+    def slot_pos(self) -> torch.Tensor:
+        """int64[b, L]: the logical position each slot holds, -1 for a hole (of a dense cache: a new
+        tensor, the cache stays dense)."""
+        if self._pos is None:
+            return torch.arange(self._len, device=self.device).expand(self.batch_size, self._len).contiguous()
+        return self._pos
+
+    @slot_pos.setter
+    def slot_pos(self, value: torch.Tensor) -> None:
+        self._pos, self._len = value, int(value.shape[1])
+
+    def _maybe_dense(self) -> None:
+        """Drop the slot tensor once no row has a hole (then slot i of every row holds position i:
+        a row's slots keep their positions in order)."""
+        if self._pos is not None and bool((self.n_cached == self._len).all()):
+            self._pos = None
 
     # -------------------------------------------------------------------------------- forward pass
 
@@ -313,6 +338,9 @@ class KVState:
             raise InternalError(f"forward: expected {b} rows of pending tokens and trees, got {len(pending)} and {len(trees)}")
         if self._last is not None:
             raise InternalError("forward: the previous pass was not committed")
+        if (self._pos is None and self._len and not self._sliding and all(len(x) == 1 for x in pending)
+                and not any(len(t) for t in trees)):
+            return self._step([x[0] for x in pending])
         p = np.array([len(x) for x in pending], np.int64)
         n = np.array([len(t) for t in trees], np.int64)
         if np.any(p < 1):
@@ -320,9 +348,6 @@ class KVState:
         W = int((p + n).max())
         K = int(n.max()) + 1
         L = self.cache_len
-        # no holes: every row's n_cached valid slots fill the whole cache (invariant of n_cached)
-        if W == 1 and L and "sliding_attention" not in (self._types or ()) and bool((self.n_cached == L).all()):
-            return self._step([x[0] for x in pending])
         tokens = np.zeros((b, W), np.int64)  # [b, W]
         positions = np.zeros((b, W), np.int64)  # [b, W]
         new_key_pos = np.full((b, W), -1, np.int64)  # [b, W] logical position of each new slot, -1: pad
@@ -346,9 +371,10 @@ class KVState:
         dev = self.device
         q_pos = torch.from_numpy(positions).to(dev)  # [b, W]
         pad = torch.from_numpy(is_pad).to(dev)  # [b, W]
-        key_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
+        slot_pos, new_pos = self.slot_pos, torch.from_numpy(new_key_pos).to(dev)  # [b, L], [b, W]
+        key_pos = torch.cat([slot_pos, new_pos], dim=1)  # [b, L+W]
         allowed = torch.cat(
-            [(self.slot_pos >= 0)[:, None, :].expand(b, W, L), torch.from_numpy(allowed_new).to(dev)], dim=2
+            [(slot_pos >= 0)[:, None, :].expand(b, W, L), torch.from_numpy(allowed_new).to(dev)], dim=2
         )  # [b, W, L+W]
         allowed[:, :, :L] &= ~pad[:, :, None]
         diag = torch.arange(W, device=dev)
@@ -363,20 +389,27 @@ class KVState:
         else:
             attention_mask = {t: masks[t] for t in set(self._types)}
         logits = self._run(torch.from_numpy(tokens).to(dev), attention_mask, q_pos, K)
-        self.slot_pos = torch.cat([self.slot_pos, torch.from_numpy(new_key_pos).to(dev)], dim=1)  # [b, L+W]
-        self._last = PassLayout(W, offsets, p, n)
+        self.slot_pos = key_pos
+        self._last = PassLayout.of(W, offsets, p, n)
         root_index = K - 1 - n
         return logits, root_index
 
     def _step(self, tokens: list[int]) -> tuple[torch.Tensor, np.ndarray]:
-        """`forward` of one new token per row over a cache without holes (no sliding-window layers):
-        slot i of every row holds position i, so the model's own causal mask is exact; none is built."""
-        b, dev = len(tokens), self.device
-        positions = torch.from_numpy(self.n_cached[:, None].copy()).to(dev)  # [b, 1]
-        logits = self._run(torch.tensor(tokens, dtype=torch.long, device=dev)[:, None], None, positions, 1)
-        self.slot_pos = torch.cat([self.slot_pos, positions], dim=1)  # [b, L+1]
-        self._last = PassLayout(1, np.zeros(b, np.int64), np.ones(b, np.int64), np.zeros(b, np.int64))
-        return logits, np.zeros(b, np.int64)
+        """`forward` of one new token per row over a dense cache (no sliding-window layers): slot i
+        of every row holds position i, so the model's own causal mask is exact; none is built, and
+        the cache stays dense (each row's token lands at slot L, position L). After a model's
+        forward little of this is in the CPU's caches, so the step does as few operations as it can."""
+        b, dev, L = len(tokens), self.device, self._len
+        layout = self._step_layout
+        if layout is None or layout.offsets.shape[0] != b:
+            zeros, ones = np.zeros(b, np.int64), np.ones(b, np.int64)
+            zeros.flags.writeable = ones.flags.writeable = False
+            layout = self._step_layout = PassLayout(1, zeros, ones, zeros, True)
+        positions = torch.full((b, 1), L, dtype=torch.long, device=dev)
+        logits = self._run(torch.tensor(tokens, dtype=torch.long, device=dev).view(b, 1), None, positions, 1)
+        self._len = L + 1
+        self._last = layout
+        return logits, layout.offsets
 
     def _run(self, input_ids, attention_mask, position_ids, keep: int) -> torch.Tensor:
         """The model over the cache; the logits [b, keep, vocab] (float32) of the last `keep` inputs."""
@@ -406,6 +439,8 @@ class KVState:
         if layout.plain:  # (then every kept_nodes[r] is empty)
             self.n_cached += p
             self._last = None
+            if self._pos is not None:  # (a step keeps the cache dense)
+                self._maybe_dense()
             return
         L = self.cache_len - W
         b = self.batch_size
@@ -427,9 +462,11 @@ class KVState:
         self._crop(L + T)
         self.slot_pos = torch.cat([self.slot_pos[:, :L], tail_pos], 1)
         self._last = None
-        holes = int((self.slot_pos < 0).sum(dim=1).min())
+        holes = self.cache_len - int(self.n_cached.max())  # of the row with the fewest
         if holes > max(32, self.cache_len // 4):
             self.compact()
+        else:
+            self._maybe_dense()
 
     @torch.inference_mode()
     def compact(self) -> None:
@@ -440,6 +477,7 @@ class KVState:
         index = order[:, :keep]
         self._rewrite(index)
         self.slot_pos = torch.gather(self.slot_pos, 1, index)
+        self._maybe_dense()
 
     @torch.inference_mode()
     def select_rows(self, rows) -> None:
@@ -449,10 +487,11 @@ class KVState:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(0, rows_t)
                 layer.values = layer.values.index_select(0, rows_t)
-        self.slot_pos = self.slot_pos.index_select(0, rows_t)
         self.n_cached = self.n_cached[np.asarray(list(rows), np.int64)]
-        if self.batch_size and self.cache_len:
-            self.compact()
+        if self._pos is not None:  # (the rows of a dense cache stay dense)
+            self._pos = self._pos.index_select(0, rows_t)
+            if self.batch_size and self.cache_len:
+                self.compact()
 
     @torch.inference_mode()
     def add_rows(self, other: KVState) -> None:
@@ -465,7 +504,7 @@ class KVState:
         if other.batch_size == 0:
             return
         if self.batch_size == 0:
-            self.cache, self.slot_pos, self.n_cached = other.cache, other.slot_pos, other.n_cached.copy()
+            self.cache, self._pos, self._len, self.n_cached = other.cache, other._pos, other._len, other.n_cached.copy()
             return
         L = max(self.cache_len, other.cache_len)
 
@@ -483,8 +522,10 @@ class KVState:
         for mine, theirs in zip(self.cache.layers, other.cache.layers):
             mine.keys = torch.cat([padded(mine.keys, 0), padded(theirs.keys, 0)], 0)
             mine.values = torch.cat([padded(mine.values, 0), padded(theirs.values, 0)], 0)
-        self.slot_pos = torch.cat([padded(self.slot_pos, -1), padded(other.slot_pos, -1)], 0)
+        slot_pos = torch.cat([padded(self.slot_pos, -1), padded(other.slot_pos, -1)], 0)
         self.n_cached = np.concatenate([self.n_cached, other.n_cached])
+        self.slot_pos = slot_pos
+        self._maybe_dense()
 
     def _rewrite_tail(self, start: int, index: torch.Tensor) -> None:
         """Slots start.. of every layer become slots `index` [b, T] (all >= start), in place."""
