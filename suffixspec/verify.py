@@ -24,7 +24,8 @@ as prefix views of buffers with spare room along the sequence, so a pass writes 
 pending tokens and the accepted nodes stay; their slots are compacted to the front of the round's
 tail and the cache is cropped, so rejected branches never reach a later pass. Holes (requests that
 kept fewer slots than others) are masked, and squeezed out when they exceed a quarter of the cache.
-The prefix is never recomputed.
+While no row has a hole the cache is dense (slot i of every row holds position i): no slot tensor is
+kept, and a one-token step uses the model's own causal mask. The prefix is never recomputed.
 
 Acceptance (`accept`) walks each tree from its root: at each node the target's logits are processed
 exactly as plain decoding would (user `LogitsProcessor`s with that node's full token context, then
@@ -462,7 +463,7 @@ class KVState:
         self._crop(L + T)
         self.slot_pos = torch.cat([self.slot_pos[:, :L], tail_pos], 1)
         self._last = None
-        holes = self.cache_len - int(self.n_cached.max())  # of the row with the fewest
+        holes = self.cache_len - int(self.n_cached.max(initial=0))  # of the row with the fewest
         if holes > max(32, self.cache_len // 4):
             self.compact()
         else:
