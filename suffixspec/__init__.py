@@ -46,6 +46,7 @@ _LAZY = {
     "Event": ".engine",
     "Step": ".engine",
     "load_model": ".models",
+    "warm_kernels": ".warmup",
 }
 
 __all__ = [

@@ -187,9 +187,13 @@ def _load(args, budget, template, state, log) -> None:
 
 
 def _warm_up(server, tokenizer, proposer) -> None:
-    """One short request before the first client's: the proposer's kernels compile, the model's
-    first passes run, and its output's cache upkeep (the build kernels) finishes before the first
-    client's. Its statistics are forgotten."""
+    """Before the first client's request: every kernel a round can reach compiles or loads
+    (`warm_kernels`, on a scratch proposer over the same corpora), then one short request runs the
+    model's first passes and its output's cache upkeep. Its statistics are forgotten."""
+    from ..warmup import warm_kernels
+
+    seconds = warm_kernels(proposer.corpora or None)
+    logging.getLogger("suffixspec.serve").info("kernels ready in %.1f s", seconds)
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
     index = server.add(tokenizer.encode(text), max_new_tokens=8)
     while not server.idle:

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
+from ..proposer import Proposer
+from ..warmup import warm_kernels
 from .backends import reserve_memory
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .workloads import Workload
@@ -349,6 +351,9 @@ def warm_up(backend, prompt: list[int], budget, seed: int = 0, max_new_tokens: i
     engine.close()
     if getattr(original, "cost_model", False) is None and getattr(backend, "cost_model", None) is not None:
         original.cost_model = backend.cost_model
+    proposer = getattr(backend, "proposer", None) if budget != 0 else None
+    if isinstance(proposer, Proposer):  # the paths short requests never reach (a thawed cache level)
+        warm_kernels(proposer.corpora or None, threads=proposer.threads)
 
 
 def warm_up_rows(backend, prompts: list[list[int]], budget=0, seed: int = 0, max_new_tokens: int = 2) -> None:

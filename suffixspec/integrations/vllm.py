@@ -71,6 +71,7 @@ import numba
 import numpy as np
 
 from .. import BadInputError, BadInputTypeError, CorpusIndex, DraftTree, Proposer
+from ..warmup import warm_kernels
 
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
 
@@ -525,18 +526,10 @@ class SuffixSpecProposer:
         return out_tok, out_score, out_len
 
     def _warm_up(self) -> None:
-        """Compile and run every kernel a step uses, on a throwaway proposer of the same knobs."""
-        scratch = Proposer(self.corpora or None, **self.knobs)
-        text = np.array([5, 6, 7, 8, 5, 6, 7, 9, 5, 6], np.int32) % max(1, min(self.vocab_size, 10))
-        first = scratch.start(text, filter=self.filter)
-        first.extend(text[:3])
-        first.propose(self.max_nodes)
-        first.close()  # the response cache: add and freeze
-        second = scratch.start(text, filter=self.filter)
-        second.extend(text[:2])
-        trees = scratch.propose_batch([second], self.max_nodes)
-        second.close()
-        self._best_paths(trees + [DraftTree.from_paths([[1, 2], [1, 3]])], [self.k, self.k])
+        """Compile and run every kernel a step uses: the proposer's on a throwaway proposer of the same
+        knobs (`warm_kernels`), then the adapter's own."""
+        warm_kernels(self.corpora or None, filter=self.filter, **self.knobs)
+        self._best_paths([DraftTree.from_paths([[1, 2], [1, 3]]), DraftTree.empty()], [self.k, self.k])
         choose_lengths(np.zeros(1, np.int64), np.ones(1), np.zeros(1, np.int64), 1, self.cost)
         if not math.isfinite(float(self.cost(1)[()])):
             raise BadInputError("step_cost: the cost of a one-token step is not finite")

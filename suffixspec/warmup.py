@@ -1,0 +1,64 @@
+"""`warm_kernels`: every numba kernel a serving engine's rounds can reach, compiled or loaded before
+the first request instead of inside a round.
+
+The kernels are `cache=True`: the first process of an installation compiles each one (tens of
+seconds in all: the batched proposal alone takes about half a minute on a small host) and later
+processes load them from disk (well under a second in all). Either happens on a kernel's first call.
+Without a warm-up, that first call lands inside a round: the first time two requests draft together
+(`Proposer.propose_batch`), or the first time the response cache merges into a level large enough to
+be thawed rather than rebuilt (after a few closed requests), every running request waits for it.
+
+`warm_kernels` runs each of those paths once on throwaway objects: a scratch `Proposer` with the
+caller's corpus and knobs (its sessions, batched proposal, learning and response cache: add, merge,
+thaw), and a `BudgetPolicy` over a made-up cost curve (the round sizing). Nothing the caller holds
+changes: the corpus is only read, and the scratch proposer's cache is its own.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from .budget import BudgetPolicy, CostModel
+from .cache import THAW_MIN_TOKENS, ResponseCache
+from .proposer import Proposer
+from .tree import DraftTree, prune_tree
+
+__all__ = ["warm_kernels"]
+
+_TEXT = np.array([5, 6, 7, 8, 5, 6, 7, 9, 5, 6], np.int64)
+
+
+def warm_kernels(corpus=None, *, filter=None, **knobs) -> float:
+    """Run every kernel path of a serving round once (module docstring); returns the seconds it took.
+
+    `corpus` and `knobs`: those of the serving `Proposer` (the corpus kernels and the knobs' own
+    paths are warmed too); `filter`: a corpus filter the requests will use, if any."""
+    t0 = time.perf_counter()
+    vocab = knobs.get("vocab_size")
+    text = _TEXT % max(1, min(int(vocab), 10)) if vocab else _TEXT
+    knobs = {**knobs, "cache_upkeep": "inline"}  # on this thread: done when this returns
+    scratch = Proposer(corpus, **knobs)
+    sessions = [scratch.start(text, filter=filter) for _ in range(3)]
+    for s in sessions:
+        s.extend(text[:3])
+    sessions[0].propose(8)  # one session's own path
+    scratch.propose_batch(sessions[:2], [8, 8])  # several sessions in one call
+    for s in sessions[:2]:
+        s.extend(text[3:6])  # learning from the proposed trees
+        s.close()  # the response cache: new levels, merged
+    later = [scratch.start(text, filter=filter) for _ in range(2)]
+    for s in later:
+        s.extend(text[:4])  # learning over the cache's automata
+    scratch.propose_batch([*later, sessions[2]], [8, 8, 8])  # the open session re-syncs to the cache
+    for s in [*later, sessions[2]]:
+        s.close()
+    cache = ResponseCache()
+    cache.add(np.resize(text, THAW_MIN_TOKENS + 8))
+    cache.add(np.resize(text, THAW_MIN_TOKENS // 2))  # merged into the first level, which is thawed
+    policy = BudgetPolicy(cost_model=CostModel([1, 2, 4, 8, 16], [1.0, 1.05, 1.1, 1.3, 1.7]))
+    tree = DraftTree.from_paths([[1, 2, 3], [1, 4]])
+    policy.size_round([tree, tree], [8, 8], width=1)
+    prune_tree(tree, 2, 8)
+    return time.perf_counter() - t0
