@@ -23,7 +23,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
 from ..proposer import Proposer
 from ..warmup import warm_kernels
 from .backends import reserve_memory
