@@ -54,6 +54,7 @@ __all__ = [
     "Sampler",
     "RowResult",
     "accept",
+    "argmax_rows",
     "tree_attention_support",
     "uniform_draw",
 ]
@@ -80,6 +81,16 @@ def uniform_draw(seed: int, request: int, position: int) -> float:
 
 
 # ------------------------------------------------------------------------------------------ processing
+
+
+def argmax_rows(scores: torch.Tensor) -> list[int]:
+    """The index of each row's first maximum of `scores` [m, vocab] (a NaN counts as the maximum), as
+    `torch.argmax` gives it. On the CPU numpy's vectorised argmax reads the rows: torch's is several
+    times slower there, and it runs once per row of every decode round."""
+    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
+        return scores.numpy().argmax(-1).tolist()
+    return scores.argmax(dim=-1).tolist()
+
 
 
 class Sampler:
@@ -124,7 +135,7 @@ class Sampler:
     def choose(self, scores: torch.Tensor, keys: list[tuple[int, int]]) -> list[int]:
         """One token per row of processed `scores` [m, vocab]; keys: (request, output position)."""
         if not self.do_sample:
-            return scores.argmax(dim=-1).tolist()
+            return argmax_rows(scores)
         target_probs = torch.softmax(scores.double(), dim=-1)  # [m, vocab]
         cdf = target_probs.cumsum(dim=-1)  # [m, vocab]
         u = torch.tensor([uniform_draw(self.seed, r, p) for r, p in keys], dtype=torch.float64, device=cdf.device)
@@ -598,7 +609,7 @@ def accept(
     if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors)
             and all(s is first for s in row_samplers) and not any(len(tr) for tr in trees)):
         # greedy without drafts, logits [b, 1, vocab] (the root's): one argmax per row
-        chosen = logits[:, 0].argmax(dim=-1).tolist()
+        chosen = argmax_rows(logits[:, 0])
         return [RowResult([tok], [], tok in row_eos[r]) if limits[r] > 0 else RowResult() for r, tok in enumerate(chosen)]
     results = [RowResult() for _ in range(b)]
     children = [{(int(pa), int(t)): i for i, (pa, t) in enumerate(zip(tr.parents, tr.tokens))} for tr in trees]

@@ -104,3 +104,11 @@ def test_no_fim_tokens_answers_400_naming_them(default):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == "suffix" and "<|fim_prefix|>" in err["message"] and "<fim_prefix>" in err["message"]
+
+
+def test_kernels_are_ready_before_the_first_request(default):
+    """The server warms every kernel a round can reach (`warm_kernels`) before it answers ready."""
+    server = default[0]
+    log = server.log()
+    assert "kernels ready in" in log
+    assert log.index("kernels ready in") < log.index("ready: serving")

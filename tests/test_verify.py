@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from suffixspec.tree import DraftTree
-from suffixspec.verify import KVState, Sampler, _append, accept, check_tree_logits, tree_attention_support, uniform_draw
+from suffixspec.verify import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
+                               uniform_draw)
 
 from tiny_models import FAMILIES, tiny_model
 
@@ -373,3 +374,18 @@ def test_sampler_warpers_follow_transformers_order():
     ref = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(10), TopPLogitsWarper(0.8)])(
         torch.zeros(3, 1, dtype=torch.long), scores.clone())
     assert torch.equal(ours, ref)
+
+
+def test_argmax_rows_equals_torch_argmax():
+    """Ties (the first maximum), strided rows (a slice of [b, K, vocab] logits), float64, rows of
+    -inf, NaN (torch counts it as the maximum), and a dtype numpy cannot read (torch's own path)."""
+    rng = np.random.default_rng(8)
+    for _ in range(30):
+        b, k, vocab = int(rng.integers(1, 7)), int(rng.integers(1, 4)), int(rng.integers(2, 50))
+        logits = torch.from_numpy(rng.integers(0, 3, (b, k, vocab)).astype(np.float32))  # many ties
+        if rng.random() < 0.3:
+            logits[0, :, :] = float("-inf")
+        if rng.random() < 0.3:
+            logits[-1, 0, int(rng.integers(0, vocab))] = float("nan")
+        for scores in (logits[:, 0], logits[:, -1], logits[:, 0].double(), logits[:, 0].to(torch.bfloat16)):
+            assert argmax_rows(scores) == scores.argmax(dim=-1).tolist()
