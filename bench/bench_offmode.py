@@ -45,16 +45,21 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     closes = [0.0]
-    original_close = proposer_module.Session.close
 
-    def timed_close(self):
-        t = time.perf_counter()
-        try:
-            return original_close(self)
-        finally:
-            closes[0] += time.perf_counter() - t
+    def timed(method):
+        def timed_method(*args):
+            t = time.perf_counter()
+            try:
+                return method(*args)
+            finally:
+                closes[0] += time.perf_counter() - t
 
-    proposer_module.Session.close = timed_close
+        return timed_method
+
+    # the engine closes a round's finished sessions together; a checkout without that, one by one
+    proposer_module.Session.close = timed(proposer_module.Session.close)
+    if hasattr(proposer_module.Proposer, "close_sessions"):
+        proposer_module.Proposer.close_sessions = timed(proposer_module.Proposer.close_sessions)
     model, tokenizer = load_model()
     shared = SpeculativeGenerator(model, tokenizer)
     prompts = shared.encode([r.prompt for r in load_workload(args.workload).requests[: max(rows_list)]])

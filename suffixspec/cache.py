@@ -18,7 +18,9 @@ over its documents. Levels shrink geometrically (at most ~log base MERGE_RATIO o
 generation/document size of them) and a token is added to an automaton or laid out again O(log)
 times over its generation's life. A generation that rotates is laid out once as a single
 automaton. Nothing of this grows with the tokens already cached, unlike re-freezing the whole
-live generation.
+live generation. `add_many` adds several documents with one build per generation they reach: the
+documents that fill the live generation rotate with it, the rest become one level, merged as one
+document of their total size would be (the same documents in the same generations as one by one).
 Sources (`sources()`) are the frozen generations then the live levels; every level and
 generation has an id never reused, so a session's cursor into an unchanged one carries over and
 a new one is re-matched.
@@ -61,7 +63,7 @@ import numpy as np
 
 from .tokenids import as_tokens
 from .automaton import FrozenAutomaton
-from .errors import BadInputError, IndexFormatError
+from .errors import BadInputError, BadInputTypeError, IndexFormatError
 from .fileio import atomic_write_bytes
 
 __all__ = ["ResponseCache", "MAGIC", "FORMAT_VERSION", "MERGE_RATIO"]
@@ -93,16 +95,16 @@ def _build(tokens: np.ndarray, starts: np.ndarray) -> FrozenAutomaton:
     return FrozenAutomaton.from_documents(tokens, starts)
 
 
-def _merge(levels: list[tuple[int, FrozenAutomaton]], doc: np.ndarray) -> FrozenAutomaton:
-    """One automaton over the documents of `levels`, in order, then the document `doc`: the first
-    level's automaton extended by the others' documents and `doc` (the same automaton as `_build`
+def _merge(levels: list[tuple[int, FrozenAutomaton]], docs: list[np.ndarray]) -> FrozenAutomaton:
+    """One automaton over the documents of `levels`, in order, then the documents `docs`: the first
+    level's automaton extended by the others' documents and `docs` (the same automaton as `_build`
     over them all gives, without adding the first level's documents again)."""
-    tokens = np.concatenate([fa.tokens for _, fa in levels] + [doc])
+    tokens = np.concatenate([fa.tokens for _, fa in levels] + docs)
     starts, base = [], 0
     for _, fa in levels:
         starts.append(np.asarray(fa.doc_starts, np.int64) + base)
         base += len(fa)
-    starts.append(np.array([base], np.int64))
+    starts.append(base + np.cumsum([0] + [d.shape[0] for d in docs[:-1]], dtype=np.int64))
     if not levels or len(levels[0][1]) < THAW_MIN_TOKENS:
         return _build(tokens, np.concatenate(starts))
     return FrozenAutomaton.from_documents(tokens, np.concatenate(starts), extending=levels[0][1])
@@ -141,32 +143,50 @@ class ResponseCache:
 
     def add(self, tokens) -> None:
         """Add one document (a closed session's output); see the module docstring for the cost."""
-        toks = as_tokens(tokens)
-        if toks.shape[0] == 0:
+        self.add_many([as_tokens(tokens)])
+
+    def add_many(self, documents) -> None:
+        """Add documents in order (closed sessions' outputs), into the same generations as adding
+        them one by one would put them, with one build per generation they reach instead of one
+        per document: the documents up to the one that fills the live generation rotate with it,
+        the rest become one new level (merged by its total size, as one document would be)."""
+        if isinstance(documents, (str, bytes, dict)) or not hasattr(documents, "__iter__"):
+            raise BadInputTypeError(f"documents: expected a list of token id sequences, got {type(documents).__name__}")
+        docs = [as_tokens(d, f"documents[{i}]") for i, d in enumerate(documents)]
+        docs = [d for d in docs if d.shape[0]]
+        if not docs:
             return
         with self._add_lock:
-            levels = list(self._levels)  # only add() changes them, and adds are serialised
+            levels = list(self._levels)  # only adds change them, and adds are serialised
             frozen = list(self._frozen)
-            gid = self._new_id()  # the new document's level
-            # The levels the document's level is merged with, decided on sizes alone, so that
-            # the result is built once: levels[j:] and the document become one level (or, once
-            # the generation is full, all of them one frozen generation). The ids are those the
-            # merges one by one would take.
-            sizes = [len(fa) for _, fa in levels]
-            merged_size = int(toks.shape[0])
-            rotate = sum(sizes) + merged_size >= self.generation_tokens
-            j = 0 if rotate else len(levels)
-            while not rotate and j >= 1 and sizes[j - 1] <= MERGE_RATIO * merged_size:
-                j -= 1
-                merged_size += sizes[j]
-                gid = self._new_id()
-            built = _merge(levels[j:], toks)
-            if rotate:
-                frozen.append((self._new_id(), built))
-                levels = []
-                del frozen[: max(0, len(frozen) - (self.generations - 1))]
-            else:
-                levels[j:] = [(gid, built)]
+            first = 0
+            while first < len(docs):
+                held = sum(len(fa) for _, fa in levels)
+                end, size = first, 0
+                while end < len(docs) and held + size < self.generation_tokens:
+                    size += int(docs[end].shape[0])
+                    end += 1
+                rotate = held + size >= self.generation_tokens
+                gid = self._new_id()  # the new documents' level
+                # The levels the new level is merged with, decided on sizes alone, so that the
+                # result is built once: levels[j:] and the documents become one level (or, once
+                # the generation is full, all of them one frozen generation). Every level built
+                # takes a new id, as many as the merges would take one by one.
+                sizes = [len(fa) for _, fa in levels]
+                merged_size = size
+                j = 0 if rotate else len(levels)
+                while not rotate and j >= 1 and sizes[j - 1] <= MERGE_RATIO * merged_size:
+                    j -= 1
+                    merged_size += sizes[j]
+                    gid = self._new_id()
+                built = _merge(levels[j:], docs[first:end])
+                if rotate:
+                    frozen.append((self._new_id(), built))
+                    levels = []
+                    del frozen[: max(0, len(frozen) - (self.generations - 1))]
+                else:
+                    levels[j:] = [(gid, built)]
+                first = end
             with self._lock:
                 self._frozen, self._levels = frozen, levels
                 self._version = next(_versions)

@@ -585,19 +585,28 @@ class Server:
     def _flush_closes(self) -> None:
         """Close the queued sessions: before the proposer next drafts, and when the server goes idle
         or closes, so that work is never on a newcomer's time to first token and every proposal
-        sees the outputs that finished before it. A session that fails to close is logged; its
-        output does not join the past responses, and no running request pays for it."""
+        sees the outputs that finished before it. Their outputs join the past responses in one cache
+        add. A failure is logged, and no running request pays for it: a session that could not be
+        opened or fed keeps what it had (or nothing), a failed add loses that flush's outputs."""
         closing, self._closing = self._closing, []
+        if not closing:
+            return
+        proposer, sessions = self.gen.proposer, []
         for session, prompt, unfed, request_id, filter in closing:
             try:
                 if session is None:
-                    session = self.gen.proposer.start(prompt, request_id=request_id, filter=filter)
-                try:
-                    if unfed:
-                        session.extend(unfed)
-                finally:
-                    session.close()
+                    session = proposer.start(prompt, request_id=request_id, filter=filter)
+                sessions.append(session)  # closed below even when feeding it fails
+                if unfed:
+                    session.extend(unfed)
             except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
+                log.warning("closing a finished request's proposer session failed: %r", exc)
+        together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
+        closers = [lambda: together(sessions)] if together is not None else [s.close for s in sessions]
+        for close in closers:
+            try:
+                close()
+            except Exception as exc:  # noqa: BLE001 - as above
                 log.warning("closing a finished request's proposer session failed: %r", exc)
 
     def _drop_cancelled(self, step: Step) -> None:

@@ -65,69 +65,9 @@ from .tokenids import MAX_TOKEN_ID, as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .cache import ResponseCache
 from .errors import BadInputError, BadInputTypeError, InternalError
+from .sources import RestrictedSource, Sources, corpus_sources
 from .tree import DraftTree
 from .upkeep import CacheUpkeep
-
-def _corpus_sources(corpus) -> list:
-    """Flatten `corpus` into FrozenAutomaton and corpus-index entries."""
-    if corpus is None:
-        return []
-    items = corpus if isinstance(corpus, (list, tuple)) else [corpus]
-    out = []
-    for item in items:
-        if isinstance(item, SuffixAutomaton):
-            out.append(item.freeze())
-        elif isinstance(item, FrozenAutomaton):
-            out.append(item)
-        elif hasattr(item, "shards") and hasattr(item, "query") and hasattr(item, "subset"):
-            out.append(item)
-        else:
-            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or CorpusIndex, got {type(item).__name__}")
-    return out
-
-
-class _RestrictedSource:
-    """A corpus index queried within a document subset (or past deleted documents).
-
-    Each round asks the index for the longest match of the last `window` context tokens within
-    the subset, then drafts linear chains: for each of the best continuations, the text that
-    followed its most recent selected occurrence. Slower than the automaton walk of an
-    unrestricted source, and matches are capped at `window` tokens.
-    """
-
-    window = 256
-
-    def __init__(self, index, subset):
-        self.index = index
-        self.subset = subset
-
-    def candidates(self, context: np.ndarray, budget: int, params, min_match: int):
-        m = self.index.query(context[-self.window :], self.subset)
-        if m.length < min_match or len(m) == 0:
-            return None
-        total = float(m.counts.sum())
-        recent = int(np.argmax(m.last_ends))
-        rec = params[dk.P_RECENCY]
-        prior = params[dk.P_MATCH_PRIOR]
-        weights = m.counts.astype(np.float64) + np.where(np.arange(len(m)) == recent, rec * total, 0.0)
-        order = np.argsort(-weights, kind="stable")[: int(params[dk.P_MAX_CHILDREN])]
-        toks, pars, probs = [], [], []
-        for i in order:
-            p = weights[i] / (total * (1 + rec)) * m.length / (m.length + prior)
-            if p < params[dk.P_MIN_PROB]:
-                break
-            chain = [int(m.tokens[i])] + self.index.following(int(m.last_ends[i]), budget - 1).tolist()
-            length, parent = m.length + 1, -1
-            for t in chain:
-                if p < params[dk.P_MIN_PROB] or len(toks) >= budget * 2:
-                    break
-                toks.append(t)
-                pars.append(parent)
-                probs.append(p)
-                parent = len(toks) - 1
-                p *= length / (length + prior)
-                length += 1
-        return (np.array(toks, np.int32), np.array(pars, np.int32), np.array(probs, np.float64))
 
 
 _PARALLEL_LAUNCH = threading.Lock()
@@ -142,29 +82,6 @@ def _prefer_workqueue() -> None:
     if (not getattr(parallel, "_is_initialized", False) and "NUMBA_THREADING_LAYER" not in os.environ
             and numba.config.THREADING_LAYER == "default"):
         numba.config.THREADING_LAYER = "workqueue"
-
-
-
-
-class _Sources:
-    """The frozen sources sessions read, in kernel order: the corpus automata (and every shard of
-    every corpus index), then the past-response generations of one cache version. Immutable; a new
-    one is built when the cache changes."""
-
-    def __init__(self, static: list[FrozenAutomaton], version: int, cached: list[tuple[int, FrozenAutomaton]],
-                 tops_of):
-        self.version = version
-        self.n_static = len(static)
-        self.automata = list(static) + [a for _, a in cached]
-        self.generations = [None] * len(static) + [g for g, _ in cached]
-        # each row's source class (lk.CLS_*), as the kernels read it
-        self.classes = np.array([lk.CLS_CORPUS] * len(static) + [lk.CLS_CACHE] * len(cached), np.int64)
-        # the kernels read the sources through raw addresses: self.held keeps their arrays alive
-        self.held = [fa.kernel_arrays() + (fa.edge_records(),) for fa in self.automata]
-        self.table = fk.source_table(self.held)
-        # each source's best children of its states with many (fk.top_children), or None
-        self.held_tops = [tops_of(fa) for fa in self.automata]
-        self.tops = fk.top_table(self.held_tops)
 
 
 class _LiveSlots:
@@ -297,7 +214,7 @@ class Proposer:
         self.params[dk.P_SESSION_STRENGTH] = session_strength
         self.params[dk.P_CAL_STRENGTH] = calibration_strength
         self.params.flags.writeable = False  # the knobs are fixed: sessions' kernel frames name this array
-        self.corpora = _corpus_sources(corpus)
+        self.corpora = corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
         self._static: list[FrozenAutomaton] = []
         self._static_owner: list[int] = []
@@ -308,7 +225,7 @@ class Proposer:
         self._null = _NoCache()  # the version holder of sessions while there is no cache
         self._cache: ResponseCache | None = None
         self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
-        self._sources: _Sources | None = None
+        self._sources: Sources | None = None
         self._tops: dict = {}  # id(frozen automaton) -> (it, its fk.top_children or None)
         for fa in self._static:
             self._tops_of(fa)
@@ -333,14 +250,24 @@ class Proposer:
         self._cache = value
         old._touch()  # sessions compare versions with the holder they were built with: send them to resync
 
-    def _keep(self, cache: ResponseCache, output: list[int]) -> None:
-        """A closed session's output joins `cache`: at once (the closing caller's time), or queued
-        for the upkeep thread (`cache_upkeep="background"`)."""
+    def _keep(self, cache: ResponseCache, outputs: list[list[int]]) -> None:
+        """Closed sessions' outputs join `cache`: at once (the closing caller's time, one add and
+        one new snapshot of the sources for them all), or queued for the upkeep thread
+        (`cache_upkeep="background"`)."""
         if self._upkeep is not None:
-            self._upkeep.submit(cache, output)
+            self._upkeep.submit_many(cache, outputs)
             return
-        cache.add(output)
+        cache.add_many(outputs)
         self._current_sources()  # the new snapshot's arrays, on this request's time
+
+    def close_sessions(self, sessions) -> None:
+        """Close every session of `sessions` (`Session.close`), their outputs joining the cache
+        of past responses together: one cache add for them all, not one per session."""
+        outputs = [session._finish() for session in sessions]
+        cache = self.cache
+        outputs = [out for out in outputs if out]
+        if cache is not None and outputs:
+            self._keep(cache, outputs)
 
     def wait_cache(self, timeout: float | None = None) -> bool:
         """Wait until every output of a session closed before this call is in the cache (at once
@@ -407,7 +334,7 @@ class Proposer:
         self._tops[id(fa)] = (fa, tops)
         return tops
 
-    def _current_sources(self) -> _Sources:
+    def _current_sources(self) -> Sources:
         src = self._sources
         version = self._version_holder()._version  # an int read: no lock needed
         if src is not None and src.version == version:
@@ -423,7 +350,7 @@ class Proposer:
             if self._sources is None or self._sources.version != version:
                 live = {id(fa) for fa in self._static} | {id(fa) for _, fa in cached}
                 self._tops = {k: v for k, v in self._tops.items() if k in live}  # forget dropped snapshots'
-                self._sources = _Sources(self._static, version, cached, self._tops_of)
+                self._sources = Sources(self._static, version, cached, self._tops_of)
             return self._sources
         finally:
             self._sources_lock.release()
@@ -560,16 +487,16 @@ class Session:
         self._closed = False
         self._slot = -1  # live-automaton slot of batched proposals ...
         self._registered = None  # ... and the arrays registered there
-        self._restricted: list[_RestrictedSource] = []
+        self._restricted: list[RestrictedSource] = []
         restricted_owner = set()
         for i, c in enumerate(proposer.corpora):
             if isinstance(c, FrozenAutomaton) or (filter is None and not len(c.deleted)):
                 continue
             restricted_owner.add(i)
             if isinstance(filter, dict):
-                self._restricted.append(_RestrictedSource(c, c.subset(tags=filter)))
+                self._restricted.append(RestrictedSource(c, c.subset(tags=filter)))
             else:
-                self._restricted.append(_RestrictedSource(c, c.subset(filter) if filter is not None else None))
+                self._restricted.append(RestrictedSource(c, c.subset(filter) if filter is not None else None))
         # one cursor row (pk.CUR_STATE, pk.CUR_LEN) per source of self._automata; state -1: not used
         self._automata: list[FrozenAutomaton] = list(proposer._static)
         self._cur = np.zeros((len(self._automata), pk.CUR_COLS), np.int64)
@@ -583,7 +510,7 @@ class Session:
         # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
         # (tokens, parents, shares, groups, steps) and its span, or None
         self._judged = None
-        self._src: _Sources | None = None  # the sources self._automata mirrors, once synced
+        self._src: Sources | None = None  # the sources self._automata mirrors, once synced
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
         # while propose may use it after checking only the cache version (unrestricted sessions)
         self._frame = self._hot = None
@@ -643,7 +570,7 @@ class Session:
                     fa._corrupt("while matching")
                 cur[j] = (state, length)
 
-    def _sync(self, src: _Sources | None = None) -> None:
+    def _sync(self, src: Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
         that did not change keep their cursors; a new snapshot of the same (growing) generation
         keeps the state ids, so its cursor carries over (normalised past clones that took its
@@ -756,7 +683,7 @@ class Session:
         tree = self._propose_sources(budget)
         toks, pars, probs = [tree.tokens], [tree.parents], [tree.scores]
         n = len(tree)
-        context = sam.tokens[-_RestrictedSource.window :]
+        context = sam.tokens[-RestrictedSource.window :]
         for src in self._restricted:
             cand = src.candidates(context, budget, p.params, p.min_match)
             if cand is not None and cand[0].shape[0]:
@@ -774,9 +701,16 @@ class Session:
         """End the request; its output joins the global cache of past responses. Waits for a
         proposal or extension of this session running in another thread; later proposals are
         empty and later extensions raise."""
+        output = self._finish()
+        cache = self.proposer.cache
+        if cache is not None and output:
+            self.proposer._keep(cache, [output])
+
+    def _finish(self) -> list[int] | None:
+        """Close without keeping: the output to keep (None when the session was closed already)."""
         with self._guard:
             if self._closed:
-                return
+                return None
             self._closed = True
             self._frame = self._hot = None
             self._sam = None  # a batch slot keeps its arrays referenced until released below
@@ -786,9 +720,7 @@ class Session:
         if slot >= 0:
             with self.proposer._batch_lock:  # after the lock: lock order is batch lock, then session
                 self.proposer._slots.release(slot)
-        cache = self.proposer.cache
-        if cache is not None and self._output:
-            self.proposer._keep(cache, self._output)
+        return self._output
 
     def __enter__(self):
         return self

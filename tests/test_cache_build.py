@@ -1,7 +1,8 @@
 """`FrozenAutomaton.from_documents` (one kernel call over all documents, `_kernels/build.py`) against
 the per-document path it replaces (a fresh `SuffixAutomaton`, `add_document` per document, `freeze`),
 and the response cache's one-build-per-add upkeep against the cache as it was (every level built
-alone, then merged two by two, each merge rebuilt), after every add, ids included."""
+alone, then merged two by two, each merge rebuilt), after every add, ids included; `add_many` against
+`add` one document at a time."""
 
 import numpy as np
 import pytest
@@ -201,3 +202,59 @@ def test_save_and_load_round_trip(tmp_path):
     for (ga, a), (gb, b) in zip(loaded.sources()[1], cache.sources()[1]):
         assert ga == gb
         _assert_same(a, b)
+
+
+@pytest.mark.parametrize("max_tokens,generations,alphabet", [(3000, 3, 4), (800, 2, 50_000), (40, 4, 3)])
+def test_add_many_puts_the_documents_where_adding_them_one_by_one_does(max_tokens, generations, alphabet):
+    """Batches of 0-12 documents (1-token, empty and repeated ones; batches that fill one generation or
+    several): after every batch the frozen generations hold the documents of the cache fed one by one,
+    the live generation the same documents in order, every level is the fresh build over its
+    documents, levels keep the merge rule and their ids are distinct, the version moved once; a
+    save/load round trip rebuilds the same sources."""
+    rng = np.random.default_rng(max_tokens + 1)
+    batched, single = ResponseCache(max_tokens, generations), ResponseCache(max_tokens, generations)
+    history = []
+    for step in range(120):
+        batch = []
+        for _ in range(int(rng.integers(0, 13))):
+            if history and rng.random() < 0.15:
+                doc = history[int(rng.integers(0, len(history)))]
+            else:
+                doc = rng.integers(0, alphabet, 1 if rng.random() < 0.2 else int(rng.integers(1, 120))).tolist()
+            history.append(doc)
+            batch.append(doc)
+        if rng.random() < 0.1:
+            batch.insert(int(rng.integers(0, len(batch) + 1)), [])  # an empty document is skipped
+        version = batched.version
+        batched.add_many(batch)
+        for doc in batch:
+            single.add(doc)
+        assert (batched.version != version) == any(batch)
+        assert ([[d.tolist() for d in _docs(fa)] for _, fa in batched._frozen]
+                == [[d.tolist() for d in _docs(fa)] for _, fa in single._frozen])
+        assert ([d.tolist() for _, fa in batched._levels for d in _docs(fa)]
+                == [d.tolist() for _, fa in single._levels for d in _docs(fa)])
+        for _, fa in batched.sources()[1]:
+            _assert_same(fa, _reference(_docs(fa)))
+        sizes = [len(fa) for _, fa in batched._levels]
+        assert all(a > cache_mod.MERGE_RATIO * b for a, b in zip(sizes, sizes[1:])), sizes
+        ids = [g for g, _ in batched.sources()[1]]
+        assert len(set(ids)) == len(ids) and all(g < batched._next_id for g in ids)
+        if step % 40 == 39:
+            loaded = ResponseCache.from_bytes(batched.to_bytes())
+            assert [g for g, _ in loaded.sources()[1]] == ids
+            for (_, a), (_, b) in zip(loaded.sources()[1], batched.sources()[1]):
+                _assert_same(a, b)
+
+
+def test_add_many_refuses_a_bad_document_and_keeps_the_cache():
+    cache = ResponseCache(1000, 2)
+    cache.add_many([[1, 2, 3]])
+    before, version = cache.to_bytes(), cache.version
+    with pytest.raises(BadInputError):
+        cache.add_many([[4, 5], [-1]])
+    with pytest.raises(BadInputTypeError, match=r"documents\[1\]"):
+        cache.add_many([[4, 5], "text"])
+    with pytest.raises(BadInputTypeError, match="list of token id sequences"):
+        cache.add_many(7)
+    assert cache.to_bytes() == before and cache.version == version

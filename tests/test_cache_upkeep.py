@@ -1,7 +1,8 @@
 """The response cache's background upkeep (`Proposer(cache_upkeep="background")`, suffixspec/upkeep.py):
 `close` returns before its output is added, proposals go on meanwhile from the last snapshot, outputs
 land in close order (the same cache bytes as inline upkeep), a failed add is counted and the upkeep
-goes on, and many threads closing and proposing together lose nothing."""
+goes on, and many threads closing and proposing together lose nothing. `Proposer.close_sessions`
+closes many sessions with one add, keeping what closing them one by one keeps, either way."""
 
 import threading
 
@@ -34,13 +35,16 @@ class GatedCache(ResponseCache):
         self.gate = threading.Event()
         self.poison = None
         self.entered = threading.Event()
+        self.batches = []  # the documents of each add, in call order
 
-    def add(self, tokens):
+    def add_many(self, documents):
+        documents = list(documents)
         self.entered.set()
+        self.batches.append(len(documents))
         assert self.gate.wait(30)
-        if self.poison is not None and np.array_equal(np.asarray(tokens), self.poison):
+        if self.poison is not None and any(np.array_equal(np.asarray(d), self.poison) for d in documents):
             raise RuntimeError("poisoned document")
-        super().add(tokens)
+        super().add_many(documents)
 
 
 def test_background_upkeep_adds_in_close_order_the_same_cache_as_inline():
@@ -120,3 +124,55 @@ def test_threads_closing_and_proposing_together_lose_nothing():
 def test_an_unknown_upkeep_mode_is_refused():
     with pytest.raises(BadInputError, match="cache_upkeep: expected 'inline' or 'background', got 'later'"):
         Proposer(cache_upkeep="later")
+
+
+def _open_all(proposer, outputs):
+    sessions = []
+    for i, out in enumerate(outputs):
+        s = proposer.start(TEXT[i : i + 16])
+        s.propose(8)
+        s.extend(out)
+        sessions.append(s)
+    return sessions
+
+
+def _documents(cache):
+    """Each generation's documents, oldest first: the frozen ones one by one, the live one whole."""
+    frozen = [[d.tolist() for d in _split(fa)] for _, fa in cache._frozen]
+    return frozen + [[d.tolist() for _, fa in cache._levels for d in _split(fa)]]
+
+
+def _split(fa):
+    bounds = fa.doc_starts.tolist() + [len(fa)]
+    return [fa.tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+@pytest.mark.parametrize("upkeep", ["inline", "background"])
+def test_close_sessions_keeps_what_closing_one_by_one_keeps_in_one_add(upkeep):
+    """Sessions closed together: the same documents in the same generations (a rotation among them),
+    the same learned counts, one add for all; closed sessions then draft nothing and refuse tokens,
+    and closing them again adds nothing."""
+    outputs = _outputs(10) + [TEXT[:0]]  # and one session that committed nothing
+    one = Proposer(cache_tokens=4 * 700, cache_generations=4, cache_upkeep=upkeep)
+    together = Proposer(cache_tokens=4 * 700, cache_generations=4, cache_upkeep=upkeep)
+    one.cache = GatedCache(4 * 700, 4)
+    together.cache = gated = GatedCache(4 * 700, 4)
+    one.cache.gate.set()
+    gated.gate.set()
+    for s in _open_all(one, outputs):
+        s.close()
+    sessions = _open_all(together, outputs)
+    together.close_sessions(sessions)
+    assert one.wait_cache(60) and together.wait_cache(60)
+    assert gated.batches == [10] and len(one.cache.batches) == 10
+    assert len(together.cache._frozen) == 1  # 10 x 120 tokens fill the 700-token generation once
+    assert _documents(together.cache) == _documents(one.cache)
+    assert np.array_equal(together.learned(), one.learned())
+    assert len(sessions[0].propose(8)) == 0
+    with pytest.raises(BadInputError):
+        sessions[0].extend([1])
+    together.close_sessions(sessions)
+    sessions[1].close()
+    assert together.wait_cache(60) and gated.batches == [10]
+    # what was added drafts: a prompt ending inside a closed output proposes its continuation
+    assert outputs[9][40] in set(together.start(outputs[9][:40]).propose(16).tokens.tolist())

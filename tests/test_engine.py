@@ -1,9 +1,11 @@
 """The continuous-batching engine: joins and leaves between rounds, identity with batch-1 decoding,
-sampling keys, bad options, prefill groups, cancellation, failure isolation, time accounting."""
+sampling keys, bad options, prefill groups, cancellation, failure isolation, time accounting, finished
+requests' sessions closed together."""
 
 import pytest
 
 from suffixspec.budget import CostModel
+from suffixspec.cache import ResponseCache
 from suffixspec.errors import BadInputError
 from suffixspec.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
@@ -540,3 +542,48 @@ def test_forgetting_rounds_keeps_the_requests_and_zeroes_every_round_counter():
     assert stats.requests == [kept] and (stats.e2e_s, stats.peak_memory_bytes, stats.fallback) == (1.5, 7, "why")
     stats.record_budgets([2])
     assert stats.mean_budget == 2.0
+
+
+class CountingCache(ResponseCache):
+    """A response cache that records the documents of each add."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.batches = []
+
+    def add_many(self, documents):
+        documents = [list(map(int, d)) for d in documents]
+        self.batches.append(documents)
+        super().add_many(documents)
+
+
+@pytest.mark.parametrize("budget", [8, "auto"])
+def test_requests_finishing_together_join_the_past_responses_in_one_add(budget):
+    """Requests that finish in the same round (sessions that drafted, or automatic ones deferred and
+    opened only to close): their outputs join the cache in one add, before the next proposal or in
+    the idle server's upkeep, one add per round that finished some; a later request's output in an
+    add of its own. Outputs equal plain decoding."""
+    model = tiny_model("llama")
+    prompts = prompts_for(seed=5, lengths=(6, 11, 3, 8, 5))
+    refs = [hf_generate(model, p, 9) for p in prompts]
+    # automatic rows: drafting priced far above its gain, so they defer their sessions and never draft
+    gen = SpeculativeGenerator(model, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    gen.proposer.cache = cache = CountingCache()
+    server = gen.serve(max_new_tokens=9, budget=budget, max_batch=4)
+    for p in prompts[:4]:
+        server.add(p)
+    finishing_steps = 0
+    while not server.idle:
+        finishing_steps += any(ev.finish_reason for ev in server.step().events)
+    server.step()  # the idle server's upkeep closes the last ones
+    assert sorted(d for batch in cache.batches for d in batch) == sorted(refs[:4])
+    assert len(cache.batches) == finishing_steps, [len(b) for b in cache.batches]  # budget 8: [3, 1]
+    if budget == "auto":
+        assert len(cache.batches) == 1
+    adds = len(cache.batches)
+    server.add(prompts[4])
+    while not server.idle:
+        server.step()
+    server.step()
+    assert cache.batches[adds:] == [[refs[4]]]
+    assert server.result().sequences == refs

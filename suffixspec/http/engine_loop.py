@@ -319,7 +319,6 @@ class EngineLoop:
         return s.rounds, s.plain_rounds, s.proposer_s, s.budget_s, s.verifier_s
 
     def _dispatch(self, step, before: tuple) -> None:
-        server = self.server
         after = self._totals()
         delta = tuple(a - b for a, b in zip(after, before))
         for index in step.admitted:
