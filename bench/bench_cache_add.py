@@ -4,20 +4,23 @@ A default cache (`max_tokens` 2**20 in 4 generations) is filled with `--prefill`
 real text (standard library modules through the default BPE tokenizer, `bench/_data.py`; each
 document 40-130 tokens, consecutive slices of the stream), saved with `to_bytes`; then every
 repeat loads that state afresh (`from_bytes`) once per variant and times `add` of the same
-`--window` next documents, one by one. Variants, in alternating order per repeat:
+`--window` next documents. Variants, in rotating order per repeat:
 
 - "per-document": the cache as it was (its module code, replicated here): the new document built as
   a level of its own, then merged with the level before it two by two, every level built by a fresh
   `SuffixAutomaton` one `add_document` at a time, frozen, then its kernel arrays and edge records made;
 - "current": `suffixspec.cache.ResponseCache` (merges decided on sizes, one build per add, one kernel
-  call over all its documents: `FrozenAutomaton.from_documents`).
+  call over all its documents: `FrozenAutomaton.from_documents`);
+- "together": the same cache given `--batch` documents at a time (`add_many`, what a server round
+  whose requests finish together does), timed per call and reported per document.
 
-Both hold the same sources afterwards (checked). Reports per variant the median over repeats of the
+The first two hold the same sources afterwards, and "together" the same documents in the same
+generations (both checked). Reports per variant the median over repeats of the
 mean us per add and the spread (min-max of those means), the p50 / p90 / max of single adds, and
 the cost of building one document alone (`_build` of each window document). A warm-up round of
 each variant runs first (kernels compiled or loaded). Prints a table, then one JSON line last.
 
-    python bench/bench_cache_add.py [--prefill 2000] [--window 550] [--repeats 7]
+    python bench/bench_cache_add.py [--prefill 2000] [--window 550] [--repeats 7] [--batch 16]
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ class PerDocumentCache(ResponseCache):
                 self._version = next(cache_mod._versions)
 
 
-VARIANTS = {"per-document": (PerDocumentCache, _per_document_build), "current": (ResponseCache, cache_mod._build)}
+VARIANTS = {"per-document": (PerDocumentCache, _per_document_build), "current": (ResponseCache, cache_mod._build),
+            "together": (ResponseCache, cache_mod._build)}
 
 
 def _documents(text, count, pos, rng):
@@ -99,14 +103,20 @@ def _documents(text, count, pos, rng):
     return out, pos
 
 
-def _time_adds(cls, blob, docs):
+def _time_adds(cls, blob, docs, batch=1):
+    """Seconds per document: each `add`, or (`batch` > 1) each `add_many` of `batch` documents shared
+    among them."""
     cache = cls.from_bytes(blob)
     gc.collect()
     times = np.empty(len(docs))
-    for i, d in enumerate(docs):
+    for i in range(0, len(docs), batch):
         t0 = time.perf_counter()
-        cache.add(d)
-        times[i] = time.perf_counter() - t0
+        if batch == 1:
+            cache.add(docs[i])
+        else:
+            cache.add_many(docs[i : i + batch])
+        n = len(docs[i : i + batch])
+        times[i : i + n] = (time.perf_counter() - t0) / n
     return times, cache
 
 
@@ -127,6 +137,18 @@ def _same_sources(a, b) -> bool:
         for (_, fa), (_, fb) in zip(sa, sb))
 
 
+def _same_documents(a, b) -> bool:
+    """The same documents in the same generations (frozen ones each, the live one whole)."""
+    def split(fa):
+        bounds = fa.doc_starts.tolist() + [len(fa)]
+        return [fa.tokens[x:y].tolist() for x, y in zip(bounds[:-1], bounds[1:])]
+
+    def documents(cache):
+        return [split(fa) for _, fa in cache._frozen] + [[d for _, fa in cache._levels for d in split(fa)]]
+
+    return documents(a) == documents(b)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--prefill", type=int, default=2000, help="documents added before timing")
@@ -135,6 +157,7 @@ def main(argv=None) -> int:
     ap.add_argument("--max-tokens", type=int, default=1 << 20)
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--batch", type=int, default=16, help="documents per add_many in the \"together\" variant")
     args = ap.parse_args(argv)
 
     from bench._data import stdlib_token_stream
@@ -149,8 +172,9 @@ def main(argv=None) -> int:
     blob = base.to_bytes()
     state = repr(base)
 
-    for cls, build in VARIANTS.values():  # warm-up: kernels compiled or loaded, caches touched
-        _time_adds(cls, blob, window[:50])
+    batches = {"per-document": 1, "current": 1, "together": args.batch}
+    for name, (cls, build) in VARIANTS.items():  # warm-up: kernels compiled or loaded, caches touched
+        _time_adds(cls, blob, window[:50], batches[name])
         _time_single_builds(build, window[:50])
 
     runs = {name: [] for name in VARIANTS}
@@ -158,12 +182,12 @@ def main(argv=None) -> int:
     final = {}
     order = list(VARIANTS)
     for r in range(args.repeats):
-        for name in (order if r % 2 == 0 else order[::-1]):
+        for name in order[r % len(order) :] + order[: r % len(order)]:
             cls, build = VARIANTS[name]
-            times, final[name] = _time_adds(cls, blob, window)
+            times, final[name] = _time_adds(cls, blob, window, batches[name])
             runs[name].append(times)
             singles[name].append(_time_single_builds(build, window))
-    same = _same_sources(final["per-document"], final["current"])
+    same = _same_sources(final["per-document"], final["current"]) and _same_documents(final["current"], final["together"])
 
     rows = []
     for name in VARIANTS:
@@ -175,16 +199,19 @@ def main(argv=None) -> int:
                      "p90_us": float(np.percentile(every, 90)), "max_us": float(every.max()),
                      "single_build_p50_us": float(np.median(single))})
     speedup = rows[0]["mean_us_per_add"] / rows[1]["mean_us_per_add"]
-    print(f"cache after prefill: {state}; {args.window} adds timed x {args.repeats} repeats; same sources: {same}")
+    print(f"cache after prefill: {state}; {args.window} documents timed x {args.repeats} repeats; same sources: {same}")
     print(f"{'variant':>13} {'us/add (median of means)':>25} {'spread':>17} {'p50':>8} {'p90':>8} {'max':>9} "
           f"{'1-doc build p50':>16}")
     for r in rows:
         print(f"{r['variant']:>13} {r['mean_us_per_add']:>25.1f} {r['spread_min_us']:>8.1f}-{r['spread_max_us']:<8.1f} "
               f"{r['p50_us']:>8.1f} {r['p90_us']:>8.1f} {r['max_us']:>9.1f} {r['single_build_p50_us']:>16.1f}")
-    print(f"speed-up (per-document / current, mean per add): {speedup:.2f}x")
+    together = rows[1]["mean_us_per_add"] / rows[2]["mean_us_per_add"]
+    print(f"speed-up (per-document / current, mean per add): {speedup:.2f}x; "
+          f"{args.batch} documents together / one by one, per document: {together:.2f}x")
     print(json.dumps({"bench": "cache_add", "prefill": args.prefill, "window": args.window, "repeats": args.repeats,
                       "max_tokens": args.max_tokens, "generations": args.generations, "same_sources": same,
-                      "speedup": speedup, "rows": rows}))
+                      "speedup": speedup, "batch": args.batch, "together_speedup": together,
+                      "rows": rows}))
     return 0 if same else 1
 
 

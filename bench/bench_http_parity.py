@@ -119,7 +119,7 @@ def main() -> int:
                 texts.setdefault(q, set()).add(out if isinstance(out, str) else tokenizer.decode(out))
     mismatched = sum(len(t) > 1 for t in texts.values())
 
-    rows, summary = [], []
+    summary = []
     print(f"{args.workload}, {args.num_prompts} prompts, {args.max_new_tokens} tokens, repeat {args.repeat} "
           f"(interleaved), {args.threads} thread(s), in-process generator {args.in_process}")
     print(f"{'c':>3} {'side':<11} {'TPOT plain':>10} {'TPOT spec':>10} {'tok/round':>9} {'speed-up':>22}")

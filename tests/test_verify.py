@@ -273,7 +273,6 @@ def test_added_rows_keep_the_slot_invariant_and_logits():
 
 def test_compaction_keeps_logits():
     model = tiny_model("llama")
-    rng = np.random.default_rng(3)
     state = KVState(model, 2)
     seqs = [[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], [5]]
     state.forward([seqs[0], seqs[1]], [DraftTree.empty(), DraftTree.empty()])
@@ -326,8 +325,6 @@ def test_greedy_accept_matches_brute_force():
     for _ in range(200):
         tree = random_tree(rng, vocab, int(rng.integers(0, 12)))
         logits = torch.randn(1, len(tree) + 1, vocab)
-        # make some nodes agree with the target at their parent
-        choice = {}
         def target(prefix_nodes):
             node = prefix_nodes[-1] if prefix_nodes else -1
             return int(logits[0, node + 1].argmax())
