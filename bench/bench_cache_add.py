@@ -139,14 +139,10 @@ def _same_sources(a, b) -> bool:
 
 def _same_documents(a, b) -> bool:
     """The same documents in the same generations (frozen ones each, the live one whole)."""
-    def split(fa):
-        bounds = fa.doc_starts.tolist() + [len(fa)]
-        return [fa.tokens[x:y].tolist() for x, y in zip(bounds[:-1], bounds[1:])]
+    def listed(cache):
+        return [[d.tolist() for d in g] for g in cache.documents()]
 
-    def documents(cache):
-        return [split(fa) for _, fa in cache._frozen] + [[d for _, fa in cache._levels for d in split(fa)]]
-
-    return documents(a) == documents(b)
+    return listed(a) == listed(b)
 
 
 def main(argv=None) -> int:

@@ -143,7 +143,7 @@ class ResponseCache:
 
     def add(self, tokens) -> None:
         """Add one document (a closed session's output); see the module docstring for the cost."""
-        self.add_many([as_tokens(tokens)])
+        self._add_valid([as_tokens(tokens)])
 
     def add_many(self, documents) -> None:
         """Add documents in order (closed sessions' outputs), into the same generations as adding
@@ -152,7 +152,9 @@ class ResponseCache:
         the rest become one new level (merged by its total size, as one document would be)."""
         if isinstance(documents, (str, bytes, dict)) or not hasattr(documents, "__iter__"):
             raise BadInputTypeError(f"documents: expected a list of token id sequences, got {type(documents).__name__}")
-        docs = [as_tokens(d, f"documents[{i}]") for i, d in enumerate(documents)]
+        self._add_valid([as_tokens(d, f"documents[{i}]") for i, d in enumerate(documents)])
+
+    def _add_valid(self, docs: list[np.ndarray]) -> None:
         docs = [d for d in docs if d.shape[0]]
         if not docs:
             return
@@ -195,6 +197,17 @@ class ResponseCache:
         """(version, [(id, frozen automaton)...]) as of now: frozen generations, then live levels."""
         with self._lock:
             return self._version, self._frozen + self._levels
+
+    def documents(self) -> list[list[np.ndarray]]:
+        """The documents held, as of now: one list per frozen generation (oldest first), then one
+        for the live generation (possibly empty), each in the order they were added."""
+        def split(fa):
+            bounds = [int(x) for x in fa.doc_starts] + [len(fa)]
+            return [fa.tokens[x:y] for x, y in zip(bounds[:-1], bounds[1:])]
+
+        with self._lock:
+            frozen, levels = list(self._frozen), list(self._levels)
+        return [split(fa) for _, fa in frozen] + [[d for _, fa in levels for d in split(fa)]]
 
     def _touch(self) -> None:
         """A new version with the same contents: sessions holding this cache resync."""

@@ -131,6 +131,15 @@ def model_vocab_size(model) -> int | None:
         return int(size) if size else None
 
 
+def _close_logged(close, *args) -> None:
+    """close(*args) for finished requests' sessions: a failure is logged, not raised, since it is a
+    finished request's bookkeeping and not a round's failure."""
+    try:
+        close(*args)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("closing a finished request's proposer session failed: %r", exc)
+
+
 def prefill_groups(requests: list[Request], waste: float = 0.25) -> list[list[Request]]:
     """Newcomers grouped by prompt length so that left padding adds at most `waste` of a group's tokens."""
     groups: list[list[Request]] = []
@@ -600,14 +609,13 @@ class Server:
                 if unfed:
                     session.extend(unfed)
             except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
-                log.warning("closing a finished request's proposer session failed: %r", exc)
+                log.warning("opening or feeding a finished request's proposer session failed: %r", exc)
         together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
-        closers = [lambda: together(sessions)] if together is not None else [s.close for s in sessions]
-        for close in closers:
-            try:
-                close()
-            except Exception as exc:  # noqa: BLE001 - as above
-                log.warning("closing a finished request's proposer session failed: %r", exc)
+        if together is not None:
+            _close_logged(together, sessions)
+        else:
+            for session in sessions:
+                _close_logged(session.close)
 
     def _drop_cancelled(self, step: Step) -> None:
         if not any(rq.cancelled for rq in self._live.values()):

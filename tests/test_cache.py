@@ -72,8 +72,7 @@ def test_levels_hold_the_old_documents_exactly_and_cost_logarithmic_work(monkeyp
         cache.add(doc)
         assert cache.version != version
         frozen, live = _old_policy(docs, max_tokens, generations)
-        assert [_docs_of(fa) for _, fa in cache._frozen] == frozen
-        assert [d for _, fa in cache._levels for d in _docs_of(fa)] == live
+        assert [[d.tolist() for d in g] for g in cache.documents()] == frozen + [live]
         sizes = [len(fa) for _, fa in cache._levels]
         assert all(a > cache_mod.MERGE_RATIO * b for a, b in zip(sizes, sizes[1:]))
         ids = [g for g, _ in cache.sources()[1]]
@@ -190,6 +189,9 @@ def test_round_trip_is_exact(tmp_path):
     # an empty cache, and a loaded cache keeps growing like the original
     ResponseCache().save(tmp_path / "empty")
     assert len(ResponseCache.load(tmp_path / "empty")) == 0
+    assert ResponseCache.load(tmp_path / "empty").documents() == [[]]
+    listed = [[d.tolist() for d in g] for g in cache.documents()]
+    assert [[d.tolist() for d in g] for g in loaded.documents()] == listed and len(listed) >= 2
     cache.add([1, 2, 3, 4])
     loaded.add([1, 2, 3, 4])
     assert cache.to_bytes() == loaded.to_bytes()

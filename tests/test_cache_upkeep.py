@@ -138,13 +138,7 @@ def _open_all(proposer, outputs):
 
 def _documents(cache):
     """Each generation's documents, oldest first: the frozen ones one by one, the live one whole."""
-    frozen = [[d.tolist() for d in _split(fa)] for _, fa in cache._frozen]
-    return frozen + [[d.tolist() for _, fa in cache._levels for d in _split(fa)]]
-
-
-def _split(fa):
-    bounds = fa.doc_starts.tolist() + [len(fa)]
-    return [fa.tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+    return [[d.tolist() for d in g] for g in cache.documents()]
 
 
 @pytest.mark.parametrize("upkeep", ["inline", "background"])

@@ -9,6 +9,7 @@ from suffixspec.cache import ResponseCache
 from suffixspec.errors import BadInputError
 from suffixspec.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
+from suffixspec.proposer import Proposer
 from suffixspec.tree import DraftTree
 
 from tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
@@ -587,3 +588,61 @@ def test_requests_finishing_together_join_the_past_responses_in_one_add(budget):
     server.step()
     assert cache.batches[adds:] == [[refs[4]]]
     assert server.result().sequences == refs
+
+
+class FailingCloses:
+    """The generator's proposer, with every other session's close failing; `together` False hides
+    its `close_sessions`, so the engine closes sessions one by one."""
+
+    def __init__(self, inner, together):
+        self.inner, self.together, self.closed, self.calls = inner, together, [], 0
+
+    def start(self, *a, **k):
+        session, outer = self.inner.start(*a, **k), self
+
+        class Session:
+            def __getattr__(self, name):
+                return getattr(session, name)
+
+            def close(self):
+                outer.calls += 1
+                if outer.calls % 2:
+                    raise RuntimeError("close failed")
+                outer.closed.append(session)
+                session.close()
+
+        return Session()
+
+    def __getattr__(self, name):
+        if name == "close_sessions" and not self.together:
+            raise AttributeError(name)
+        if name == "close_sessions":
+            def fail(sessions):
+                self.calls += 1
+                raise RuntimeError("close_sessions failed")
+            return fail
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("together", [True, False])
+def test_failing_closes_are_logged_and_cost_no_request_its_output(together, caplog):
+    """A proposer whose closes fail (all together, or every other one when closed one by one): each
+    failure is logged, the other sessions still close, and every output equals plain decoding."""
+    model = tiny_model("llama")
+    prompts = prompts_for(seed=7, lengths=(6, 11, 3, 8))
+    refs = [hf_generate(model, p, 9) for p in prompts]
+    proposer = FailingCloses(Proposer(), together)
+    gen = SpeculativeGenerator(model, proposer=proposer)
+    server = gen.serve(max_new_tokens=9, budget=8, max_batch=4)
+    for p in prompts:
+        server.add(p)
+    with caplog.at_level("WARNING", logger="suffixspec.engine"):
+        while not server.idle:
+            server.step()
+        server.step()
+    assert server.result().sequences == refs
+    failures = caplog.text.count("closing a finished request's proposer session failed")
+    if together:
+        assert proposer.calls >= 1 and failures == proposer.calls and not proposer.closed
+    else:
+        assert proposer.calls == len(prompts) and failures == 2 and len(proposer.closed) == 2

@@ -38,8 +38,6 @@ def test_prepacked_layers_compute_what_the_dense_ones_do(kind, tied):
 def test_prepacked_layouts_compute_what_the_dense_ones_do(reorder, monkeypatch, caplog):
     """The blocked layout where torch can reorder weights for linear layers, else oneDNN's plain layout
     (a logged warning when the reorder operator fails): the same logits either way."""
-    import suffixspec.models as models
-
     dense = tiny_model("llama").float()
     packed = copy.deepcopy(dense)
     if reorder != "available":
