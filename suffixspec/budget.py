@@ -39,6 +39,7 @@ SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked agains
 REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
 REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
+CADENCE_MAX_SHARE = 0.004  # of a quiet batch's rounds that drafting may take (see DraftCadence)
 
 
 class CostModel:
@@ -440,32 +441,58 @@ class DraftCadence:
     """How often a running batch whose automatic budget keeps choosing plain decoding drafts at all.
 
     Each round that drafted and verified no tree for any of its automatic rows lengthens a quiet
-    streak; the batch then skips drafting for min(streak, `max_skip`) rounds, so a batch that stays
-    off proposes (and learns from shadows) once every `max_skip` + 1 rounds instead of every round.
-    A round that verifies a tree ends the streak; `wake()` (a newcomer joined) makes the next round
-    draft without ending it. Rows with a fixed budget or a prediction always draft."""
+    streak; once `memory` rounds have passed since the batch last verified a tree (before that its
+    quiet rounds are a pause between copies, not speculation switched off), the batch skips drafting
+    for min(streak, `max_skip`, needed) rounds, so a batch that
+    stays off proposes (and learns from shadows) once every `max_skip` + 1 rounds at the sparsest.
+    `needed` is the fewest skips that keep drafting within `max_share` of the batch's rounds: the
+    share is a decayed average of what drafting rounds spent drafting (`cost_s`: proposals, sizing,
+    learning) over their whole time (`round_s`). Where drafting is cheap next to the model's pass (one
+    row of a slow model) every round drafts, so no copy the proposer would find is missed; rounds
+    observed without timings skip as far as the streak allows. A round that verifies a tree ends the
+    streak; `wake()` (a newcomer joined) makes the next round draft without ending it. Rows with a
+    fixed budget or a prediction always draft."""
 
-    __slots__ = ("max_skip", "streak", "skip")
+    __slots__ = ("max_skip", "max_share", "memory", "streak", "skip", "share", "since_verified")
 
-    def __init__(self, max_skip: int = 3):
+    def __init__(self, max_skip: int = 3, max_share: float | None = None, memory: int = 16):
         self.max_skip = int(max_skip)
+        self.max_share = float(CADENCE_MAX_SHARE if max_share is None else max_share)
+        self.memory = int(memory)
         self.streak = 0
         self.skip = 0
+        self.since_verified = self.memory  # rounds since a tree was last verified (none yet: long ago)
+        self.share: float | None = None  # drafting's share of a drafting round, decayed
 
     def drafts(self) -> bool:
         """Whether this round drafts; a round that does not uses up one skipped round."""
+        self.since_verified += 1
         if self.skip > 0:
             self.skip -= 1
             return False
         return True
 
-    def observe(self, verified: bool) -> None:
-        """After a drafting round: whether any automatic row verified a tree."""
+    def observe(self, verified: bool, cost_s: float | None = None, round_s: float | None = None) -> None:
+        """After a drafting round: whether any automatic row verified a tree; what drafting cost in
+        it and the round's whole time, in seconds."""
+        if cost_s is not None and round_s is not None and round_s > 0:
+            # beyond (max_skip + 1) x max_share the skips are capped anyway: a one-off spike (a first
+            # call, a stall) weighs no more than that
+            x = min(max(cost_s / round_s, 0.0), (self.max_skip + 1) * self.max_share)
+            self.share = x if self.share is None else 0.75 * self.share + 0.25 * x
         if verified:
-            self.streak = self.skip = 0
+            self.streak = self.skip = self.since_verified = 0
         else:
             self.streak += 1
-            self.skip = min(self.streak, self.max_skip)
+            recent = self.since_verified < self.memory
+            self.skip = 0 if recent else min(self.streak, self.max_skip, self.needed())
+
+    def needed(self) -> int:
+        """The fewest skips after each drafting round that keep drafting within `max_share` (drafting
+        one round in k costs share / k); `max_skip` before any timed round."""
+        if self.share is None:
+            return self.max_skip
+        return max(0, math.ceil(self.share / self.max_share - 1e-9) - 1)
 
     def wake(self) -> None:
         self.skip = 0

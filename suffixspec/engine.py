@@ -392,15 +392,16 @@ class Server:
                cadence: DraftCadence | None = None) -> list[Request]:
         """One round of `requests` (the rows of `state`); returns those that go on, in order. With
         `drafts` False, rows with an automatic budget and no prediction draft nothing. `cadence`
-        (the running batch's) observes whether a drafting round verified any automatic row's tree."""
+        (the running batch's) observes whether a drafting round verified any automatic row's tree,
+        and what its drafting cost against the whole round."""
         rows = [RowRound(rq, rq.max_new - len(rq.output)) for rq in requests]
         t0 = self._clock()
-        self._draft(rows, drafts)
+        closes_s = self._draft(rows, drafts)
         t1 = self._clock()
         width = max(len(rq.pending) for rq in requests)
         self._size(rows, width)
-        if cadence is not None and drafts and any(r.request.auto for r in rows):
-            cadence.observe(any(len(r.tree) for r in rows if r.request.auto))
+        observed = cadence is not None and drafts and any(r.request.auto for r in rows)
+        verified = observed and any(len(r.tree) for r in rows if r.request.auto)
         t2 = self._clock()
         self._verify(state, rows, width)
         t3 = self._clock()
@@ -410,6 +411,8 @@ class Server:
         t5 = self._clock()
         self._learn(rows)
         t6 = self._clock()
+        if observed:  # what drafting cost this round (the closes are owed anyway), against the round
+            cadence.observe(verified, cost_s=(t2 - t0) - closes_s + (t6 - t5), round_s=(t6 - t0) - closes_s)
         stats = self.stats
         stats.proposer_s += (t1 - t0) + (t5 - t4)
         stats.budget_s += (t2 - t1) + (t6 - t5)
@@ -424,10 +427,10 @@ class Server:
 
     # ---------------------------------------------------------------------------------- the round's steps
 
-    def _draft(self, rows: list[RowRound], drafts: bool = True) -> None:
+    def _draft(self, rows: list[RowRound], drafts: bool = True) -> float:
         """Each row's tree from its proposer session (one batched call), plus its prediction's path,
         pruned to its budget and to what it may still commit. Without `drafts`, automatic rows
-        without a prediction draft nothing."""
+        without a prediction draft nothing. Returns the seconds spent closing finished sessions."""
         budgets = []
         for r in rows:
             rq = r.request
@@ -439,8 +442,11 @@ class Server:
         # a deferred session opens when its request first drafts, never on its prefill (no output yet)
         opening = [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.deferred and r.request.output]
         live = sorted(opening + [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.session is not None])
+        closes_s = 0.0
         if live and self._closing:  # the outputs that finished before join the past responses first
+            t = self._clock()
             self._flush_closes()
+            closes_s = self._clock() - t
         for i in opening:
             self._open_session(rows[i].request)
         if live:
@@ -464,6 +470,7 @@ class Server:
             if len(r.proposed):
                 r.proposed = prune_tree(r.proposed, b, r.limit - 1)
             r.tree = r.proposed
+        return closes_s
 
     def _size(self, rows: list[RowRound], width: int) -> None:
         """The budget policy chooses the round's draft size over the rows with an automatic budget."""

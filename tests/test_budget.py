@@ -342,6 +342,63 @@ def test_draft_cadence_thins_out_while_quiet_and_wakes():
     c.skip = 0
     c.observe(True)
     assert c.streak == 0 and all(c.drafts() for _ in range(3))
+    # within `memory` rounds of a verified tree quiet rounds skip nothing, then the streak thins again
+    pattern = []
+    for _ in range(40):
+        d = c.drafts()
+        pattern.append(d)
+        if d:
+            c.observe(False)
+    drafted = [i for i, d in enumerate(pattern) if d]
+    first_skip = pattern.index(False)
+    assert first_skip == c.memory - 3 and all(pattern[:first_skip])  # 3 rounds drafted above
+    gaps = [b - a for a, b in zip(drafted, drafted[1:]) if a >= first_skip - 1]
+    assert gaps and set(gaps) == {4}, gaps  # the streak grew meanwhile: straight to the longest skip
+
+
+@pytest.mark.parametrize("share", [0.001, 0.004, 0.0041, 0.006, 0.009, 0.0121, 0.016, 0.05])
+def test_draft_cadence_skips_only_as_far_as_drafting_costs(share):
+    """A quiet batch whose drafting rounds spend `share` of their time drafting: it skips the fewest
+    rounds that keep drafting within max_share of all rounds (brute force over the skip counts), never
+    more than the streak and max_skip allow; drafting is never dearer than max_share unless max_skip
+    caps it, and cheap drafting never skips."""
+    from suffixspec.budget import DraftCadence
+
+    c = DraftCadence(max_skip=3, max_share=0.004)
+    pattern = []
+    for _ in range(60):
+        d = c.drafts()
+        pattern.append(d)
+        if d:
+            c.observe(False, cost_s=share * 0.1, round_s=0.1)
+    weighed = min(share, 4 * 0.004)  # a share beyond where the skips cap weighs as that
+    fewest = next((k for k in range(100) if weighed / (k + 1) <= 0.004 + 1e-12), None)
+    assert c.needed() == fewest
+    drafted = [i for i, d in enumerate(pattern) if d]
+    gaps = [b - a for a, b in zip(drafted, drafted[1:])]
+    want = min(fewest, 3)
+    assert gaps[:want] == list(range(2, want + 2)) and set(gaps[want:]) == {want + 1}, gaps  # skips 1, 2, ...
+    spent = share * len(drafted) / len(pattern)
+    assert spent <= 0.004 * 1.15 or want == 3  # the first rounds' shorter skips aside
+    if share <= 0.004:
+        assert all(pattern)
+
+
+def test_draft_cadence_share_decays_toward_new_rounds_and_untimed_rounds_skip_freely():
+    from suffixspec.budget import DraftCadence
+
+    c = DraftCadence(max_skip=3, max_share=0.004)
+    c.observe(False)
+    assert c.share is None and c.skip == 1  # no timings: as far as the streak allows
+    c.observe(False, cost_s=0.02, round_s=1.0)  # 2%: three skips needed, capped by the streak (2)
+    assert c.share == pytest.approx(0.016) and c.skip == 2  # 2% weighs as 1.6%, where skips cap
+    for _ in range(40):  # drafting became cheap (0.1%): the decayed share follows, skips stop
+        c.observe(False, cost_s=0.001, round_s=1.0)
+    assert c.share == pytest.approx(0.001, rel=1e-3) and c.needed() == 0 and c.skip == 0
+    c.observe(False, cost_s=5.0, round_s=1.0)  # a spike weighs as the share at which skips cap, no more
+    assert c.share == pytest.approx(0.75 * 0.001 + 0.25 * 0.016, rel=1e-3) and c.needed() == 1
+    c.observe(True, cost_s=0.0, round_s=0.0)  # a zero-length round: no timing, the streak ends
+    assert c.streak == 0 and c.skip == 0
 
 
 def _product_limit(seen, x, prior):

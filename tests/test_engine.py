@@ -335,14 +335,18 @@ def test_the_server_filter_reaches_every_session_without_its_own():
 # ------------------------------------------------------------------------------------ drafting while off
 
 
-def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_nothing():
+def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_nothing(monkeypatch):
     """A cost model under which no draft ever pays: the automatic rows' prefills (too short to carry
     a tree) neither propose nor open a session; from their first round the running batch's automatic
     rows propose on a thinning cadence (never two rounds in a row, never more than four rounds
     apart, about one round in four in all), a fixed-budget row proposes every round from its prefill
     on, every proposal sees the request's whole output so far, every session closes over the whole
-    output, and the outputs equal plain decoding."""
+    output, and the outputs equal plain decoding. (Drafting is taken to cost more than the cadence's
+    share of any round, as it does next to a tiny model's passes.)"""
+    import suffixspec.budget as budget_mod
     from suffixspec.options import DecodeOptions
+
+    monkeypatch.setattr(budget_mod, "CADENCE_MAX_SHARE", 1e-12)
 
     model = tiny_model("llama")
     prompts = prompts_for()[:3]
@@ -391,6 +395,55 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
         gaps = [b - a for a, b in zip(steps, steps[1:])]
         assert gaps and all(2 <= g <= 4 for g in gaps), steps
         assert len(steps) <= res.stats.requests[q].rounds // 4 + 4, steps
+
+
+def test_a_quiet_batch_of_a_slow_model_drafts_every_round(monkeypatch):
+    """Where drafting costs little against the model's pass (each pass made 150 ms slower, the
+    cadence allowed 2% of a round), the quiet batch proposes at every round, so a copy that resumes
+    is never missed; the share is measured on the engine's clock. Outputs equal plain decoding."""
+    import time
+
+    import suffixspec.budget as budget_mod
+
+    monkeypatch.setattr(budget_mod, "CADENCE_MAX_SHARE", 0.02)
+
+    model = tiny_model("llama")
+    prompts = prompts_for()[:2]
+    new = 8
+    refs = [hf_generate(model, p, new) for p in prompts]
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.15)
+        return forward(*args, **kwargs)
+
+    proposals: list[int] = []
+    step_no = [0]
+
+    def draft(session, budget):
+        proposals.append(step_no[0])
+        return DraftTree.from_paths([[1, 2, 3]], [0.9])
+
+    gen = SpeculativeGenerator(model, proposer=StandInProposer(draft),
+                               cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    warm = gen.serve(max_new_tokens=new, budget="auto")  # first calls in this process, off the record
+    for p in prompts:
+        warm.add(p)
+    warm.run()
+    proposals.clear()
+    model.forward = slow_forward
+    server = gen.serve(max_new_tokens=new, budget="auto")
+    for p in prompts:
+        server.add(p)
+    while not server.idle:
+        step_no[0] += 1
+        server.step()
+    res = server.result()
+    assert res.sequences == refs
+    assert res.stats.plain_rounds == res.stats.rounds  # nothing paid: no tree was ever verified
+    drafting_steps = sorted(set(proposals))
+    assert drafting_steps == list(range(drafting_steps[0], drafting_steps[-1] + 1)), drafting_steps
+    assert len(drafting_steps) >= new - 2
 
 
 def test_a_prefill_opens_its_session_only_when_it_could_carry_a_tree():
