@@ -443,8 +443,8 @@ class DraftCadence:
     Each round that drafted and verified no tree for any of its automatic rows lengthens a quiet
     streak; once `memory` rounds have passed since the batch last verified a tree (before that its
     quiet rounds are a pause between copies, not speculation switched off), the batch skips drafting
-    for min(streak, `max_skip`, needed) rounds, so a batch that
-    stays off proposes (and learns from shadows) once every `max_skip` + 1 rounds at the sparsest.
+    for min(streak, `max_skip`, needed) rounds, so a batch that stays off proposes (and learns from
+    shadows) once every `max_skip` + 1 rounds at the sparsest.
     `needed` is the fewest skips that keep drafting within `max_share` of the batch's rounds: the
     share is a decayed average of what drafting rounds spent drafting (`cost_s`: proposals, sizing,
     learning) over their whole time (`round_s`). Where drafting is cheap next to the model's pass (one
