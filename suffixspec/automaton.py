@@ -360,6 +360,11 @@ class FrozenAutomaton(_Queries):
             if a.flags.writeable:
                 a.flags.writeable = False
 
+    def documents(self) -> list[np.ndarray]:
+        """The documents it was built over, in order (views of `tokens`)."""
+        bounds = [int(x) for x in self.doc_starts] + [len(self)]
+        return [self.tokens[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
     @classmethod
     def from_documents(cls, tokens, doc_starts, *, extending: FrozenAutomaton | None = None) -> FrozenAutomaton:
         """The automaton `SuffixAutomaton.add_document` builds over the documents

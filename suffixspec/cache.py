@@ -201,13 +201,9 @@ class ResponseCache:
     def documents(self) -> list[list[np.ndarray]]:
         """The documents held, as of now: one list per frozen generation (oldest first), then one
         for the live generation (possibly empty), each in the order they were added."""
-        def split(fa):
-            bounds = [int(x) for x in fa.doc_starts] + [len(fa)]
-            return [fa.tokens[x:y] for x, y in zip(bounds[:-1], bounds[1:])]
-
         with self._lock:
             frozen, levels = list(self._frozen), list(self._levels)
-        return [split(fa) for _, fa in frozen] + [[d for _, fa in levels for d in split(fa)]]
+        return [fa.documents() for _, fa in frozen] + [[d for _, fa in levels for d in fa.documents()]]
 
     def _touch(self) -> None:
         """A new version with the same contents: sessions holding this cache resync."""

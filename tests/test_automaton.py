@@ -312,3 +312,15 @@ def test_nbytes_counts_spare_capacity_and_grows():
     sam.extend(np.arange(10_000) % 97)
     assert sam.nbytes > small
     assert sam.nbytes >= sam._S.nbytes + sam._E.nbytes + sam._H.nbytes + sam._T.nbytes
+
+
+def test_frozen_documents_are_the_documents_it_was_built_over():
+    rng = np.random.default_rng(11)
+    docs = [rng.integers(0, 7, int(n)).tolist() for n in rng.integers(1, 30, 9)]
+    sam = SuffixAutomaton()
+    for d in docs:
+        sam.add_document(d)
+    assert [d.tolist() for d in sam.freeze().documents()] == docs
+    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]], dtype=np.int64)
+    assert [d.tolist() for d in FrozenAutomaton.from_documents(tokens, starts).documents()] == docs

@@ -29,8 +29,7 @@ ENTRY = struct.Struct("<QIIQQQQII8s")
 
 
 def _docs_of(fa):
-    bounds = fa.doc_starts.tolist() + [len(fa)]
-    return [fa.tokens[a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+    return [d.tolist() for d in fa.documents()]
 
 
 def _old_policy(docs, max_tokens, generations):
