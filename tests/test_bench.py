@@ -553,7 +553,7 @@ def test_grid_cells_verdicts_table_and_heatmap(tmp_path):
     table = format_grid(cells)
     assert len(table.splitlines()) == 2 + len(cells) and "3.00x [3.00-3.00]" in table and "loses" in table
 
-    path = write_heatmap(tmp_path / "grid.png", cells, "(fake)")
+    path = write_heatmap(tmp_path / "grid.png", cells, "fake / plain")
     import matplotlib.image as mpimg
 
     img = mpimg.imread(path)

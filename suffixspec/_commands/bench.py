@@ -382,7 +382,7 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
               "environment": described["environment"], "cells": cells, "benchmarks": parts,
               "timing": {"total_s": time.perf_counter() - t_start}}
     bench.write_report(out / "grid.json", report)
-    heatmap = write_heatmap(out / "grid_speedup.png", cells, f"({spec_mode} vs {settings.baseline})")
+    heatmap = write_heatmap(out / "grid_speedup.png", cells, f"{spec_mode} / {settings.baseline}")
     print(f"grid: {', '.join(workloads)} x concurrency {','.join(map(str, concurrency))} x max_new_tokens "
           f"{','.join(map(str, lengths))}, {args.num_prompts} prompts, repeat {settings.repeat}, "
           f"{spec_mode} vs {settings.baseline}")

@@ -111,8 +111,9 @@ def format_grid(cells: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_heatmap(path, cells: list[dict[str, Any]], title: str = "") -> str:
-    """The grid's speed-ups as a PNG heat map (module docstring); returns its path."""
+def write_heatmap(path, cells: list[dict[str, Any]], title: str = "speculative / plain") -> str:
+    """The grid's speed-ups as a PNG heat map (module docstring) headed by `title` (what is divided by
+    what); returns its path."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -141,9 +142,11 @@ def write_heatmap(path, cells: list[dict[str, Any]], title: str = "") -> str:
     ax.set_xticks(range(len(cols)), [str(c) for c in cols])
     ax.set_yticks(range(len(rows)), [f"{w}, {m} tokens" for w, m in rows])
     ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_title(f"Speculative throughput / plain (median of repeats) {title}".strip(), fontsize=10)
+    ax.set_title(f"Throughput {title}: median of repeats (min: the worst repeat)", fontsize=10)
     bar = fig.colorbar(image, ax=ax, fraction=0.05)
-    bar.set_label("speed-up over plain")
+    bar.set_label(f"speed-up, {title}")
+    # the norm's two halves differ in scale: ticks on both sides of 1.0, or the losing side has none
+    bar.set_ticks(sorted({round(low, 2), round((low + 1.0) / 2, 2), *np.round(np.linspace(1.0, high, 5), 2).tolist()}))
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
