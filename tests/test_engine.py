@@ -405,6 +405,8 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
     0.13%, under 0.4%), so a copy that resumes is never missed; at 10 ms a round (6.3%) it skips 1,
     2, then 3 rounds between drafting rounds, as far as the streak and max_skip allow. Outputs equal
     plain decoding either way."""
+    import functools
+
     from suffixspec.budget import CADENCE_MAX_SHARE
     from suffixspec.engine import Server
 
@@ -416,6 +418,7 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
     now = [0.0]
     forward = model.forward
 
+    @functools.wraps(forward)  # the engine reads the forward's signature (its cache argument's name)
     def timed_forward(*args, **kwargs):
         now[0] += 0.150
         return forward(*args, **kwargs)
