@@ -563,24 +563,33 @@ def test_grid_cells_verdicts_table_and_heatmap(tmp_path):
     assert np.mean(g > r + 0.25) > 0.02 and np.mean(r > g + 0.25) > 0.02
 
 
-def test_paired_ttft_ratios_pair_each_request_with_itself():
-    from suffixspec.bench.grid import paired_ttft_ratios
+def test_paired_ratios_pair_each_request_with_itself():
+    from suffixspec.bench.grid import paired_ratios, paired_ttft_ratios
 
-    def run(mode, c, k, ttfts, failed=()):
+    def run(mode, c, k, ttfts, failed=(), e2e=None):
+        e2e = e2e or [10 * t for t in ttfts]
         return {"mode": mode, "concurrency": c, "repeat": k,
-                "requests": [{"id": f"q{i}", "ttft_s": t, "finish_reason": "error" if i in failed else "length"}
-                             for i, t in enumerate(ttfts)]}
+                "requests": [{"id": f"q{i}", "ttft_s": t, "e2e_s": e, "finish_reason": "error" if i in failed else "length"}
+                             for i, (t, e) in enumerate(zip(ttfts, e2e))]}
 
     # two waves: the medians of either mode sit between them (0.30 against 0.25: 1.2x); paired, each
     # request waited as long in both modes but one (2x) and one that failed in plain mode
     runs = [run("plain", 4, 0, [0.40, 0.40, 0.10, 0.10]), run("speculative", 4, 0, [0.40, 0.40, 0.20, 0.10]),
-            run("plain", 4, 1, [0.40, 0.40, 0.10, 0.10], failed=(1,)), run("speculative", 4, 1, [0.40, 0.44, 0.10, 0.10]),
+            run("plain", 4, 1, [0.40, 0.40, 0.10, 0.10], failed=(1,)),
+            run("speculative", 4, 1, [0.40, 0.44, 0.10, 0.10], e2e=[2.0, 1.0, 0.5, 2.0]),
             run("plain", 1, 0, [0.1, 0.2]), run("speculative", 1, 0, [0.1, 0.3]), run("prompt_lookup", 1, 0, [9, 9])]
     got = paired_ttft_ratios(runs)
+    assert got == paired_ratios(runs, "ttft_s")
     assert list(got) == [1, 4]
     assert got[1] == pytest.approx(1.25)  # median of 1.0 and 1.5
     assert got[4] == pytest.approx(1.0)  # 1, 1, 2, 1 then 1, 1, 1 (q1 of repeat 1 has no plain pair)
     assert paired_ttft_ratios(runs, mode="prompt_lookup") == {1: pytest.approx(67.5)}
+    # end to end: repeat 0 as its TTFTs (1, 1, 2, 1); repeat 1 against plain's 4, -, 1, 1: 0.5, 0.5, 2
+    assert paired_ratios(runs, "e2e_s") == {1: pytest.approx(1.25), 4: pytest.approx(1.0)}
+    # the field read is the one named: same TTFTs, two requests of three finishing in half the time
+    two = [run("plain", 2, 0, [0.1, 0.1, 0.1], e2e=[1.0, 2.0, 4.0]),
+           run("speculative", 2, 0, [0.1, 0.1, 0.1], e2e=[0.5, 1.0, 4.0])]
+    assert paired_ratios(two, "e2e_s") == {2: pytest.approx(0.5)} and paired_ratios(two, "ttft_s") == {2: 1.0}
 
 
 def test_grid_cli_arguments():

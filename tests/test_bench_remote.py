@@ -288,6 +288,8 @@ def test_cli_grid_against_the_fake_server(fake_server, tmp_path, capsys):
     assert all(c["verdict"] == verdict(c["speedup"], c["speedup_min"], c["drafted_per_round"]) for c in cells)
     assert all(c["drafted_per_round"] == pytest.approx(3.0) for c in cells)  # from usage.suffixspec
     assert all(c["ttft_ratio_paired"] > 0 for c in cells)
+    assert all(0 < c["e2e_ratio_paired"] < 1 for c in cells)  # each request ends sooner, paired with itself
+    assert "e2e paired" in printed
     counts = {v: sum(c["verdict"] == v for c in cells) for v in ("speculate", "off", "neutral", "loses")}
     assert "verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()) in printed
     assert counts["off"] == counts["neutral"] == 0

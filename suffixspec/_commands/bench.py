@@ -348,7 +348,7 @@ def _run_dict(run, outputs=None) -> dict:
 def _run_grid(args, settings, target, grid, t_start) -> int:
     """Every (workload, max_new_tokens) of the grid at every concurrency; cells, grid.json, heat map."""
     from .. import bench
-    from ..bench.grid import format_grid, grid_cells, paired_ttft_ratios, write_heatmap
+    from ..bench.grid import format_grid, grid_cells, paired_ratios, write_heatmap
 
     workloads, concurrency, lengths = grid
     spec_mode = next((m for m in settings.modes if m != settings.baseline and m != "prompt_lookup"), None)
@@ -367,10 +367,12 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
                           # per request, so that a cell's two modes can be paired request by request
                           "runs": [_run_dict(r) for r in one["runs"]]})
     cells = grid_cells(results, mode=spec_mode, baseline=settings.baseline)
-    paired = {(part["workload"], part["max_new_tokens"]): paired_ttft_ratios(part["runs"], spec_mode, settings.baseline)
-              for part in parts}
-    for cell in cells:
-        cell["ttft_ratio_paired"] = paired[cell["workload"], cell["max_new_tokens"]].get(cell["concurrency"])
+    for field, key in (("ttft_s", "ttft_ratio_paired"), ("e2e_s", "e2e_ratio_paired")):
+        paired = {(part["workload"], part["max_new_tokens"]): paired_ratios(part["runs"], field, spec_mode,
+                                                                            settings.baseline)
+                  for part in parts}
+        for cell in cells:
+            cell[key] = paired[cell["workload"], cell["max_new_tokens"]].get(cell["concurrency"])
     described = target.describe(settings)
     out = Path(args.out)
     report = {"tool": "suffixspec bench --grid", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,

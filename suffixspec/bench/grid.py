@@ -18,6 +18,9 @@ The TTFT ratio (speculative / plain, medians) is reported beside the verdict, no
 is `paired_ttft_ratios(runs)`: the median over requests of each request's speculative TTFT over its
 own plain TTFT in the same repeat. With a few closed-loop waves the median TTFT of a mode sits on the
 edge between a wave's prefill and the next wave's queue, so the paired ratio is the steadier measure.
+`paired_ratios(runs, "e2e_s")` pairs the requests' end-to-end latencies the same way: throughput is
+the makespan's, which under a closed loop with few prompts the slowest client's chain of requests
+sets, so a cell whose requests mostly finish sooner can still show a speed-up below 1.
 `format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
 one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
 median speed-up on a diverging scale centred on 1.0 (full red at 0.9x or the worst cell below it,
@@ -32,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["GRID", "SPECULATE_AT", "LOSES_BELOW", "WORST_BELOW", "OFF_DRAFTED_PER_ROUND", "verdict", "grid_cells",
-           "paired_ttft_ratios", "format_grid", "write_heatmap"]
+           "paired_ratios", "paired_ttft_ratios", "format_grid", "write_heatmap"]
 
 GRID = {"workloads": ("code_edit", "chat", "qa"), "concurrency": (1, 4, 16), "max_new_tokens": (48, 128)}
 SPECULATE_AT = 1.03  # median speed-up at or above which speculation pays
@@ -78,29 +81,37 @@ def grid_cells(results: list[tuple[str, int, list[dict[str, Any]]]], mode: str =
     return cells
 
 
-def paired_ttft_ratios(runs: list[dict[str, Any]], mode: str = "speculative",
-                       baseline: str = "plain") -> dict[int, float]:
-    """Per concurrency, the median over requests of `mode`'s TTFT over `baseline`'s for the same request
-    (id) in the same repeat; `runs` as a report keeps them (mode, concurrency, repeat, requests)."""
-    ttft = {(r["mode"], r["concurrency"], r["repeat"], q["id"]): q["ttft_s"] for r in runs for q in r["requests"]
-            if q.get("finish_reason") != "error"}
+def paired_ratios(runs: list[dict[str, Any]], field: str, mode: str = "speculative",
+                  baseline: str = "plain") -> dict[int, float]:
+    """Per concurrency, the median over requests of `mode`'s `field` (a request's time: "ttft_s",
+    "e2e_s") over `baseline`'s for the same request (id) in the same repeat; `runs` as a report keeps
+    them (mode, concurrency, repeat, requests). Failed requests pair with nothing."""
+    times = {(r["mode"], r["concurrency"], r["repeat"], q["id"]): q[field] for r in runs for q in r["requests"]
+             if q.get("finish_reason") != "error"}
     ratios: dict[int, list[float]] = {}
-    for (m, c, k, rid), t in ttft.items():
-        base = ttft.get((baseline, c, k, rid))
+    for (m, c, k, rid), t in times.items():
+        base = times.get((baseline, c, k, rid))
         if m == mode and base:
             ratios.setdefault(c, []).append(t / base)
     return {c: statistics.median(v) for c, v in sorted(ratios.items())}
 
 
+def paired_ttft_ratios(runs: list[dict[str, Any]], mode: str = "speculative",
+                       baseline: str = "plain") -> dict[int, float]:
+    """`paired_ratios` of the requests' TTFT."""
+    return paired_ratios(runs, "ttft_s", mode, baseline)
+
+
 def format_grid(cells: list[dict[str, Any]]) -> str:
-    head = ["workload", "max_new", "conc", "plain tok/s", "spec tok/s", "speedup [min-max]", "TTFT x", "paired",
-            "drafted/rd", "tok/round", "mism", "verdict"]
+    head = ["workload", "max_new", "conc", "plain tok/s", "spec tok/s", "speedup [min-max]", "TTFT x", "TTFT paired",
+            "e2e paired", "drafted/rd", "tok/round", "mism", "verdict"]
     rows = [head]
     for c in cells:
         rows.append([c["workload"], str(c["max_new_tokens"]), str(c["concurrency"]), f"{c['plain_tok_s']:.1f}",
                      f"{c['tok_s']:.1f}", f"{c['speedup']:.2f}x [{c['speedup_min']:.2f}-{c['speedup_max']:.2f}]",
                      "-" if c["ttft_ratio"] is None else f"{c['ttft_ratio']:.2f}",
                      "-" if c.get("ttft_ratio_paired") is None else f"{c['ttft_ratio_paired']:.2f}",
+                     "-" if c.get("e2e_ratio_paired") is None else f"{c['e2e_ratio_paired']:.2f}",
                      "-" if c["drafted_per_round"] is None else f"{c['drafted_per_round']:.2f}",
                      "-" if c["tokens_per_round"] is None else f"{c['tokens_per_round']:.2f}",
                      str(c["mismatches"]), c["verdict"]])
