@@ -552,6 +552,9 @@ def test_grid_cells_verdicts_table_and_heatmap(tmp_path):
     assert off["speedup"] == pytest.approx(1 / 1.01) and off["drafted_per_round"] == 0.0
     table = format_grid(cells)
     assert len(table.splitlines()) == 2 + len(cells) and "3.00x [3.00-3.00]" in table and "loses" in table
+    one.update(ttft_ratio_paired=0.91, e2e_ratio_paired=0.37)  # the paired columns, in their order
+    row = next(line.split() for line in format_grid(cells).splitlines() if line.split()[:3] == ["wa", "12", "1"])
+    assert row[8:10] == ["0.91", "0.37"], row  # after the speed-up (two fields) and the TTFT ratio
 
     path = write_heatmap(tmp_path / "grid.png", cells, "fake / plain")
     import matplotlib.image as mpimg
@@ -563,6 +566,26 @@ def test_grid_cells_verdicts_table_and_heatmap(tmp_path):
     assert np.mean(g > r + 0.25) > 0.02 and np.mean(r > g + 0.25) > 0.02
 
 
+def test_heatmap_colour_bar_spans_extremes_that_round_outward(tmp_path):
+    """Extremes whose 2-decimal rounding lies beyond the norm's range (0.8949 -> 0.89, 1.8461 ->
+    1.85): the colour bar is still drawn, red to green, with no warning."""
+    import warnings
+
+    import matplotlib.image as mpimg
+
+    from suffixspec.bench.grid import write_heatmap
+
+    cells = [{"workload": "w", "max_new_tokens": 4, "concurrency": c, "speedup": v, "speedup_min": v, "verdict": "x"}
+             for c, v in ((1, 0.8949), (2, 1.8461))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        path = write_heatmap(tmp_path / "grid.png", cells, "a / b")
+    img = mpimg.imread(path)
+    bar = img[:, int(0.85 * img.shape[1]):]  # the colour bar and its labels
+    r, g = bar[..., 0], bar[..., 1]
+    assert np.mean(g > r + 0.25) > 0.002 and np.mean(r > g + 0.25) > 0.002
+
+
 def test_paired_ratios_pair_each_request_with_itself():
     from suffixspec.bench.grid import paired_ratios, paired_ttft_ratios
 
@@ -570,13 +593,14 @@ def test_paired_ratios_pair_each_request_with_itself():
         e2e = e2e or [10 * t for t in ttfts]
         return {"mode": mode, "concurrency": c, "repeat": k,
                 "requests": [{"id": f"q{i}", "ttft_s": t, "e2e_s": e, "finish_reason": "error" if i in failed else "length"}
-                             for i, (t, e) in enumerate(zip(ttfts, e2e))]}
+                             for i, (t, e) in enumerate(zip(ttfts, e2e, strict=True))]}
 
     # two waves: the medians of either mode sit between them (0.30 against 0.25: 1.2x); paired, each
     # request waited as long in both modes but one (2x) and one that failed in plain mode
-    runs = [run("plain", 4, 0, [0.40, 0.40, 0.10, 0.10]), run("speculative", 4, 0, [0.40, 0.40, 0.20, 0.10]),
+    runs = [run("plain", 4, 0, [0.40, 0.40, 0.10, 0.10]),
+            run("speculative", 4, 0, [0.40, 0.40, 0.20, 0.10], e2e=[2.0, 2.0, 2.0, 1.0]),
             run("plain", 4, 1, [0.40, 0.40, 0.10, 0.10], failed=(1,)),
-            run("speculative", 4, 1, [0.40, 0.44, 0.10, 0.10], e2e=[2.0, 1.0, 0.5, 2.0]),
+            run("speculative", 4, 1, [0.40, 0.44, 0.10, 0.10], e2e=[2.0, 1.0, 0.5, 0.5]),
             run("plain", 1, 0, [0.1, 0.2]), run("speculative", 1, 0, [0.1, 0.3]), run("prompt_lookup", 1, 0, [9, 9])]
     got = paired_ttft_ratios(runs)
     assert got == paired_ratios(runs, "ttft_s")
@@ -584,8 +608,8 @@ def test_paired_ratios_pair_each_request_with_itself():
     assert got[1] == pytest.approx(1.25)  # median of 1.0 and 1.5
     assert got[4] == pytest.approx(1.0)  # 1, 1, 2, 1 then 1, 1, 1 (q1 of repeat 1 has no plain pair)
     assert paired_ttft_ratios(runs, mode="prompt_lookup") == {1: pytest.approx(67.5)}
-    # end to end: repeat 0 as its TTFTs (1, 1, 2, 1); repeat 1 against plain's 4, -, 1, 1: 0.5, 0.5, 2
-    assert paired_ratios(runs, "e2e_s") == {1: pytest.approx(1.25), 4: pytest.approx(1.0)}
+    # end to end, against plain's 4, 4, 1, 1 and 4, -, 1, 1: 0.5, 0.5, 2, 1 and 0.5, 0.5, 0.5
+    assert paired_ratios(runs, "e2e_s") == {1: pytest.approx(1.25), 4: pytest.approx(0.5)}
     # the field read is the one named: same TTFTs, two requests of three finishing in half the time
     two = [run("plain", 2, 0, [0.1, 0.1, 0.1], e2e=[1.0, 2.0, 4.0]),
            run("speculative", 2, 0, [0.1, 0.1, 0.1], e2e=[0.5, 1.0, 4.0])]

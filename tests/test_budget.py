@@ -360,8 +360,8 @@ def test_draft_cadence_thins_out_while_quiet_and_wakes():
 def test_draft_cadence_skips_only_as_far_as_drafting_costs(share):
     """A quiet batch whose drafting rounds spend `share` of their time drafting: it skips the fewest
     rounds that keep drafting within max_share of all rounds (brute force over the skip counts), never
-    more than the streak and max_skip allow; drafting is never dearer than max_share, or than one
-    round in max_skip + 1 where max_skip caps the skips, and cheap drafting never skips."""
+    more than the streak and max_skip allow; drafting is never dearer than max_share, or than
+    share / (max_skip + 1) where max_skip caps the skips, and cheap drafting never skips."""
     from suffixspec.budget import DraftCadence
 
     c = DraftCadence(max_skip=3, max_share=0.004)
@@ -381,7 +381,7 @@ def test_draft_cadence_skips_only_as_far_as_drafting_costs(share):
     spent = share * len(drafted) / len(pattern)
     # within max_share, or where max_skip caps the skips, one round in max_skip + 1 (the first
     # rounds' shorter skips aside)
-    assert spent <= max(0.004, share / (3 + 1)) * 1.15
+    assert spent <= max(c.max_share, share / (c.max_skip + 1)) * 1.15
     if share <= 0.004:
         assert all(pattern)
 

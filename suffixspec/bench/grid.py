@@ -18,9 +18,11 @@ The TTFT ratio (speculative / plain, medians) is reported beside the verdict, no
 is `paired_ttft_ratios(runs)`: the median over requests of each request's speculative TTFT over its
 own plain TTFT in the same repeat. With a few closed-loop waves the median TTFT of a mode sits on the
 edge between a wave's prefill and the next wave's queue, so the paired ratio is the steadier measure.
-`paired_ratios(runs, "e2e_s")` pairs the requests' end-to-end latencies the same way: throughput is
-the makespan's, which under a closed loop with few prompts the slowest client's chain of requests
-sets, so a cell whose requests mostly finish sooner can still show a speed-up below 1.
+`paired_ratios(runs, "e2e_s")` pairs the requests' end-to-end latencies the same way (`suffixspec
+bench --grid` adds both to each cell as `ttft_ratio_paired` and `e2e_ratio_paired`, speculative over
+plain). Throughput is the makespan's, which under a closed loop with few prompts the client with the
+slowest chain of requests sets, so a cell whose median request finishes sooner can still show a
+speed-up below 1 (and one whose makespan shrinks, a larger speed-up than its median request sees).
 `format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
 one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
 median speed-up on a diverging scale centred on 1.0 (full red at 0.9x or the worst cell below it,
@@ -85,7 +87,8 @@ def paired_ratios(runs: list[dict[str, Any]], field: str, mode: str = "speculati
                   baseline: str = "plain") -> dict[int, float]:
     """Per concurrency, the median over requests of `mode`'s `field` (a request's time: "ttft_s",
     "e2e_s") over `baseline`'s for the same request (id) in the same repeat; `runs` as a report keeps
-    them (mode, concurrency, repeat, requests). Failed requests pair with nothing."""
+    them (mode, concurrency, repeat, requests). Failed requests, and requests whose baseline time is
+    missing or 0, pair with nothing."""
     times = {(r["mode"], r["concurrency"], r["repeat"], q["id"]): q[field] for r in runs for q in r["requests"]
              if q.get("finish_reason") != "error"}
     ratios: dict[int, list[float]] = {}
@@ -156,8 +159,10 @@ def write_heatmap(path, cells: list[dict[str, Any]], title: str = "speculative /
     ax.set_title(f"Throughput {title}: median of repeats (min: the worst repeat)", fontsize=10)
     bar = fig.colorbar(image, ax=ax, fraction=0.05)
     bar.set_label(f"speed-up, {title}")
-    # the norm's two halves differ in scale: ticks on both sides of 1.0, or the losing side has none
-    bar.set_ticks(sorted({round(low, 2), round((low + 1.0) / 2, 2), *np.round(np.linspace(1.0, high, 5), 2).tolist()}))
+    # the norm's two halves differ in scale: ticks on both sides of 1.0, or the losing side has none;
+    # exact values inside [low, high] (a tick beyond the norm's range blanks the bar), printed rounded
+    bar.set_ticks([low, (low + 1.0) / 2, *np.linspace(1.0, high, 5).tolist()])
+    bar.ax.yaxis.set_major_formatter("{x:.2f}")
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
