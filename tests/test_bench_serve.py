@@ -56,3 +56,34 @@ def test_bench_url_against_suffixspec_serve(served, tmp_path, capsys):
     for run in report["runs"]:
         if run["repeat"] == 0:
             assert run["outputs"] == expected, (run["mode"], run["concurrency"])
+
+
+def test_bench_grid_process_against_suffixspec_serve(served, tmp_path):
+    """`suffixspec bench --grid --url` as its own process against the real server: exit 0, a table with
+    the paired columns, one JSON line last, grid.json whose cells carry both paired ratios (equal to
+    pairing the report's own per-request runs) and a PNG heat map."""
+    import subprocess
+    import sys
+
+    from suffixspec.bench.grid import paired_ratios
+
+    server, _ = served
+    path = tmp_path / "w.jsonl"
+    path.write_text("".join(json.dumps({"id": f"p{i}", "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    out = tmp_path / "grid"
+    done = subprocess.run([sys.executable, "-m", "suffixspec.cli", "bench", "--url", server.url, "--api-key", KEY,
+                           "--grid", "--grid-workloads", str(path), "--grid-concurrency", "1,2",
+                           "--grid-max-new-tokens", "8", "--num-prompts", "2", "--repeat", "2", "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr + server.log()[-3000:]
+    lines = done.stdout.strip().splitlines()
+    assert any("TTFT paired" in line and "e2e paired" in line for line in lines), done.stdout
+    last = json.loads(lines[-1])
+    assert [(c["max_new_tokens"], c["concurrency"]) for c in last["cells"]] == [(8, 1), (8, 2)]
+    report = json.loads((out / "grid.json").read_text())
+    runs = report["benchmarks"][0]["runs"]
+    for cell in report["cells"]:
+        assert cell["failures"] == 0 and cell["mismatches"] == 0, cell
+        for field, key in (("ttft_s", "ttft_ratio_paired"), ("e2e_s", "e2e_ratio_paired")):
+            assert cell[key] > 0 and cell[key] == pytest.approx(paired_ratios(runs, field)[cell["concurrency"]])
+    assert (out / "grid_speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
