@@ -26,6 +26,7 @@ import numpy as np
 
 from .fileio import atomic_write_json, cache_dir
 from ._kernels import sizing as sk
+from .batch import RoundBatch
 from .tree import DraftTree, prune_tree
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
@@ -498,22 +499,6 @@ class DraftCadence:
         self.skip = 0
 
 
-def _continuing_rows(row_continuing, b: int) -> tuple[np.ndarray, np.ndarray]:
-    """`size_round`'s `row_continuing` as (float64[b, D], bool[b]: the row has an entry)."""
-    if row_continuing is None:
-        return np.ones((b, 1)), np.zeros(b, np.bool_)
-    if isinstance(row_continuing, np.ndarray):
-        return np.ascontiguousarray(row_continuing, np.float64), np.ones(b, np.bool_)
-    use = np.array([c is not None for c in row_continuing], np.bool_)
-    width = max((len(c) for c in row_continuing if c is not None), default=1)
-    cont = np.ones((b, width))
-    for i, c in enumerate(row_continuing):
-        if c is not None:
-            cont[i, : len(c)] = c
-            cont[i, len(c):] = c[-1]  # depths past its end read its last entry
-    return cont, use
-
-
 class BudgetPolicy:
     """The automatic budget's state and decisions (one per generator, shared by its servers).
 
@@ -542,33 +527,33 @@ class BudgetPolicy:
             self.cost_model = CostModel.cached(model)
         return self.cost_model
 
-    def size_round(self, trees: list[DraftTree], limits, width: int = 1, weights=None,
-                   row_factors=None, row_continuing=None) -> list[DraftTree]:
-        """Choose one draft size k for the round; each row keeps its best k nodes.
+    def size_round(self, batch: RoundBatch) -> list[DraftTree]:
+        """Choose one draft size k for the round; each automatic row (`batch.auto`) keeps its best k
+        nodes, the others keep their trees. Returns the round's trees, one per row.
 
-        The pass is left-padded to a common width (`width` pending tokens + k nodes per row), so one k
-        for all rows costs the same as per-row sizes whose largest is k. A decode round (`width` 1)
+        The pass is left-padded to a common width (`batch.width` pending tokens + k nodes per row), so
+        one k for all rows costs the same as per-row sizes whose largest is k. A decode round (width 1)
         maximises expected committed tokens per second, each row's tokens counted with its `weights`
-        entry (default 1). Scores are calibrated by rank (`RankCalibration`) and scaled by the row's
-        `row_factors` entry (default 1: how the request's own drafts fared so far). A prefill round
-        (`width` > 1, dominated by the prompts) takes k nodes only when their expected tokens beat
+        entry. Scores are calibrated by rank (`RankCalibration`) and scaled by the row's `factors`
+        entry (how the request's own drafts fared so far). A prefill round (width > 1, dominated by
+        the prompts) takes k nodes only when their expected tokens beat
         `prefill_margin` times what their extra pass time buys in plain decode rounds, and only up to
         `prefill_slack` of the pass's cost: that time delays every row's first token (TTFT), so it
-        counts more than time spent later. A row's `row_continuing` entry ([d]: the chance its output
-        runs past a node d deep, `OutputLengths.continuing`; None: 1) discounts its deep nodes, so an
-        answer likely to end soon does not draft wider than it can repay."""
+        counts more than time spent later. A row's `continuing` entry ([d]: the chance its output runs
+        past a node d deep, `OutputLengths.continuing`) discounts its deep nodes, so an answer likely
+        to end soon does not draft wider than it can repay."""
+        # rows with a fixed budget keep their trees; the round is sized for all rows alike
+        trees = [t if a else DraftTree.empty() for t, a in zip(batch.trees, batch.auto)]
         b = len(trees)
         kmax = max((len(t) for t in trees), default=0)
         if kmax == 0:
-            return trees
-        scale = np.ones(b) if row_factors is None else np.asarray(row_factors, np.float64)
-        w = np.ones(b) if weights is None else np.asarray(weights, np.float64)
+            return list(batch.trees)
+        width, w = batch.width, batch.weights
         offsets = np.zeros(b + 1, np.int64)
         np.cumsum([len(t) for t in trees], out=offsets[1:])
         scores = np.concatenate([t.scores for t in trees])
         depths = np.concatenate([t.depths for t in trees])
-        cont, use_cont = _continuing_rows(row_continuing, b)
-        gains = sk.round_gains(scores, depths, offsets, scale, w, cont, use_cont,
+        gains = sk.round_gains(scores, depths, offsets, batch.factors, w, batch.continuing, np.ones(b, np.bool_),
                                np.ascontiguousarray(self.calibration.factors(kmax), np.float64), kmax)
         cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
         if width > 1:
@@ -585,7 +570,8 @@ class BudgetPolicy:
             # grows with the rows
             if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
                 k = 0  # a predicted gain within the model's error is not worth the risk of a loss
-        return [prune_tree(t, k, lim - 1) if len(t) > k else t for t, lim in zip(trees, limits)]
+        return [(prune_tree(t, k, int(lim) - 1) if len(t) > k else t) if a else kept
+                for t, lim, a, kept in zip(trees, batch.limits, batch.auto, batch.trees)]
 
     def prefill_may_draft(self, rows: int, width: int) -> bool:
         """Whether a prefill of `rows` rows `width` tokens wide could carry a tree within `prefill_slack`

@@ -13,7 +13,7 @@ Contract of one `step()`:
    is also their first round; grouped by prompt length so left padding stays small); their cache
    rows then join the running batch (`KVState.add_rows`). Automatic rows of a prefill that could not
    carry a single draft node within the policy's slack (`BudgetPolicy.prefill_may_draft`) open their
-   proposer sessions at their first drafting round instead (`Request.deferred`), so the set-up is not
+   proposer sessions at their first drafting round instead (`SessionState.DEFERRED`), so the set-up is not
    on their time to first token; a request that finishes before it drafts opens and closes its
    session then, so its output still joins the past responses. A newcomer's first tokens thus end the
    step that admits it: its time to first token is its queueing and its prefill, never a round of
@@ -49,12 +49,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
-from .budget import DraftCadence, RequestTrust, tail_weights
+from .batch import RoundBatch
+from .budget import DraftCadence, tail_weights
 from .errors import BadInputError
 from .fallback import plain_generate
-from .options import DecodeOptions, Decoding, check_int
+from .lifecycle import PendingClose, Request, SessionState, Stage
+from .options import DecodeOptions, check_int
 from .prediction import Prediction, with_path
-from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
+from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from .tree import DraftTree, prune_tree
 
 __all__ = ["Server", "Event", "Step"]
@@ -83,32 +85,6 @@ class Step:
 
 
 @dataclass
-class Request:
-    """One request inside the engine. Invariant: `context` == prompt + `output`."""
-
-    index: int
-    key: int  # sampling draw key
-    max_new: int
-    decoding: Decoding
-    budget: Any  # "auto" or draft nodes per round (0: plain decoding)
-    context: list[int]
-    pending: list[int]  # committed tokens not yet in the cache
-    unfed: list[int] = field(default_factory=list)  # committed tokens not yet in the proposer session
-    output: list[int] = field(default_factory=list)
-    session: Any = None
-    filter: Any = None
-    request_id: Any = None
-    prediction: Prediction | None = None
-    trust: RequestTrust = field(default_factory=RequestTrust)
-    cancelled: bool = False
-    deferred: bool = False  # its session opens when it first drafts (its prefill could carry no tree)
-
-    @property
-    def auto(self) -> bool:
-        return self.budget == "auto"
-
-
-@dataclass
 class RowRound:
     """One request's part of one round."""
 
@@ -120,6 +96,11 @@ class RowRound:
     tokens: list[int] = field(default_factory=list)  # committed
     accepted_nodes: list[int] = field(default_factory=list)  # tree nodes whose tokens were committed
     reason: str = ""  # finish reason, "" while the request goes on
+
+
+# where a round's phases are charged in the run's statistics (settling is charged nowhere)
+ROUND_CHARGES = {"draft": "proposer_s", "feed": "proposer_s", "size": "budget_s", "learn": "budget_s",
+                 "verify": "verifier_s"}
 
 
 def model_vocab_size(model) -> int | None:
@@ -185,19 +166,14 @@ class Server:
         self.filter = filter
         self.min_weight = 0.25  # floor of `tail_weights`
         self.stats = GenerationStats(requests=[])
-        self._requests: dict[int, RequestStats] = {}
-        self._outputs: dict[int, list[int]] = {}
-        self._live: dict[int, Request] = {}  # waiting or running
-        self._added_s: dict[int, float] = {}
-        self._finished_predictions: dict[int, tuple[int, int]] = {}  # index -> (accepted, rejected)
+        # every request not released, by index; its `stage` says where it is (`lifecycle`)
+        self._requests: dict[int, Request] = {}
         self._next = 0
-        self._waiting: deque[Request] = deque()
-        self._rows: list[Request] = []  # the rows of self._state, in order
+        self._waiting: deque[Request] = deque()  # the WAITING requests, in arrival order
+        self._rows: list[Request] = []  # the RUNNING requests in the batch: the rows of self._state, in order
         self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
         self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
-        # finished requests' sessions to close: (session or None to open one over the prompt,
-        # prompt, tokens it has not seen, request id, filter); see _flush_closes
-        self._closing: list[tuple] = []
+        self._closing: list[PendingClose] = []  # finished requests' sessions, closed by _flush_closes
         self._clock = clock
         self._t0 = clock()
         self.unsupported = gen.check_support()
@@ -256,53 +232,50 @@ class Server:
             predicted = Prediction(self.gen.encode([prediction])[0] if len(prediction) else [])
         q = self._next
         self._next += 1
-        self._outputs[q] = []
-        self._added_s[q] = self.now()
-        self._requests[q] = RequestStats(prompt_tokens=len(ids))
-        self.stats.requests.append(self._requests[q])
         rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
+                     stats=RequestStats(prompt_tokens=len(ids)), added_s=self.now(),
                      filter=self.filter if filter is None else filter,
                      request_id=request_id, prediction=predicted)
+        self._requests[q] = rq
+        self.stats.requests.append(rq.stats)
         if limit == 0:
-            self._requests[q].finish_reason = "length"
+            rq.stats.finish_reason = "length"
+            rq.move(Stage.FINISHED)
         else:
-            self._live[q] = rq
             self._waiting.append(rq)
         return q
 
     def cancel(self, index: int) -> bool:
         """Cancel a waiting or running request: it leaves at the start of the next step (its slot is
         free for that step's admissions). False when it is unknown or already finished."""
-        rq = self._live.get(index)
-        if rq is None:
+        rq = self._requests.get(index)
+        if rq is None or rq.stage is Stage.FINISHED:
             return False
         rq.cancelled = True
         return True
 
     def output(self, index: int) -> list[int]:
-        return list(self._outputs[index])
+        return list(self._requests[index].output)
 
     def request_stats(self, index: int) -> RequestStats:
-        return self._requests[index]
+        return self._requests[index].stats
 
     def prediction_counts(self, index: int) -> tuple[int, int]:
         """(accepted, rejected) prediction tokens of a request: its drafts taken from the prediction
         that were accepted, and the prediction's other tokens; (0, 0) without a prediction."""
-        rq = self._live.get(index)
-        if rq is not None and rq.prediction is not None:
-            return rq.prediction.accepted, max(len(rq.prediction) - rq.prediction.accepted, 0)
-        return self._finished_predictions.get(index, (0, 0))
+        rq = self._requests.get(index)
+        if rq is None or rq.prediction is None:
+            return 0, 0
+        return rq.prediction.accepted, max(len(rq.prediction) - rq.prediction.accepted, 0)
 
     def release(self, index: int) -> None:
         """Forget a finished request's output and statistics (a long-running server calls this)."""
-        if index in self._live:
+        rq = self._requests.get(index)
+        if rq is not None and rq.stage is not Stage.FINISHED:
             raise BadInputError(f"release: request {index} has not finished")
-        self._outputs.pop(index, None)
-        self._added_s.pop(index, None)
-        self._finished_predictions.pop(index, None)
-        rs = self._requests.pop(index, None)
-        if rs is not None:
-            self.stats.requests.remove(rs)
+        if rq is not None:
+            del self._requests[index]
+            self.stats.requests.remove(rq.stats)
 
     # ---------------------------------------------------------------------------------- steps
 
@@ -357,7 +330,8 @@ class Server:
         their cache rows join the running batch."""
         newcomers = [self._waiting.popleft() for _ in range(free)]
         for rq in newcomers:
-            self._requests[rq.index].queue_s = self.now() - self._added_s[rq.index]
+            rq.move(Stage.RUNNING)
+            rq.stats.queue_s = self.now() - rq.added_s
             step.admitted.append(rq.index)
         for group in prefill_groups(newcomers):
             try:
@@ -366,9 +340,9 @@ class Server:
                 room = self.policy.prefill_may_draft(len(group), max(len(rq.pending) for rq in group))
                 for rq in group:
                     if room or not rq.auto or rq.filter is not None or rq.prediction is not None:
-                        self._open_session(rq)
+                        rq.open(self.gen.proposer)
                     else:
-                        rq.deferred = True
+                        rq.defer()
                 state = self._new_state(len(group))
                 kept = self._round(state, group, step.events, drafts=True)
                 self._state.add_rows(state)
@@ -377,17 +351,6 @@ class Server:
                 self._rows.extend(self._isolate(group, exc, step.events))
         self._cadence.wake()  # a newcomer may draft well: the next round looks
 
-    def _open_session(self, rq: Request) -> None:
-        """Its proposer session over its prompt; tokens it committed before (a deferred session's,
-        a retried request's) wait in `unfed`."""
-        speculate = rq.auto or int(rq.budget) > 0
-        if rq.session is None and speculate:
-            done = len(rq.output)
-            rq.session = self.gen.proposer.start(rq.context[: len(rq.context) - done], request_id=rq.request_id,
-                                                 filter=rq.filter)
-            rq.unfed = list(rq.output)
-        rq.deferred = False
-
     def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
                cadence: DraftCadence | None = None) -> list[Request]:
         """One round of `requests` (the rows of `state`); returns those that go on, in order. With
@@ -395,28 +358,26 @@ class Server:
         (the running batch's) observes whether a drafting round verified any automatic row's tree,
         and what its drafting cost against the whole round."""
         rows = [RowRound(rq, rq.max_new - len(rq.output)) for rq in requests]
-        t0 = self._clock()
+        timer = PhaseTimer(self._clock)
         closes_s = self._draft(rows, drafts)
-        t1 = self._clock()
-        width = max(len(rq.pending) for rq in requests)
-        self._size(rows, width)
-        observed = cadence is not None and drafts and any(r.request.auto for r in rows)
-        verified = observed and any(len(r.tree) for r in rows if r.request.auto)
-        t2 = self._clock()
-        self._verify(state, rows, width)
-        t3 = self._clock()
+        timer.lap("draft")
+        batch = self._size(rows, self._batch(rows))
+        observed = cadence is not None and drafts and bool(batch.auto.any())
+        verified = observed and any(len(t) for t, a in zip(batch.trees, batch.auto) if a)
+        timer.lap("size")
+        self._verify(state, rows, batch)
+        timer.lap("verify")
         self._settle(rows, events)
-        t4 = self._clock()
+        timer.lap("settle")
         self._feed(rows)
-        t5 = self._clock()
+        timer.lap("feed")
         self._learn(rows)
-        t6 = self._clock()
+        timer.lap("learn")
         if observed:  # what drafting cost this round (the closes are owed anyway), against the round
-            cadence.observe(verified, cost_s=(t2 - t0) - closes_s + (t6 - t5), round_s=(t6 - t0) - closes_s)
+            cadence.observe(verified, cost_s=timer["draft"] + timer["size"] + timer["learn"] - closes_s,
+                            round_s=timer.total() - closes_s)
         stats = self.stats
-        stats.proposer_s += (t1 - t0) + (t5 - t4)
-        stats.budget_s += (t2 - t1) + (t6 - t5)
-        stats.verifier_s += t3 - t2
+        timer.charge(stats, ROUND_CHARGES)
         stats.rounds += 1
         stats.plain_rounds += all(len(r.tree) == 0 for r in rows)
         stats.record_budgets([len(r.tree) for r in rows])
@@ -440,19 +401,21 @@ class Server:
             want = self.policy.max_budget if rq.auto else int(rq.budget)
             budgets.append(max(0, min(want, r.limit - 1)))
         # a deferred session opens when its request first drafts, never on its prefill (no output yet)
-        opening = [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.deferred and r.request.output]
-        live = sorted(opening + [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.session is not None])
+        opening = [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.output
+                   and r.request.session_state is SessionState.DEFERRED]
+        live = sorted(opening + [i for i, r in enumerate(rows)
+                                 if budgets[i] > 0 and r.request.session_state is SessionState.OPEN])
         closes_s = 0.0
         if live and self._closing:  # the outputs that finished before join the past responses first
             t = self._clock()
             self._flush_closes()
             closes_s = self._clock() - t
         for i in opening:
-            self._open_session(rows[i].request)
+            rows[i].request.open(self.gen.proposer)
         if live:
             sessions = [rows[i].request.session for i in live]
             for i in live:
-                self._catch_up(rows[i].request)
+                rows[i].request.catch_up()
             wanted = [budgets[i] for i in live]
             batch = getattr(self.gen.proposer, "propose_batch", None)
             if batch is not None and len(live) > 1:  # one session: its own call is the cheaper path
@@ -472,41 +435,45 @@ class Server:
             r.tree = r.proposed
         return closes_s
 
-    def _size(self, rows: list[RowRound], width: int) -> None:
-        """The budget policy chooses the round's draft size over the rows with an automatic budget."""
-        auto = [i for i, r in enumerate(rows) if r.request.auto and len(r.tree)]
-        if not auto:
-            return
+    def _batch(self, rows: list[RowRound]) -> RoundBatch:
+        """The round's rows as one `RoundBatch` for the policy and the verifier (sizing fields neutral)."""
         requests = [r.request for r in rows]
-        weights = tail_weights([self._requests[rq.index].rounds for rq in requests],
-                               [len(rq.output) for rq in requests], [rq.max_new for rq in requests],
-                               self.min_weight, waiting=bool(self._waiting))
-        # rows with a fixed budget keep their trees; the policy sizes the round for all rows alike
-        trees = [r.tree if r.request.auto else DraftTree.empty() for r in rows]
+        return RoundBatch.build(
+            [r.tree for r in rows], [r.limit for r in rows], pending=[rq.pending for rq in requests],
+            auto=[rq.auto for rq in requests], samplers=[rq.decoding.sampler for rq in requests],
+            eos=[rq.decoding.eos for rq in requests], contexts=[rq.context for rq in requests],
+            keys=[rq.key for rq in requests], generated=[len(rq.output) for rq in requests])
+
+    def _size(self, rows: list[RowRound], batch: RoundBatch) -> RoundBatch:
+        """The budget policy chooses the round's draft size over the rows with an automatic budget;
+        returns the batch with the sized trees (each row's `tree` follows)."""
+        if not any(a and len(t) for a, t in zip(batch.auto, batch.trees)):
+            return batch
+        requests = [r.request for r in rows]
+        weights = tail_weights([rq.stats.rounds for rq in requests], [len(rq.output) for rq in requests],
+                               [rq.max_new for rq in requests], self.min_weight, waiting=bool(self._waiting))
         lengths, depth = self.policy.lengths, self.policy.max_budget
         # rows without a tree have no node to discount: their entries are never read
         continuing = lengths.continuing_rows([len(rq.output) for rq in requests], depth) if len(lengths) else None
-        sized = self.policy.size_round(trees, [r.limit for r in rows], width=width, weights=weights,
-                                       row_factors=[rq.trust.factor() for rq in requests],
-                                       row_continuing=continuing)
-        for i in auto:
-            rows[i].tree = sized[i]
+        batch = batch.with_sizing(weights=weights, factors=[rq.trust.factor() for rq in requests],
+                                  continuing=continuing)
+        batch.trees = self.policy.size_round(batch)
+        for r, tree in zip(rows, batch.trees):
+            r.tree = tree
+        return batch
 
-    def _verify(self, state, rows: list[RowRound], width: int) -> None:
+    def _verify(self, state, rows: list[RowRound], batch: RoundBatch) -> None:
         """One forward pass over every row's pending tokens and tree; acceptance; cache commit."""
         from .verify import accept
 
-        requests = [r.request for r in rows]
-        trees = [r.tree for r in rows]
         t_pass = self._clock()
-        logits, root = state.forward([rq.pending for rq in requests], trees)
-        results = accept(logits, root, trees, [rq.decoding.sampler for rq in requests], [rq.context for rq in requests],
-                         [rq.key for rq in requests], [len(rq.output) for rq in requests], [r.limit for r in rows],
-                         [rq.decoding.eos for rq in requests])
+        logits, root = state.forward(batch.pending, batch.trees)
+        results = accept(logits, root, batch)
         state.commit([res.accepted_nodes for res in results])
-        if width == 1 and any(rq.auto for rq in requests):  # prefills are dominated by the prompt: not observed
+        if batch.width == 1 and batch.auto.any():  # prefills are dominated by the prompt: not observed
             # the whole step: a tree's acceptance walk and cache rewrite are part of what it costs
-            self.policy.observe_pass(len(rows), len(rows) * (1 + max(len(t) for t in trees)), self._clock() - t_pass)
+            self.policy.observe_pass(len(batch), len(batch) * (1 + max(len(t) for t in batch.trees)),
+                                     self._clock() - t_pass)
         for r, res in zip(rows, results):
             r.tokens = res.tokens
             r.accepted_nodes = res.accepted_nodes
@@ -516,14 +483,14 @@ class Server:
         now = self.now()
         for r in rows:
             rq = r.request
-            rs = self._requests[rq.index]
+            rs = rq.stats
             tokens, r.reason = rq.decoding.take(rq.output, r.tokens, rq.max_new)
             rq.context.extend(tokens)
             rq.pending = [tokens[-1]]
             r.tokens = tokens
             n_acc = min(len(r.accepted_nodes), len(tokens))
             if not rs.rounds:
-                rs.ttft_s = now - self._added_s[rq.index]
+                rs.ttft_s = now - rq.added_s
             rs.rounds += 1
             rs.committed_per_round.append(len(tokens))
             rs.drafted += len(r.tree)
@@ -533,15 +500,14 @@ class Server:
                     rs.accepted_by_position.append(0)
                 rs.accepted_by_position[d] += 1
             rs.new_tokens = len(rq.output)
-            rs.e2e_s = now - self._added_s[rq.index]
-            self._outputs[rq.index] = rq.output
+            rs.e2e_s = now - rq.added_s
             if rq.prediction is not None:
                 self._advance_prediction(r, n_acc)
             if r.reason:
                 rs.finish_reason = r.reason
                 if rq.auto:  # how long answers run (an output cut at its limit runs on past it)
                     self.policy.lengths.observe(len(rq.output), r.reason != "length")
-                self._finish(rq)
+                rq.move(Stage.FINISHED)
             if self.stream is not None and tokens:
                 self.stream(rq.index, list(tokens))
             events.append(Event(rq.index, list(tokens), now, r.reason))
@@ -558,16 +524,10 @@ class Server:
         requests' sessions close."""
         for r in rows:
             rq = r.request
-            if rq.session is not None:
+            if rq.session_state is SessionState.OPEN:
                 rq.unfed.extend(r.tokens)
             if r.reason:
                 self._close_session(rq)
-
-    def _catch_up(self, rq: Request) -> None:
-        """The session takes the request's committed tokens it has not seen (one extend call)."""
-        if rq.unfed:
-            tokens, rq.unfed = rq.unfed, []
-            rq.session.extend(tokens)
 
     def _learn(self, rows: list[RowRound]) -> None:
         """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
@@ -581,22 +541,12 @@ class Server:
 
     # ---------------------------------------------------------------------------------- ends
 
-    def _finish(self, rq: Request) -> None:
-        self._live.pop(rq.index, None)
-        if rq.prediction is not None:
-            accepted = rq.prediction.accepted
-            self._finished_predictions[rq.index] = (accepted, max(len(rq.prediction) - accepted, 0))
-
     def _close_session(self, rq: Request) -> None:
         """The request's session is queued to close over the whole output (what it closes over joins
         the past responses) by `_flush_closes`; a deferred session that never drafted opens there."""
-        if rq.deferred:
-            done = len(rq.output)
-            self._closing.append((None, rq.context[: len(rq.context) - done], list(rq.output), rq.request_id,
-                                  rq.filter))
-        elif rq.session is not None:
-            self._closing.append((rq.session, None, rq.unfed, None, None))
-        rq.session, rq.unfed, rq.deferred = None, [], False
+        pending = rq.close()
+        if pending is not None:
+            self._closing.append(pending)
 
     def _flush_closes(self) -> None:
         """Close the queued sessions: before the proposer next drafts, and when the server goes idle
@@ -608,13 +558,14 @@ class Server:
         if not closing:
             return
         proposer, sessions = self.gen.proposer, []
-        for session, prompt, unfed, request_id, filter in closing:
+        for pending in closing:
             try:
+                session = pending.session
                 if session is None:
-                    session = proposer.start(prompt, request_id=request_id, filter=filter)
+                    session = proposer.start(pending.prompt, request_id=pending.request_id, filter=pending.filter)
                 sessions.append(session)  # closed below even when feeding it fails
-                if unfed:
-                    session.extend(unfed)
+                if pending.unfed:
+                    session.extend(pending.unfed)
             except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
                 log.warning("opening or feeding a finished request's proposer session failed: %r", exc)
         together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
@@ -625,7 +576,7 @@ class Server:
                 _close_logged(session.close)
 
     def _drop_cancelled(self, step: Step) -> None:
-        if not any(rq.cancelled for rq in self._live.values()):
+        if not any(rq.cancelled for rq in self._rows) and not any(rq.cancelled for rq in self._waiting):
             return
         now = self.now()
         for rq in [rq for rq in self._waiting if rq.cancelled]:
@@ -640,11 +591,11 @@ class Server:
             self._rows = [self._rows[i] for i in keep]
 
     def _end(self, rq: Request, reason: str, error: str, events: list[Event], now: float) -> None:
-        rs = self._requests[rq.index]
+        rs = rq.stats
         rs.finish_reason, rs.error = reason, error
-        rs.e2e_s = now - self._added_s[rq.index]
+        rs.e2e_s = now - rq.added_s
         self._close_session(rq)
-        self._finish(rq)
+        rq.move(Stage.FINISHED)
         events.append(Event(rq.index, [], now, reason, error))
 
     def _isolate(self, requests: list[Request], exc: Exception, events: list[Event]) -> list[Request]:
@@ -662,7 +613,7 @@ class Server:
             state = self._new_state(1)
             try:
                 self._close_session(rq)  # the failed round may have left it behind the context
-                self._open_session(rq)
+                rq.open(self.gen.proposer)
                 kept = self._round(state, [rq], events)
             except Exception as err:  # noqa: BLE001 - this request's own failure
                 log.warning("request %d failed: %r", rq.index, err)
@@ -679,9 +630,10 @@ class Server:
 
         warn_once(f"suffixspec: speculation disabled for this model ({self.unsupported}); using plain decoding")
         step.admitted.append(rq.index)
-        rs = self._requests[rq.index]
+        rq.move(Stage.RUNNING)
+        rs = rq.stats
         start = self.now()
-        rs.queue_s = start - self._added_s[rq.index]
+        rs.queue_s = start - rq.added_s
         try:
             out, reason = plain_generate(self.model, rq.context, rq.decoding, rq.key, rq.max_new)
         except Exception as exc:  # noqa: BLE001 - this request's own failure
@@ -690,15 +642,14 @@ class Server:
         end = self.now()
         self.stats.verifier_s += end - start
         rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
-        rs.ttft_s = rs.e2e_s = end - self._added_s[rq.index]
+        rs.ttft_s = rs.e2e_s = end - rq.added_s
         rs.finish_reason = reason
         self.stats.rounds += len(out)
         self.stats.plain_rounds += len(out)
         self.stats.fallback = self.unsupported
         rq.output.extend(out)
         rq.context.extend(out)
-        self._outputs[rq.index] = rq.output
-        self._finish(rq)
+        rq.move(Stage.FINISHED)
         if self.stream is not None and out:
             self.stream(rq.index, list(out))
         step.events.append(Event(rq.index, list(out), end, reason))
@@ -707,9 +658,9 @@ class Server:
         """Close every live proposer session (requests still running or waiting are abandoned)."""
         for rq in [*self._rows, *self._waiting]:
             self._close_session(rq)
+            rq.move(Stage.FINISHED)
         self.upkeep()
         self._rows, self._waiting = [], deque()
-        self._live.clear()
         self._state = self._new_state(0)
 
     def run(self) -> GenerationResult:
@@ -723,6 +674,6 @@ class Server:
 
     def result(self) -> GenerationResult:
         self.stats.peak_memory_bytes = peak_memory(self.device)
-        outputs = [list(self._outputs[q]) for q in sorted(self._outputs)]
+        outputs = [list(self._requests[q].output) for q in sorted(self._requests)]
         texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
         return GenerationResult(outputs, self.stats, texts)

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["RequestStats", "GenerationStats", "GenerationResult", "peak_memory"]
+__all__ = ["RequestStats", "GenerationStats", "GenerationResult", "PhaseTimer", "peak_memory"]
 
 
 @dataclass
@@ -48,6 +48,32 @@ class RequestStats:
         d["tpot_s"] = self.tpot_s
         d["tokens_per_round"] = self.tokens_per_round
         return d
+
+
+class PhaseTimer:
+    """Seconds spent in named phases, read off one clock: `lap(phase)` charges the time since the
+    previous lap (or since the timer started) to `phase`; `charge(stats, fields)` adds each phase's
+    seconds to the `GenerationStats` field it names (phases not named are left out)."""
+
+    def __init__(self, clock):
+        self._clock = clock
+        self._last = clock()
+        self.spent: dict[str, float] = {}
+
+    def lap(self, phase: str) -> None:
+        now = self._clock()
+        self.spent[phase] = self.spent.get(phase, 0.0) + (now - self._last)
+        self._last = now
+
+    def __getitem__(self, phase: str) -> float:
+        return self.spent.get(phase, 0.0)
+
+    def total(self) -> float:
+        return sum(self.spent.values())
+
+    def charge(self, stats: "GenerationStats", fields: dict[str, str]) -> None:
+        for phase, name in fields.items():
+            setattr(stats, name, getattr(stats, name) + self[phase])
 
 
 BUDGETS_KEPT = 65536  # per-round draft sizes a long-running server keeps

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .batch import RoundBatch
 from .errors import InternalError
 from .tree import DraftTree
 
@@ -582,29 +583,23 @@ class RowResult:
     stopped_on_eos: bool = False
 
 
-def accept(
-    logits: torch.Tensor,
-    root_index: np.ndarray,
-    trees: list[DraftTree],
-    samplers: Sampler | list[Sampler],
-    contexts: list[list[int]],
-    request_keys: list[int],
-    n_generated: list[int],
-    limits: list[int],
-    eos: frozenset[int] | list[frozenset[int]] = frozenset(),
-) -> list[RowResult]:
-    """Walk every row's tree (logits [b, K, vocab] from `KVState.forward`).
+def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> list[RowResult]:
+    """Walk every row's tree, as `KVState.forward` fed them, and choose each row's tokens.
 
-    samplers: one `Sampler` for every row, or one per row (rows sharing a sampler object are
-    processed together); contexts[r]: row r's committed tokens (prompt + output); request_keys[r]:
-    the request's draw key; n_generated[r]: output tokens it has so far; limits[r]: most tokens to
-    commit this round (0: none). The walk stops at a token in the row's `eos` set (one set for every
-    row, or one per row; the token is committed). `accepted_nodes` excludes the node of the last
-    committed token, whose KV is never needed (it becomes the next pending token).
+    logits: [b, K, vocab] from the pass; root_index: int[b], the position of each row's root (its
+    last pending token) in `logits`. From `batch` (one entry per row): `trees`, `samplers` (rows
+    sharing a sampler object are processed together), `contexts` (committed tokens, for logits
+    processors), `keys` and `generated` (a draw's key and output position), `limits` (most tokens
+    to commit this round; 0: none) and `eos` (the walk stops at such a token, which is committed).
+    `accepted_nodes` excludes the node of the last committed token, whose KV is never needed (it
+    becomes the next pending token).
     """
+    trees, row_samplers, row_eos = batch.trees, batch.samplers, batch.eos
+    limits = batch.limits.tolist()
+    contexts, request_keys, n_generated = batch.contexts, batch.keys.tolist(), batch.generated.tolist()
     b = len(trees)
-    row_samplers = [samplers] * b if isinstance(samplers, Sampler) else list(samplers)
-    row_eos = list(eos) if isinstance(eos, list) else [eos] * b
+    if any(s is None for s in row_samplers):
+        raise InternalError("accept: expected a Sampler for every row of the batch, got None")
     first = row_samplers[0] if b else None
     if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors)
             and all(s is first for s in row_samplers) and not any(len(tr) for tr in trees)):

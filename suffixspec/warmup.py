@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 
+from .batch import RoundBatch
 from .budget import BudgetPolicy, CostModel
 from .cache import THAW_MIN_TOKENS, ResponseCache
 from .proposer import Proposer
@@ -59,6 +60,6 @@ def warm_kernels(corpus=None, *, filter=None, **knobs) -> float:
     cache.add(np.resize(text, THAW_MIN_TOKENS // 2))  # merged into the first level, which is thawed
     policy = BudgetPolicy(cost_model=CostModel([1, 2, 4, 8, 16], [1.0, 1.05, 1.1, 1.3, 1.7]))
     tree = DraftTree.from_paths([[1, 2, 3], [1, 4]])
-    policy.size_round([tree, tree], [8, 8], width=1)
+    policy.size_round(RoundBatch.build([tree, tree], [8, 8]))
     prune_tree(tree, 2, 8)
     return time.perf_counter() - t0

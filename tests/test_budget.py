@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from suffixspec.batch import RoundBatch
 from suffixspec.budget import CostModel, RankCalibration
 from suffixspec.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
@@ -130,17 +131,17 @@ def test_auto_budget_weights_and_prefill_margin():
     good = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.9))
     trees, limits = [good, DraftTree.empty()], [64, 64]
     # decode round, rows counted alike: 4 nodes a row (8 tokens, cost 2.2) -> (2 + 2.7) / 2.2 beats 2 / 1
-    assert [len(t) for t in gen.policy.size_round(trees, limits)] == [3, 0]
+    assert [len(t) for t in gen.policy.size_round(RoundBatch.build(trees, limits))] == [3, 0]
     # the drafting row is nearly done and the other is the batch's tail: its tokens count a quarter
-    assert [len(t) for t in gen.policy.size_round(trees, limits, weights=[0.25, 1.0])] == [0, 0]
+    assert [len(t) for t in gen.policy.size_round(RoundBatch.build(trees, limits, weights=[0.25, 1.0]))] == [0, 0]
     gen.policy.batch_margin = 0.1  # two rows: speculate only beyond 1.1x the plain rate; 2.14 < 2.2
-    assert [len(t) for t in gen.policy.size_round(trees, limits)] == [0, 0]
+    assert [len(t) for t in gen.policy.size_round(RoundBatch.build(trees, limits))] == [0, 0]
     gen.policy.batch_margin = 0.01
     # a prefill round of 100 pending tokens: weak drafts raise the round's average rate (1.8 / 27 > 1 / 25)
     # but buy fewer tokens (0.8) than their extra pass time (2 units) buys in plain decode rounds
     weak = DraftTree(np.arange(1, 9), np.arange(8) - 1, np.full(8, 0.1))
-    assert len(gen.policy.size_round([weak], [64], width=100)[0]) == 0
-    assert len(gen.policy.size_round([good], [64], width=100)[0]) == 8
+    assert len(gen.policy.size_round(RoundBatch.build([weak], [64], pending=[[0] * 100]))[0]) == 0
+    assert len(gen.policy.size_round(RoundBatch.build([good], [64], pending=[[0] * 100]))[0]) == 8
 
 
 def test_cost_model_corrections_are_per_batch_size():
@@ -211,9 +212,9 @@ def test_request_draft_factor_scales_the_auto_budget():
                                cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))
     gen.calibration = RankCalibration(prior_ratio=1.0)
     tree = DraftTree(np.arange(1, 5), np.arange(4) - 1, np.array([0.5, 0.4, 0.3, 0.2]))
-    assert len(gen.policy.size_round([tree], [64])[0]) == 4  # 2.4 / 1.375 is the best rate
+    assert len(gen.policy.size_round(RoundBatch.build([tree], [64]))[0]) == 4  # 2.4 / 1.375 is the best rate
     # scaled to 0.1, 0.08, 0.06, 0.04: no k pays its pass (1.1 / 1.15, 1.18 / 1.225, ...)
-    assert len(gen.policy.size_round([tree], [64], row_factors=[0.2])[0]) == 0
+    assert len(gen.policy.size_round(RoundBatch.build([tree], [64], factors=[0.2]))[0]) == 0
 
 
 def test_shadow_follows_committed_tokens_like_verification():
@@ -317,7 +318,7 @@ def test_prefill_drafts_stay_within_the_ttft_slack():
     for slack, rows, width, want in [(0.03, 1, 100, 3), (0.03, 4, 500, 15), (0.0, 2, 300, 0), (0.1, 1, 100, 10)]:
         policy = BudgetPolicy(cost_model=linear, prefill_slack=slack, prefill_margin=1e-6,
                               calibration=RankCalibration(prior_ratio=1.0))
-        sized = policy.size_round([sure] * rows, [128] * rows, width=width)
+        sized = policy.size_round(RoundBatch.build([sure] * rows, [128] * rows, pending=[[0] * width] * rows))
         assert [len(t) for t in sized] == [want] * rows, (slack, rows, width)
         cost = linear(rows * (np.array([0, want]) + width))
         assert cost[1] <= (1 + slack) * cost[0]
@@ -446,12 +447,12 @@ def test_short_answers_draft_no_wider_than_they_repay():
     chain.scores[:] = 0.95 ** np.arange(1, 13)
     policy = BudgetPolicy(cost_model=CostModel([1, 64], [1.0, 2.9]))  # 3% more a token
     policy.calibration = RankCalibration(prior=1e6, prior_ratio=1.0)  # scores taken as they are
-    whole = policy.size_round([chain], [64])[0]
+    whole = policy.size_round(RoundBatch.build([chain], [64]))[0]
     assert len(whole) == 12
     lengths = OutputLengths()
     for _ in range(50):
         lengths.observe(4, True)
-    short = policy.size_round([chain], [64], row_continuing=[lengths.continuing(1, 64)])[0]
+    short = policy.size_round(RoundBatch.build([chain], [64], continuing=[lengths.continuing(1, 64)]))[0]
     assert len(short) in (1, 2, 3)  # past 4 tokens (3 beyond the 1 done) hardly any output runs on
 
 

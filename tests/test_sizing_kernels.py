@@ -6,6 +6,7 @@ import pytest
 
 from suffixspec._kernels import sizing
 from suffixspec._kernels.sizing import round_gains
+from suffixspec.batch import RoundBatch
 from suffixspec.budget import BudgetPolicy, CostModel, OutputLengths, RankCalibration
 from suffixspec.tree import DraftTree, prune_tree
 
@@ -120,7 +121,7 @@ def test_round_gains_match_reference(monkeypatch):
                       if rng.uniform() < 0.7 else None for _ in range(b)]
             continuing = listed
         want = reference_gains(calibration, trees, scale, weights, listed)
-        policy.size_round(trees, [64] * b, weights=weights, row_factors=scale, row_continuing=continuing)
+        policy.size_round(RoundBatch.build(trees, [64] * b, weights=weights, factors=scale, continuing=continuing))
         assert np.array_equal(captured["gains"], want), trial
 
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 
+from suffixspec.batch import RoundBatch
 from suffixspec.tree import DraftTree
 from suffixspec.verify import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
                                uniform_draw)
@@ -213,10 +214,12 @@ def test_greedy_accept_without_drafts_equals_the_walk():
         trees = [DraftTree.empty() for _ in range(b)]
         limits = rng.integers(0, 3, b).tolist()
         eos = frozenset(int(t) for t in rng.integers(0, vocab, 2))
-        args = (logits, np.zeros(b, np.int64), trees)
-        rest = ([[1, 2]] * b, list(range(b)), [0] * b, limits, eos)
-        fast = accept(*args, Sampler(), *rest)
-        walk = accept(*args, Sampler(logits_processor=[Identity()]), *rest)
+        def batch(sampler):
+            return RoundBatch.build(trees, limits, samplers=sampler, eos=eos, contexts=[[1, 2]] * b,
+                                    keys=list(range(b)), generated=[0] * b)
+
+        fast = accept(logits, np.zeros(b, np.int64), batch(Sampler()))
+        walk = accept(logits, np.zeros(b, np.int64), batch(Sampler(logits_processor=[Identity()])))
         assert [(x.tokens, x.accepted_nodes, x.stopped_on_eos) for x in fast] == \
             [(x.tokens, x.accepted_nodes, x.stopped_on_eos) for x in walk]
 
@@ -328,7 +331,7 @@ def test_greedy_accept_matches_brute_force():
         def target(prefix_nodes):
             node = prefix_nodes[-1] if prefix_nodes else -1
             return int(logits[0, node + 1].argmax())
-        res = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [100])[0]
+        res = accept(logits, np.array([0]), RoundBatch.build([tree], [100], contexts=[[0]], samplers=Sampler()))[0]
         best = naive_greedy_walk(tree, target)
         assert res.accepted_nodes == best
         assert res.tokens[:-1] == tree.tokens[best].tolist()
@@ -340,11 +343,11 @@ def test_accept_respects_limit_and_eos():
     logits = torch.full((1, 4, 5), -10.0)
     for i, tok in enumerate([1, 2, 3, 4]):
         logits[0, i, tok] = 10.0
-    full = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [10])[0]
+    full = accept(logits, np.array([0]), RoundBatch.build([tree], [10], contexts=[[0]], samplers=Sampler()))[0]
     assert full.tokens == [1, 2, 3, 4] and full.accepted_nodes == [0, 1, 2]
-    cut = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [2])[0]
+    cut = accept(logits, np.array([0]), RoundBatch.build([tree], [2], contexts=[[0]], samplers=Sampler()))[0]
     assert cut.tokens == [1, 2] and cut.accepted_nodes == [0]
-    eos = accept(logits, np.array([0]), [tree], Sampler(), [[0]], [0], [0], [10], frozenset([2]))[0]
+    eos = accept(logits, np.array([0]), RoundBatch.build([tree], [10], contexts=[[0]], eos=frozenset([2]), samplers=Sampler()))[0]
     assert eos.tokens == [1, 2] and eos.stopped_on_eos and eos.accepted_nodes == [0]
 
 

@@ -1,0 +1,126 @@
+"""A request's life inside the engine (`Server`): its stage, its proposer session, its pending close.
+
+Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only writers):
+
+* `stage` goes WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED (cancelled while queued, or
+  a request with nothing to generate); a WAITING request sits in the server's queue, a RUNNING one
+  is admitted (a row of the running batch, or in its prefill); a FINISHED one keeps its output and
+  statistics until the server releases it.
+* `session_state` is OPEN exactly when `session` is not None; DEFERRED means the session opens over
+  the prompt when the request first drafts (its prefill could carry no tree), so it is opened on the
+  way out (`PendingClose`) when it never drafted; NONE: no session (plain decoding, or closed).
+* `context` == prompt + `output`; `unfed` holds the committed tokens an OPEN session has not seen.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from .budget import RequestTrust
+from .errors import InternalError
+from .prediction import Prediction
+from .stats import RequestStats
+
+__all__ = ["Stage", "SessionState", "Request", "PendingClose"]
+
+
+class Stage(enum.Enum):
+    WAITING = "waiting"  # queued for admission (FIFO)
+    RUNNING = "running"  # admitted: its prefill, then its rows' rounds
+    FINISHED = "finished"  # its output is final
+
+
+class SessionState(enum.Enum):
+    NONE = "none"  # no proposer session: plain decoding, or closed
+    DEFERRED = "deferred"  # opens over the prompt when the request first drafts
+    OPEN = "open"  # `Request.session` drafts for the request
+
+
+_MOVES = {(Stage.WAITING, Stage.RUNNING), (Stage.WAITING, Stage.FINISHED), (Stage.RUNNING, Stage.FINISHED)}
+
+
+@dataclass
+class PendingClose:
+    """A finished request's proposer session, queued to close (its output joins the past responses)."""
+
+    unfed: list[int]  # committed tokens the session has not seen (a deferred one: the whole output)
+    session: Any = None  # the open session; None: open one over `prompt` first (it was deferred)
+    prompt: list[int] | None = None
+    request_id: Any = None
+    filter: Any = None
+
+
+@dataclass
+class Request:
+    """One request inside the engine."""
+
+    index: int
+    key: int  # sampling draw key
+    max_new: int
+    decoding: Any  # its resolved `options.Decoding`
+    budget: Any  # "auto" or draft nodes per round (0: plain decoding)
+    context: list[int]  # prompt + output
+    pending: list[int]  # committed tokens not yet in the cache
+    stats: RequestStats = field(default_factory=RequestStats)
+    added_s: float = 0.0  # when it was added, on the server's clock
+    stage: Stage = Stage.WAITING
+    output: list[int] = field(default_factory=list)
+    session_state: SessionState = SessionState.NONE
+    session: Any = None  # the proposer session while OPEN
+    unfed: list[int] = field(default_factory=list)  # committed tokens an OPEN session has not seen
+    filter: Any = None
+    request_id: Any = None
+    prediction: Prediction | None = None
+    trust: RequestTrust = field(default_factory=RequestTrust)
+    cancelled: bool = False
+
+    @property
+    def auto(self) -> bool:
+        return self.budget == "auto"
+
+    @property
+    def speculates(self) -> bool:
+        return self.auto or int(self.budget) > 0
+
+    @property
+    def prompt(self) -> list[int]:
+        return self.context[: len(self.context) - len(self.output)]
+
+    def move(self, stage: Stage) -> None:
+        if (self.stage, stage) not in _MOVES:
+            raise InternalError(f"request {self.index}: no move from {self.stage.value} to {stage.value}")
+        self.stage = stage
+
+    def defer(self) -> None:
+        """Its session opens when it first drafts (or when it closes, if it never drafts)."""
+        if self.session_state is SessionState.NONE and self.speculates:
+            self.session_state = SessionState.DEFERRED
+
+    def open(self, proposer) -> None:
+        """Its proposer session over its prompt (a request that does not speculate has none); tokens
+        it committed before (a deferred session's, a retried request's) wait in `unfed`."""
+        if self.session_state is not SessionState.OPEN and self.speculates:
+            self.session = proposer.start(self.prompt, request_id=self.request_id, filter=self.filter)
+            self.session_state = SessionState.OPEN
+            self.unfed = list(self.output)
+        elif self.session_state is SessionState.DEFERRED:
+            self.session_state = SessionState.NONE
+
+    def catch_up(self) -> None:
+        """The open session takes the committed tokens it has not seen (one extend call)."""
+        if self.unfed:
+            tokens, self.unfed = self.unfed, []
+            self.session.extend(tokens)
+
+    def close(self) -> PendingClose | None:
+        """Leave its session: what must still close it (over the whole output), or None."""
+        pending = None
+        if self.session_state is SessionState.DEFERRED:
+            pending = PendingClose(list(self.output), prompt=self.prompt, request_id=self.request_id,
+                                   filter=self.filter)
+        elif self.session_state is SessionState.OPEN:
+            pending = PendingClose(self.unfed, session=self.session)
+        self.session, self.unfed, self.session_state = None, [], SessionState.NONE
+        return pending
