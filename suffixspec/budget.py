@@ -195,9 +195,8 @@ class CostModel:
 
         # Each size is timed right after a one-token step and kept as the ratio of the pair, the
         # curve being the median one-token step times the median ratio per size. The machine's speed
-        # drifts by 20-40% within seconds on a shared host (one-token steps of SmolLM2-135M moved
-        # between 18 and 26 ms in 0.5 s windows), and a curve of absolute medians taken through such
-        # a drift made 4-token passes look 1.01x a step where generation rounds saw 1.10x; adjacent
+        # drifts by tens of percent within seconds on a shared host, and a curve of absolute medians
+        # taken through such a drift misjudges what a multi-token pass costs against a step; adjacent
         # pairs see the same machine. Sizes are interleaved round by round, so a load spike hits one
         # sample of one size; the first round warms up.
         steps: list[float] = []

@@ -118,10 +118,8 @@ def prepack_linear_layers(model) -> int:
 
 
 # The row count oneDNN lays a packed weight out for. Any hint gives the blocked layout that makes
-# small passes cheap (all the linear layers of SmolLM2-135M in a row, 2 threads, cold weights:
-# 1 row 18.2 -> 14.2-15.4 ms, 2-8 rows 20.6-23.6 -> 15.0-16.8 ms, 64 rows 64.4 -> 47.5 ms against a
-# plain `to_mkldnn` weight, which oneDNN re-lays out on every call); 8 and above also keep prompt
-# passes fast (256 rows 156 ms, hint 2: 220 ms).
+# small passes cheap against a plain `to_mkldnn` weight, which oneDNN re-lays out on every call;
+# hints of 8 and above also keep prompt passes fast (smaller hints slow long prompts down).
 PACK_ROWS_HINT = 16
 
 

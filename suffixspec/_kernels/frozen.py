@@ -139,9 +139,8 @@ def edge_records(etok, eto, counts, lasts):
 
 # The proposal kernels take every frozen source of a session as one table: row j holds the
 # addresses of source j's eight int32 arrays (offsets, etok, eto, counts, lasts, links, lens and
-# its `edge_records`), then their lengths. One array argument, where a typed list of tuples cost
-# ~0.9 us per call to type-check and unbox. The caller keeps the arrays alive while kernels may
-# read them.
+# its `edge_records`), then their lengths. One array argument, where a typed list of tuples had to be
+# type-checked and unboxed on every call. The caller keeps the arrays alive while kernels may read them.
 N_SOURCE_ARRAYS = 8
 SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS, SRC_RECORDS = range(N_SOURCE_ARRAYS)
 
