@@ -5,7 +5,11 @@
 2. no module imports an underscore name, or from an underscore module, of another suffixspec
    module (the `_kernels` package of numba kernels aside; dunders such as `__version__` aside;
    modules inside a private package may import each other's public names);
-3. no module of `suffixspec/` is over 800 lines.
+3. no module of `suffixspec/` is over 800 lines;
+4. no function is over 100 lines outside `_kernels/`, nor over 150 inside it, a function's length
+   being its whole `def` span (docstring and nested functions included, decorators not);
+5. no function outside `_kernels/` takes more than 12 parameters besides `self`/`cls`, except a public
+   facade that mirrors an options dataclass as keywords (`FACADES`), which may take up to 16.
 
 A package's `__init__` re-exporting its submodules does not count as an edge back from them: a
 submodule that imports its parent package's names would (`from . import x` of a name, not a module).
@@ -16,6 +20,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "suffixspec"
 MAX_LINES = 800
+MAX_FUNCTION_LINES, MAX_KERNEL_FUNCTION_LINES = 100, 150
+MAX_PARAMS, MAX_FACADE_PARAMS = 12, 16
+FACADES = {"suffixspec/generate.py:generate"}  # mirror DecodeOptions' fields as keywords
 PRIVATE_OK = ("suffixspec._kernels",)
 
 
@@ -148,3 +155,43 @@ def test_the_top_level_stays_light():
             "print(','.join(heavy))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "", f"importing suffixspec's names imported {out.stdout.strip()}"
+
+
+def function_rules(path: Path, source: str, rel: str) -> list[str]:
+    """Rules 4 and 5 over one module's source: a line per function that breaks one."""
+    kernel = "_kernels" in Path(rel).parts
+    bad = []
+    for node in ast.walk(ast.parse(source, rel)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        where = f"{rel}:{node.name} (line {node.lineno})"
+        length = node.end_lineno - node.lineno + 1
+        limit = MAX_KERNEL_FUNCTION_LINES if kernel else MAX_FUNCTION_LINES
+        if length > limit:
+            bad.append(f"{where}: {length} lines (at most {limit})")
+        a = node.args
+        names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None]
+        params = len([n for n in names if n not in ("self", "cls")])
+        most = MAX_FACADE_PARAMS if f"{rel}:{node.name}" in FACADES else MAX_PARAMS
+        if not kernel and params > most:
+            bad.append(f"{where}: {params} parameters (at most {most})")
+    return bad
+
+
+def test_the_function_rules_catch_long_and_wide_functions():
+    long_body = "\n".join(f"    x{i} = {i}" for i in range(100))
+    wide = ", ".join(f"a{i}" for i in range(13))
+    source = (f"def long():\n{long_body}\n\n"
+              f"def wide(self, {wide}):\n    pass\n\n"
+              f"def fine(self, {', '.join(f'a{i}' for i in range(12))}):\n    def inner():\n        pass\n")
+    found = function_rules(Path("x.py"), source, "suffixspec/x.py")
+    assert found == ["suffixspec/x.py:long (line 1): 101 lines (at most 100)",
+                     "suffixspec/x.py:wide (line 103): 13 parameters (at most 12)"]
+    assert function_rules(Path("x.py"), source, "suffixspec/_kernels/x.py") == []  # the kernels' own limits
+
+
+def test_no_function_too_long_or_too_wide():
+    bad = []
+    for p in sorted(ROOT.rglob("*.py")):
+        bad += function_rules(p, p.read_text(encoding="utf-8"), str(p.relative_to(ROOT.parent)))
+    assert not bad, "functions breaking the layout rules:\n" + "\n".join(bad)
