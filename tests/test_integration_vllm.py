@@ -385,8 +385,10 @@ def test_options_and_vllm_fields():
         SuffixSpecProposer(config(filter={"repo": "x"}))
     with pytest.raises(BadInputError, match="num_speculative_tokens: expected a positive int, got 0"):
         SuffixSpecProposer(config(k=0))
-    with pytest.raises(BadInputError, match="session_timeout_steps >= 2"):
+    with pytest.raises(BadInputError, match="^session_timeout_steps: expected an integer >= 2, got 1"):
         SuffixSpecProposer(config(session_timeout_steps=1))
+    with pytest.raises(BadInputError, match="^max_sessions: expected a positive integer, got 0"):
+        SuffixSpecProposer(config(max_sessions=0))
     with pytest.raises(BadInputError, match="step_cost"):
         SuffixSpecProposer(config(step_cost=[[4, 2.0], [8, 1.0]]))
     with pytest.raises(BadInputError, match="token_ids_cpu"):

@@ -327,9 +327,10 @@ class SuffixSpecProposer:
         self.options = opts
         self.max_sessions = int(opts.get("max_sessions", max(256, 4 * max_num_seqs)))
         self.timeout_steps = int(opts.get("session_timeout_steps", 64))
-        if self.max_sessions < 1 or self.timeout_steps < 2:
-            raise BadInputError(f"suffixspec options: expected max_sessions >= 1, session_timeout_steps >= 2; "
-                                f"got {self.max_sessions}, {self.timeout_steps}")
+        if self.max_sessions < 1:
+            raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}")
+        if self.timeout_steps < 2:
+            raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}")
         self.cost = StepCost(opts.get("step_cost", DEFAULT_STEP_COST))
         self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
