@@ -19,6 +19,7 @@ from .corpus import (
     read_documents,
 )
 from .proposer import Proposer, ResponseCache, Session
+from .proposer_config import ProposerConfig
 from .tree import DraftTree
 from .errors import (
     BadInputError,
@@ -65,6 +66,7 @@ __all__ = [
     "merge_indexes",
     "read_documents",
     "Proposer",
+    "ProposerConfig",
     "Session",
     "ResponseCache",
     "SuffixSpecError",

@@ -40,7 +40,7 @@ sessions are independent).
 `propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
 by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
 is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
-that torch uses (after a numba OpenMP region, torch's passes were measured several times slower)
+that torch uses (a numba OpenMP region leaves that runtime in a state that slows torch's passes)
 nor competes with the model for cores. With more threads it is a prange over sessions; parallel
 launches are serialised process-wide and use numba's workqueue pool unless the process chose a
 threading layer (the pool takes one launch at a time). More threads help only when cores are
@@ -61,10 +61,11 @@ from ._kernels import learn as lk
 from ._kernels import propose as pk
 from ._kernels import sam as sk
 from ._kernels.address import address
-from .tokenids import MAX_TOKEN_ID, as_tokens
+from .tokenids import as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .cache import ResponseCache
 from .errors import BadInputError, BadInputTypeError, InternalError
+from .proposer_config import ProposerConfig
 from .sources import RestrictedSource, Sources, corpus_sources
 from .tree import DraftTree
 from .upkeep import CacheUpkeep
@@ -75,8 +76,8 @@ _PARALLEL_LAUNCH = threading.Lock()
 
 def _prefer_workqueue() -> None:
     """Before numba's first parallel launch, pick its own workqueue pool over its OpenMP layer:
-    torch shares that OpenMP runtime, and after a numba OpenMP region torch's passes ran several
-    times slower. An explicit NUMBA_THREADING_LAYER is respected."""
+    torch shares that OpenMP runtime, and a numba OpenMP region slows torch's passes after it.
+    An explicit NUMBA_THREADING_LAYER is respected."""
     from numba.np.ufunc import parallel
 
     if (not getattr(parallel, "_is_initialized", False) and "NUMBA_THREADING_LAYER" not in os.environ
@@ -140,18 +141,10 @@ class _Workspace:
 class Proposer:
     """Draft-tree proposer over the request, past responses and corpora.
 
-    Knobs: `max_nodes` (default budget), `max_depth` (0: unbounded), `min_match` (shortest
-    matched suffix worth drafting from), `min_prob` (drop nodes less likely to be accepted),
-    `match_prior` (confidence conf(L) = L / (L + match_prior)), `recency` (weight of the most
-    recent continuation), `max_children` (branching per node), `global_cache` (learn from
-    closed sessions), `cache_tokens`, `cache_generations`, `max_session_tokens`, `resync_tokens`
-    (context re-matched against a changed cache snapshot), `threads` (for `propose_batch`),
-    `match_levels` (how many matched suffixes per source are expanded: the longest, then the
-    next shorter ones along suffix links, which see more occurrences), `vocab_size` (when given,
-    `start` and `extend` refuse token ids >= it with a BadInputError), `cache_upkeep` ("inline":
-    a closed session's output joins the cache inside `close`; "background": `close` queues it for
-    one upkeep thread, `upkeep.py`, so a merge or a rotation of the cache never stalls the closing
-    caller, e.g. a server's round; `wait_cache()` waits for what was queued).
+    `corpus`: frozen automata or corpus indexes (`sources.corpus_sources`). The knobs are a
+    `ProposerConfig` (`config`), or its fields as keyword arguments on top of it
+    (`Proposer(max_depth=8)`); each field documents its knob. `config` keeps them, fixed for the
+    proposer's life.
 
     Learning (`learn`, on by default): every committed token counts, per source class (the
     request, past responses, corpora) and matched-length bucket, whether that source's match
@@ -169,51 +162,27 @@ class Proposer:
     such guesses were accepted. `match_levels` defaults to 3: each source also drafts from its next
     shorter matches, which see more occurrences (a stale corpus's longest match often diverges
     where a shorter one continues).
+
+    Cache upkeep (`cache_upkeep`): "inline" adds a closed session's output to the cache inside
+    `close`; "background" queues it for one upkeep thread (`upkeep.py`), so a merge or a rotation
+    of the cache never stalls the closing caller, e.g. a server's round; `wait_cache()` waits for
+    what was queued.
     """
 
-    def __init__(self, corpus=None, *, max_nodes: int = 64, max_depth: int = 0, min_match: int = 1,
-                 min_prob: float = 0.0, match_prior: float = 1.0, recency: float = 0.5,
-                 max_children: int = 4, global_cache: bool = True, cache_tokens: int = 1 << 20,
-                 cache_generations: int = 4, max_session_tokens: int = 1 << 20,
-                 resync_tokens: int = 1024, threads: int = 1, match_levels: int = 3,
-                 vocab_size: int | None = None, learn: bool = True, prior_strength: float = 8.0,
-                 session_strength: float = 16.0, calibration_strength: float = 16.0,
-                 cache_upkeep: str = "inline"):
-        for name, value in (("max_nodes", max_nodes), ("min_match", min_match), ("max_children", max_children),
-                            ("max_session_tokens", max_session_tokens), ("resync_tokens", resync_tokens), ("threads", threads),
-                            ("match_levels", match_levels)):
-            if int(value) < 1:
-                raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
-        if max_depth < 0 or not 0.0 <= min_prob <= 1.0 or match_prior < 0 or recency < 0:
-            raise BadInputError("Proposer: expected max_depth >= 0, 0 <= min_prob <= 1, match_prior >= 0, recency >= 0")
-        if not (prior_strength > 0 and session_strength > 0 and calibration_strength > 0):
-            raise BadInputError("Proposer: expected prior_strength, session_strength and calibration_strength > 0")
-        if cache_upkeep not in ("inline", "background"):
-            raise BadInputError(f"cache_upkeep: expected 'inline' or 'background', got {cache_upkeep!r}")
-        self.learn = bool(learn)
+    def __init__(self, corpus=None, *, config: ProposerConfig | None = None, **knobs):
+        cfg = self.config = ProposerConfig.of(config, knobs)
+        self.learn = cfg.learn
         self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
         self._calibration = lk.new_calibration()  # the proposer's judged drafts, by rank and share (lk)
         self._group_cal = lk.new_group_calibration()  # ... and by the group of the part that drafted them (lk)
-        self.max_nodes = int(max_nodes)
-        self._min_match = int(min_match)
-        self.max_session_tokens = int(max_session_tokens)
-        self.resync_tokens = int(resync_tokens)
-        self.threads = int(threads)
-        if vocab_size is not None and (isinstance(vocab_size, bool) or not isinstance(vocab_size, (int, np.integer))
-                                       or not 0 < vocab_size <= MAX_TOKEN_ID + 1):
-            raise BadInputError(f"vocab_size: expected None or an integer in [1, 2**31], got {vocab_size!r}")
-        self.vocab_size = None if vocab_size is None else int(vocab_size)
-        self._match_levels = int(match_levels)
-        self.params = np.zeros(dk.N_PARAMS, np.float64)
-        self.params[dk.P_MATCH_PRIOR] = match_prior
-        self.params[dk.P_RECENCY] = recency
-        self.params[dk.P_MIN_PROB] = min_prob
-        self.params[dk.P_MAX_DEPTH] = max_depth
-        self.params[dk.P_MAX_CHILDREN] = max_children
-        self.params[dk.P_PRIOR_STRENGTH] = prior_strength
-        self.params[dk.P_SESSION_STRENGTH] = session_strength
-        self.params[dk.P_CAL_STRENGTH] = calibration_strength
-        self.params.flags.writeable = False  # the knobs are fixed: sessions' kernel frames name this array
+        self.max_nodes = cfg.max_nodes
+        self._min_match = cfg.min_match
+        self.max_session_tokens = cfg.max_session_tokens
+        self.resync_tokens = cfg.resync_tokens
+        self.threads = cfg.threads
+        self.vocab_size = cfg.vocab_size
+        self._match_levels = cfg.match_levels
+        self.params = _kernel_params(cfg)  # read-only: sessions' kernel frames name this array
         self.corpora = corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
         self._static: list[FrozenAutomaton] = []
@@ -224,7 +193,7 @@ class Proposer:
             self._static_owner.extend([i] * len(fas))
         self._null = _NoCache()  # the version holder of sessions while there is no cache
         self._cache: ResponseCache | None = None
-        self.cache = ResponseCache(cache_tokens, cache_generations) if global_cache else None
+        self.cache = ResponseCache(cfg.cache_tokens, cfg.cache_generations) if cfg.global_cache else None
         self._sources: Sources | None = None
         self._tops: dict = {}  # id(frozen automaton) -> (it, its fk.top_children or None)
         for fa in self._static:
@@ -234,7 +203,7 @@ class Proposer:
         self._batch_lock = threading.Lock()
         self._slots = _LiveSlots()
         self._local = threading.local()  # per-thread scratch arrays for the kernels
-        self._upkeep = CacheUpkeep(self._current_sources) if cache_upkeep == "background" else None
+        self._upkeep = CacheUpkeep(self._current_sources) if cfg.cache_upkeep == "background" else None
 
     @property
     def cache(self) -> ResponseCache | None:
@@ -453,6 +422,21 @@ class Proposer:
                 numba.set_num_threads(threads)
                 counts = pk.propose_batch(*args, threads, starts, *outs)
         return starts, outs, counts
+
+
+def _kernel_params(cfg: ProposerConfig) -> np.ndarray:
+    """The knobs the draft kernel reads, float64 [dk.N_PARAMS], read-only."""
+    params = np.zeros(dk.N_PARAMS, np.float64)
+    params[dk.P_MATCH_PRIOR] = cfg.match_prior
+    params[dk.P_RECENCY] = cfg.recency
+    params[dk.P_MIN_PROB] = cfg.min_prob
+    params[dk.P_MAX_DEPTH] = cfg.max_depth
+    params[dk.P_MAX_CHILDREN] = cfg.max_children
+    params[dk.P_PRIOR_STRENGTH] = cfg.prior_strength
+    params[dk.P_SESSION_STRENGTH] = cfg.session_strength
+    params[dk.P_CAL_STRENGTH] = cfg.calibration_strength
+    params.flags.writeable = False
+    return params
 
 
 class _NoCache:

@@ -1,9 +1,9 @@
 """`warm_kernels`: every numba kernel a serving engine's rounds can reach, compiled or loaded before
 the first request instead of inside a round.
 
-The kernels are `cache=True`: the first process of an installation compiles each one (tens of
-seconds in all: the batched proposal alone takes about half a minute on a small host) and later
-processes load them from disk (well under a second in all). Either happens on a kernel's first call.
+The kernels are `cache=True`: the first process of an installation compiles each one (the batched
+proposal, the largest, compiles longest) and later processes load them from disk, much faster.
+Either happens on a kernel's first call.
 Without a warm-up, that first call lands inside a round: the first time two requests draft together
 (`Proposer.propose_batch`), or the first time the response cache merges into a level large enough to
 be thawed rather than rebuilt (after a few closed requests), every running request waits for it.
@@ -24,6 +24,7 @@ from .batch import RoundBatch
 from .budget import BudgetPolicy, CostModel
 from .cache import THAW_MIN_TOKENS, ResponseCache
 from .proposer import Proposer
+from .proposer_config import ProposerConfig
 from .tree import DraftTree, prune_tree
 
 __all__ = ["warm_kernels"]
@@ -31,16 +32,16 @@ __all__ = ["warm_kernels"]
 _TEXT = np.array([5, 6, 7, 8, 5, 6, 7, 9, 5, 6], np.int64)
 
 
-def warm_kernels(corpus=None, *, filter=None, **knobs) -> float:
+def warm_kernels(corpus=None, *, filter=None, config: ProposerConfig | None = None, **knobs) -> float:
     """Run every kernel path of a serving round once (module docstring); returns the seconds it took.
 
-    `corpus` and `knobs`: those of the serving `Proposer` (the corpus kernels and the knobs' own
-    paths are warmed too); `filter`: a corpus filter the requests will use, if any."""
+    `corpus`, `config` and `knobs`: those of the serving `Proposer` (the corpus kernels and the
+    knobs' own paths are warmed too); `filter`: a corpus filter the requests will use, if any."""
     t0 = time.perf_counter()
-    vocab = knobs.get("vocab_size")
-    text = _TEXT % max(1, min(int(vocab), 10)) if vocab else _TEXT
-    knobs = {**knobs, "cache_upkeep": "inline"}  # on this thread: done when this returns
-    scratch = Proposer(corpus, **knobs)
+    cfg = ProposerConfig.of(config, knobs)
+    vocab = cfg.vocab_size
+    text = _TEXT % max(1, min(vocab, 10)) if vocab else _TEXT
+    scratch = Proposer(corpus, config=cfg.replace(cache_upkeep="inline"))  # on this thread: done when this returns
     sessions = [scratch.start(text, filter=filter) for _ in range(3)]
     for s in sessions:
         s.extend(text[:3])

@@ -385,13 +385,54 @@ def test_options_and_vllm_fields():
         SuffixSpecProposer(config(filter={"repo": "x"}))
     with pytest.raises(BadInputError, match="num_speculative_tokens: expected a positive int, got 0"):
         SuffixSpecProposer(config(k=0))
-    with pytest.raises(BadInputError, match="session_timeout_steps >= 2"):
+    with pytest.raises(BadInputError, match="^session_timeout_steps: expected an integer >= 2, got 1"):
         SuffixSpecProposer(config(session_timeout_steps=1))
+    with pytest.raises(BadInputError, match="^max_sessions: expected a positive integer, got 0"):
+        SuffixSpecProposer(config(max_sessions=0))
     with pytest.raises(BadInputError, match="step_cost"):
         SuffixSpecProposer(config(step_cost=[[4, 2.0], [8, 1.0]]))
     with pytest.raises(BadInputError, match="token_ids_cpu"):
         p.propose([[1], [2]], np.zeros(1, np.int32), np.zeros((1, 16), np.int32))
     p.load_model(object(), anything=1)  # vLLM's CPU runner calls it with the target model
+
+
+def test_the_option_table_is_the_proposer_config_plus_the_adapters_own():
+    """`OPTIONS` is derived from `ProposerConfig`'s fields (names, types, docs, defaults), never a
+    second list: every knob but those not taken, with the adapter's defaults where they differ."""
+    import dataclasses
+
+    from suffixspec import ProposerConfig
+    from suffixspec.integrations.vllm import ADAPTER_OPTIONS, KNOB_DEFAULTS, KNOBS_NOT_TAKEN, OPTIONS
+    from suffixspec.proposer_config import KNOBS
+
+    fields = {f.name: f for f in dataclasses.fields(ProposerConfig)}
+    assert set(KNOBS_NOT_TAKEN) <= set(fields) and set(KNOB_DEFAULTS) <= set(fields)
+    assert not set(ADAPTER_OPTIONS) & set(fields)
+    assert list(OPTIONS) == [n for n in fields if n not in KNOBS_NOT_TAKEN] + list(ADAPTER_OPTIONS)
+    for name in OPTIONS.keys() - ADAPTER_OPTIONS.keys():
+        f, option = fields[name], OPTIONS[name]
+        assert option.doc == f.metadata["doc"] == KNOBS[name].doc
+        assert option.default == KNOB_DEFAULTS.get(name, f.default)
+        kind = {"int": (int,), "float": (int, float), "bool": (bool,), "str": (str,)}[f.type.partition(" | ")[0]]
+        assert option.types == kind + ((type(None),) if f.type.endswith("| None") else ())
+
+
+def test_every_knob_reaches_the_proposer():
+    """A knob given as an option is the proposer's; a bad value is refused by the config, by name."""
+    p = SuffixSpecProposer(config(threads=2, learn=False, prior_strength=3, cache_upkeep="background", max_depth=50,
+                                  global_cache=False, resync_tokens=77))
+    cfg = p.proposer.config
+    assert cfg is p.config and (cfg.threads, cfg.learn, cfg.prior_strength, cfg.cache_upkeep) == (2, False, 3.0, "background")
+    assert (cfg.max_depth, cfg.max_nodes, cfg.recency, cfg.resync_tokens) == (8, 32, 0.0, 77)  # the adapter's defaults
+    assert p.knobs["prior_strength"] == 3.0 and "vocab_size" not in p.knobs
+    with pytest.raises(BadInputError, match="^match_levels: expected a positive integer, got 0"):
+        SuffixSpecProposer(config(match_levels=0))
+    with pytest.raises(BadInputError, match="^max_nodes: expected a positive integer, got 0"):
+        SuffixSpecProposer(config(max_nodes=0))
+    with pytest.raises(BadInputTypeError, match=r'\["learn"\].*expected bool, got 1'):
+        SuffixSpecProposer(config(learn=1))
+    with pytest.raises(BadInputError, match="unknown option 'vocab_size'"):
+        SuffixSpecProposer(config(vocab_size=100))
 
 
 def test_corpus_and_filter(tmp_path):

@@ -43,9 +43,14 @@ number of accepted tokens), cut at the first token outside the vocabulary. Then 
 choice over the whole batch: path nodes are taken in descending score while the expected
 tokens per unit of step cost grow, with step cost a piecewise-linear function of the tokens
 verified in the step (`step_cost`: `[[tokens, cost], ...]`; the default, for a memory-bound
-accelerator, is nearly flat up to 128 tokens (+5%) and reaches 2x a one-token step at 1024). A row's draft is therefore empty when its match is weak, and drafts
-shrink as the batch grows. Options (all optional) come from
-`vllm_config.additional_config["suffixspec"]`; see `OPTIONS`. vLLM's
+accelerator, is nearly flat up to 128 tokens (+5%) and reaches 2x a one-token step at 1024). A
+row's draft is therefore empty when its match is weak, and drafts shrink as the batch grows.
+
+Options (all optional) come from `vllm_config.additional_config["suffixspec"]`; see `OPTIONS`:
+every knob of `ProposerConfig` (its fields, types and defaults; `KNOB_DEFAULTS` lists the defaults
+that differ here, `KNOBS_NOT_TAKEN` the knobs the adapter does not take) and the adapter's own
+(`ADAPTER_OPTIONS`). A value of the wrong type is a BadInputTypeError, one out of range the
+config's BadInputError naming the knob. vLLM's
 `suffix_decoding_max_tree_depth` and `suffix_decoding_min_token_prob`, when set to other than
 their defaults, become `max_depth` and `min_prob` unless those are given.
 
@@ -66,41 +71,57 @@ import math
 import threading
 import time
 import weakref
+from dataclasses import dataclass
+from typing import Any
 
 import numba
 import numpy as np
 
 from .. import BadInputError, BadInputTypeError, CorpusIndex, DraftTree, Proposer
+from ..proposer_config import KNOBS, ProposerConfig
 from ..warmup import warm_kernels
 
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
 
-# option -> (type or types accepted, what it is)
-OPTIONS = {
-    "corpus": ((str, list, tuple), "corpus index path(s), opened memory-mapped"),
-    "filter": ((dict,), "document tags every session's corpus queries are restricted to"),
-    "max_nodes": ((int,), "draft-tree budget per row (default max(16, 4 * num_speculative_tokens))"),
-    "max_depth": ((int,), "tree depth limit (default num_speculative_tokens)"),
-    "min_prob": ((int, float), "drop tree nodes less likely to be accepted (default 0)"),
-    "min_match": ((int,), "shortest matched suffix worth drafting from"),
-    "match_prior": ((int, float), "Proposer.match_prior"),
-    "recency": ((int, float), "Proposer.recency (default 0 here: linear drafts go by frequency)"),
-    "max_children": ((int,), "Proposer.max_children"),
-    "match_levels": ((int,), "Proposer.match_levels"),
-    "global_cache": ((bool,), "learn from finished requests (default true)"),
-    "cache_tokens": ((int,), "response cache size in tokens"),
-    "cache_generations": ((int,), "response cache generations"),
-    "max_session_tokens": ((int,), "tokens a session's automaton holds"),
-    "max_sessions": ((int,), "live sessions kept (default max(256, 4 * max_num_seqs))"),
-    "session_timeout_steps": ((int,), "close a session not seen for this many steps (default 64, >= 2)"),
-    "step_cost": ((list, tuple), "[[tokens, cost], ...] relative cost of a step verifying that many tokens"),
-    "close_in_background": ((bool,), "close sessions (their output joins the cache) on a worker thread (default true)"),
-}
-_PROPOSER_KNOBS = ("min_match", "match_prior", "recency", "max_children", "match_levels", "global_cache",
-                   "cache_tokens", "cache_generations", "max_session_tokens")
 DEFAULT_STEP_COST = ((1, 1.0), (128, 1.05), (1024, 2.0))  # a memory-bound accelerator: flat, then linear
 _M64 = np.uint64
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Option:
+    """An option of `additional_config["suffixspec"]`: the Python types its value may have, what it
+    does, and its default here (a value, or in words how the adapter computes it)."""
+
+    types: tuple[type, ...]
+    doc: str
+    default: Any
+
+
+# the adapter's own options (the proposer's knobs come from `ProposerConfig`, below)
+ADAPTER_OPTIONS = {
+    "corpus": Option((str, list, tuple), "corpus index path(s), opened memory-mapped", None),
+    "filter": Option((dict,), "document tags every session's corpus queries are restricted to", None),
+    "max_sessions": Option((int,), "live sessions kept", "max(256, 4 * max_num_seqs)"),
+    "session_timeout_steps": Option((int,), "close a session not seen for this many steps (>= 2)", 64),
+    "step_cost": Option((list, tuple), "[[tokens, cost], ...] relative cost of a step verifying that many tokens",
+                        DEFAULT_STEP_COST),
+    "close_in_background": Option((bool,), "close sessions (their output joins the cache) on a worker thread", True),
+}
+# proposer knobs whose default differs here
+KNOB_DEFAULTS = {
+    "max_nodes": "max(16, 4 * num_speculative_tokens)",
+    "max_depth": "num_speculative_tokens (a larger value is cut to it)",
+    "recency": 0.0,  # linear drafts: frequency alone (fewer steps on code-edit traces than 0.5)
+}
+# proposer knobs the adapter does not take, and why
+KNOBS_NOT_TAKEN = {"vocab_size": "drafts are cut at the model's vocabulary (`best_paths`); rows are never refused"}
+# every option: the proposer's knobs (`ProposerConfig`'s fields) and the adapter's own
+OPTIONS = {
+    **{name: Option(spec.types, spec.doc, KNOB_DEFAULTS.get(name, spec.default))
+       for name, spec in KNOBS.items() if name not in KNOBS_NOT_TAKEN},
+    **ADAPTER_OPTIONS,
+}
 
 
 def _config_options(vllm_config) -> dict:
@@ -113,10 +134,11 @@ def _config_options(vllm_config) -> dict:
     for key, value in opts.items():
         if key not in OPTIONS:
             raise BadInputError(f'additional_config["suffixspec"]: unknown option {key!r}; expected one of {sorted(OPTIONS)}')
-        types, what = OPTIONS[key]
+        types = OPTIONS[key].types
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-            names = " or ".join(t.__name__ for t in types)
-            raise BadInputTypeError(f'additional_config["suffixspec"]["{key}"] ({what}): expected {names}, got {value!r}')
+            names = " or ".join("None" if t is type(None) else t.__name__ for t in types)
+            raise BadInputTypeError(f'additional_config["suffixspec"]["{key}"] ({OPTIONS[key].doc}): '
+                                    f'expected {names}, got {value!r}')
     return dict(opts)
 
 
@@ -129,6 +151,16 @@ def _changed_field(spec, name: str):
     field = fields.get(name)
     default = getattr(field, "default", None)
     return None if default is not None and value == default else value
+
+
+def _knobs(opts: dict, k: int) -> dict:
+    """The proposer's knobs among `opts`, with the adapter's defaults (`KNOB_DEFAULTS`) where absent."""
+    knobs = {name: opts[name] for name in KNOBS if name in opts}
+    knobs["max_nodes"] = opts.get("max_nodes", max(16, 4 * k))
+    knobs["max_depth"] = min(int(opts.get("max_depth", k) or k), k)
+    knobs["min_prob"] = opts.get("min_prob", 0.0)
+    knobs.setdefault("recency", KNOB_DEFAULTS["recency"])
+    return knobs
 
 
 class StepCost:
@@ -293,12 +325,12 @@ class SuffixSpecProposer:
             if ours not in opts and value is not None:
                 opts[ours] = value
         self.options = opts
-        self.max_nodes = int(opts.get("max_nodes", max(16, 4 * self.k)))
         self.max_sessions = int(opts.get("max_sessions", max(256, 4 * max_num_seqs)))
         self.timeout_steps = int(opts.get("session_timeout_steps", 64))
-        if self.max_nodes < 1 or self.max_sessions < 1 or self.timeout_steps < 2:
-            raise BadInputError(f"suffixspec options: expected max_nodes >= 1, max_sessions >= 1, session_timeout_steps >= 2; "
-                                f"got {self.max_nodes}, {self.max_sessions}, {self.timeout_steps}")
+        if self.max_sessions < 1:
+            raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}")
+        if self.timeout_steps < 2:
+            raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}")
         self.cost = StepCost(opts.get("step_cost", DEFAULT_STEP_COST))
         self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
@@ -307,13 +339,13 @@ class SuffixSpecProposer:
         self.filter = opts.get("filter")
         if self.filter is not None and not self.corpora:
             raise BadInputError('additional_config["suffixspec"]["filter"]: a filter needs a "corpus" (none was given)')
-        depth = int(opts.get("max_depth", self.k) or self.k)
-        self.knobs = dict(max_nodes=self.max_nodes, max_depth=min(depth, self.k), min_prob=float(opts.get("min_prob", 0.0)))
-        self.knobs["recency"] = 0.0  # linear drafts: frequency alone (fewer steps on code-edit traces than 0.5)
-        self.knobs.update({name: opts[name] for name in _PROPOSER_KNOBS if name in opts})
+        knobs = _knobs(opts, self.k)
+        self.config = ProposerConfig.of(None, knobs)
+        self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
+        self.max_nodes = self.config.max_nodes
         self.stats = collections.Counter()
         self._warm_up()
-        self.proposer = Proposer(self.corpora or None, **self.knobs)
+        self.proposer = Proposer(self.corpora or None, config=self.config)
         self._reset_tracking()
         _INSTANCES.add(self)
 
@@ -528,7 +560,7 @@ class SuffixSpecProposer:
     def _warm_up(self) -> None:
         """Compile and run every kernel a step uses: the proposer's on a throwaway proposer of the same
         knobs (`warm_kernels`), then the adapter's own."""
-        warm_kernels(self.corpora or None, filter=self.filter, **self.knobs)
+        warm_kernels(self.corpora or None, filter=self.filter, config=self.config)
         self._best_paths([DraftTree.from_paths([[1, 2], [1, 3]]), DraftTree.empty()], [self.k, self.k])
         choose_lengths(np.zeros(1, np.int64), np.ones(1), np.zeros(1, np.int64), 1, self.cost)
         if not math.isfinite(float(self.cost(1)[()])):
