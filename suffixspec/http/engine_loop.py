@@ -260,7 +260,7 @@ class EngineLoop:
                                    options=rq.options, prediction=rq.prediction_ids)
             except (BadInputError, BadInputTypeError) as exc:
                 self._done(handle)
-                handle.reject(APIError(400, str(exc), param=str(exc).split(":", 1)[0] or None))
+                handle.reject(APIError(400, str(exc), param=exc.param))
                 return
             except Exception as exc:  # noqa: BLE001 - this request's own failure
                 log.exception("adding a request failed")
