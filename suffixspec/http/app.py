@@ -35,7 +35,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import protocol
-from .engine_loop import EngineLoop, Final, Handle
+from .engine_loop import EngineLoop, Final, Handle, Tokens
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, GenerationRequest, ModelContext
 from .text import TextAssembler
@@ -225,11 +225,11 @@ def create_app(state: AppState) -> Starlette:
 
     async def _collect(req, handle, asm, rid, created, path) -> Response:
         final = None
-        async for kind, payload in handle.events():
-            if kind == "tokens":
-                asm.feed(payload)
+        async for event in handle.events():
+            if isinstance(event, Tokens):
+                asm.feed(event.ids)
             else:
-                final = payload
+                final = event
         if final.reason in ("error", "cancelled"):
             status = 500 if final.reason == "error" else 499
             metrics.http_request(path, status)
@@ -253,13 +253,13 @@ def create_app(state: AppState) -> Starlette:
 
         if chat:
             yield sse(protocol.chat_chunk(rid, req.model, created, {"role": "assistant", "content": ""}))
-        async for kind, payload in handle.events():
-            if kind == "tokens":
-                text = asm.feed(payload)
+        async for event in handle.events():
+            if isinstance(event, Tokens):
+                text = asm.feed(event.ids)
                 if text:
                     yield chunk(text)
                 continue
-            final: Final = payload
+            final: Final = event
             if final.reason == "cancelled":
                 return
             if final.reason == "error":
