@@ -206,9 +206,9 @@ def _warm_up(server, tokenizer, proposer) -> None:
 
 def _freeze_heap() -> None:
     """Move every object alive now (the model, the libraries, the warm-up's caches) out of the garbage
-    collector's reach: a full collection walks every tracked object, and over a loaded model's hundreds
-    of thousands it holds the interpreter for a tenth of a second, stalling the engine's round and
-    every handler at once. Later objects are collected as before."""
+    collector's reach: a full collection walks every tracked object, and over a loaded model's many
+    objects it holds the interpreter long enough to stall the engine's round and every handler at
+    once. Later objects are collected as before."""
     gc.collect()
     gc.freeze()
 
