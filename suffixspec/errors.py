@@ -2,6 +2,9 @@
 
 Library code raises these; only `suffixspec.cli` turns them into messages and exit codes.
 Each class also derives from the builtin a caller would naturally catch (ValueError, TypeError).
+`BadInputError` and `BadInputTypeError` (and their subclasses) carry `param`, the name of the
+offending argument or request parameter (None when no single one is to blame): callers such as the
+HTTP layer read it from there, never from the message text.
 """
 
 
@@ -9,11 +12,26 @@ class SuffixSpecError(Exception):
     """Base class of every error raised on purpose by suffixspec."""
 
 
-class BadInputError(SuffixSpecError, ValueError):
+class _InputError(SuffixSpecError):
+    """A caller's mistake in one named input: `param` names it (None: no single one)."""
+
+    def __init__(self, *args, param: str | None = None):
+        super().__init__(*args)
+        self.param = param
+
+    def __reduce__(self):  # pickling keeps `param` (the default only passes `args`)
+        return _rebuild, (type(self), self.args, self.param)
+
+
+def _rebuild(cls, args, param):
+    return cls(*args, param=param)
+
+
+class BadInputError(_InputError, ValueError):
     """An argument has the right type but a wrong value (negative token id, bad shape...)."""
 
 
-class BadInputTypeError(SuffixSpecError, TypeError):
+class BadInputTypeError(_InputError, TypeError):
     """An argument has the wrong type (float tokens, None, a 2-D array...)."""
 
 

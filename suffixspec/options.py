@@ -2,7 +2,7 @@
 
 `DecodeOptions` holds the sampling, stopping and budget settings that `SpeculativeGenerator.generate`,
 `SpeculativeGenerator.serve` and `Server.add` take; constructing one checks every value and raises a
-`BadInputError` / `BadInputTypeError` naming the parameter, the expected range and the value.
+`BadInputError` / `BadInputTypeError` naming the parameter (its `param`), the expected range and the value.
 `DecodeOptions.resolve(model, tokenizer)` turns it into a `Decoding`: the sampler the verifier uses,
 the end-of-sequence set, and `Decoding.take`, the one place that decides where a request's output
 ends (an EOS token, a stop sequence, or the token limit).
@@ -29,10 +29,10 @@ def check_int(value, name: str, low: int | None = None, high: int | None = None,
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise BadInputTypeError(f"{name}: expected an integer{_range(low, high)}, got {value!r}")
+        raise BadInputTypeError(f"{name}: expected an integer{_range(low, high)}, got {value!r}", param=name)
     value = int(value)
     if (low is not None and value < low) or (high is not None and value > high):
-        raise BadInputError(f"{name}: expected an integer{_range(low, high)}, got {value}")
+        raise BadInputError(f"{name}: expected an integer{_range(low, high)}, got {value}", param=name)
     return value
 
 
@@ -40,10 +40,10 @@ def _check_float(value, name: str, ok: Callable[[float], bool], expected: str, n
     if value is None and none_ok:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise BadInputTypeError(f"{name}: expected {expected}, got {value!r}")
+        raise BadInputTypeError(f"{name}: expected {expected}, got {value!r}", param=name)
     value = float(value)
     if not (math.isfinite(value) and ok(value)):
-        raise BadInputError(f"{name}: expected {expected}, got {value}")
+        raise BadInputError(f"{name}: expected {expected}, got {value}", param=name)
     return value
 
 
@@ -78,7 +78,7 @@ class DecodeOptions:
     def __post_init__(self):
         check_int(self.max_new_tokens, "max_new_tokens", low=0)
         if not isinstance(self.do_sample, (bool, np.bool_)):
-            raise BadInputTypeError(f"do_sample: expected True or False, got {self.do_sample!r}")
+            raise BadInputTypeError(f"do_sample: expected True or False, got {self.do_sample!r}", param="do_sample")
         _check_float(self.temperature, "temperature", (lambda t: t > 0) if self.do_sample else (lambda t: t >= 0),
                      "a number > 0 when sampling" if self.do_sample else "a number >= 0")
         check_int(self.top_k, "top_k", low=0, none_ok=True)
@@ -86,7 +86,8 @@ class DecodeOptions:
         check_int(self.seed, "seed", low=0, high=2**63 - 1, none_ok=True)
         if self.budget != "auto" and (isinstance(self.budget, bool) or not isinstance(self.budget, (int, np.integer))
                                       or self.budget < 0):
-            raise BadInputError(f"budget: expected 'auto' or an integer >= 0, got {self.budget!r}")
+            raise BadInputError(f"budget: expected 'auto' or an integer >= 0, got {self.budget!r}",
+                                param="budget")
         if self.eos_token_id is not None:
             ids = [self.eos_token_id] if isinstance(self.eos_token_id, (int, np.integer)) else self.eos_token_id
             for t in ids:
@@ -95,11 +96,13 @@ class DecodeOptions:
             for s in _stop_list(self.stop):
                 if isinstance(s, str):
                     if not s:
-                        raise BadInputError("stop: expected non-empty stop sequences, got an empty string")
+                        raise BadInputError("stop: expected non-empty stop sequences, got an empty string",
+                                          param="stop")
                 else:
                     seq = list(s)
                     if not seq:
-                        raise BadInputError("stop: expected non-empty stop sequences, got an empty token list")
+                        raise BadInputError("stop: expected non-empty stop sequences, got an empty token list",
+                                          param="stop")
                     for t in seq:
                         check_int(t, "stop", low=0)
 
@@ -123,7 +126,8 @@ def _stop_list(stop) -> list:
     if isinstance(stop, str) or (isinstance(stop, (list, tuple)) and stop and isinstance(stop[0], (int, np.integer))):
         return [stop]
     if not isinstance(stop, (list, tuple)):
-        raise BadInputTypeError(f"stop: expected a string, a token-id list or a list of either, got {type(stop).__name__}")
+        raise BadInputTypeError("stop: expected a string, a token-id list or a list of either, got "
+                                f"{type(stop).__name__}", param="stop")
     return list(stop)
 
 
@@ -144,7 +148,7 @@ def _stop_matchers(stop, tokenizer) -> list[Callable[[list[int]], bool]]:
     for s in _stop_list(stop):
         if isinstance(s, str):
             if tokenizer is None:
-                raise BadInputError("stop: string stop sequences need a tokenizer")
+                raise BadInputError("stop: string stop sequences need a tokenizer", param="stop")
             window = 2 * len(s) + 4
             matchers.append(lambda out, s=s, w=window: s in tokenizer.decode(out[-w:]))
         else:

@@ -82,7 +82,7 @@ class Tokenizer:
         data = self._id_bytes[token_id] if 0 <= token_id < self.vocab_size else None
         if data is None:
             raise BadInputError(f"token_id: expected an id in [0, {self.vocab_size - 1}] with bytes "
-                                f"(vocab_size {self.vocab_size}), got {token_id}")
+                                f"(vocab_size {self.vocab_size}), got {token_id}", param="token_id")
         return data
 
     @functools.cached_property

@@ -118,7 +118,7 @@ def _request():
 
 
 def test_a_dead_engine_thread_fails_its_requests_and_health():
-    from suffixspec.http.engine_loop import EngineLoop, Handle
+    from suffixspec.http.engine_loop import EngineLoop, Final, Handle
 
     def explode():
         raise MemoryError("no room")
@@ -134,7 +134,7 @@ def test_a_dead_engine_thread_fails_its_requests_and_health():
         return [item async for item in handle.events()]
 
     events = asyncio.run(asyncio.wait_for(go(), 10))
-    assert events[-1][0] == "done" and events[-1][1].reason == "error" and "no room" in events[-1][1].error
+    assert isinstance(events[-1], Final) and events[-1].reason == "error" and "no room" in events[-1].error
     ok, reason = loop.health()
     assert not ok and "MemoryError" in reason
     from suffixspec.http.protocol import APIError

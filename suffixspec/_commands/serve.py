@@ -85,13 +85,14 @@ def setup_logging() -> logging.handlers.QueueListener:
 def _check(args) -> None:
     for name in ("max_batch", "max_queue", "max_new_tokens_limit"):
         if getattr(args, name) < 1:
-            raise BadInputError(f"--{name.replace('_', '-')}: expected >= 1, got {getattr(args, name)}")
+            flag = f"--{name.replace('_', '-')}"
+            raise BadInputError(f"{flag}: expected >= 1, got {getattr(args, name)}", param=flag)
     if not 0 <= args.port <= 65535:
-        raise BadInputError(f"--port: expected 0..65535, got {args.port}")
+        raise BadInputError(f"--port: expected 0..65535, got {args.port}", param="--port")
     if args.threads is not None and args.threads < 1:
-        raise BadInputError(f"--threads: expected >= 1, got {args.threads}")
+        raise BadInputError(f"--threads: expected >= 1, got {args.threads}", param="--threads")
     if args.grace_period < 0:
-        raise BadInputError(f"--grace-period: expected >= 0, got {args.grace_period}")
+        raise BadInputError(f"--grace-period: expected >= 0, got {args.grace_period}", param="--grace-period")
 
 
 def run(args) -> int:
@@ -164,7 +165,7 @@ def _load(args, budget, template, state, log) -> None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
     if tokenizer is None:
-        raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one")
+        raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one", param="--model")
     corpora = open_corpora(args.corpus, tokenizer)
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
@@ -205,9 +206,9 @@ def _warm_up(server, tokenizer, proposer) -> None:
 
 def _freeze_heap() -> None:
     """Move every object alive now (the model, the libraries, the warm-up's caches) out of the garbage
-    collector's reach: a full collection walks every tracked object, and over a loaded model's hundreds
-    of thousands it holds the interpreter for a tenth of a second, stalling the engine's round and
-    every handler at once. Later objects are collected as before."""
+    collector's reach: a full collection walks every tracked object, and over a loaded model's many
+    objects it holds the interpreter long enough to stall the engine's round and every handler at
+    once. Later objects are collected as before."""
     gc.collect()
     gc.freeze()
 

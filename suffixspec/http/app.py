@@ -17,6 +17,10 @@ model is loaded, the `EngineLoop` and the `protocol.ModelContext`):
   engine drops it at its next step.
 * With an API key, every path except `/health` needs `Authorization: Bearer KEY` (compared in
   constant time), else 401. Every error is an OpenAI-style error object, never a traceback.
+
+The handlers are the methods of `Routes` (over the one `AppState`); a generation request, once
+submitted, is an `Inflight` (its bookkeeping and cancellation) and, once accepted, an `Answer` (its
+events turned into the response).
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import hmac
 import json
 import logging
 import time
-from typing import Any
+from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -35,7 +39,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import protocol
-from .engine_loop import EngineLoop, Final, Handle
+from .engine_loop import EngineLoop, Final, Handle, Tokens
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, GenerationRequest, ModelContext
 from .text import TextAssembler
@@ -135,9 +139,27 @@ def _usage(req: GenerationRequest, final: Final) -> dict:
 
 
 def create_app(state: AppState) -> Starlette:
-    metrics = state.metrics
+    routes = Routes(state)
+    app = Starlette(routes=[
+        Route("/health", routes.health, methods=["GET"]),
+        Route("/metrics", routes.metrics_text, methods=["GET"]),
+        Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/completions", routes.completions, methods=["POST"]),
+        Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+    ], exception_handlers={HTTPException: http_error, Exception: server_error})
+    app.add_middleware(AuthMiddleware, state=state)
+    return app
 
-    async def health(request: Request) -> Response:
+
+class Routes:
+    """The handlers of `create_app`'s routes, over one `AppState`."""
+
+    def __init__(self, state: AppState):
+        self.state = state
+        self.metrics = state.metrics
+
+    async def health(self, request: Request) -> Response:
+        state = self.state
         if state.load_error is not None:
             return JSONResponse({"status": f"model failed to load: {state.load_error}"}, status_code=503)
         if state.engine is None:
@@ -145,29 +167,58 @@ def create_app(state: AppState) -> Starlette:
         ok, reason = state.engine.health()
         return JSONResponse({"status": reason}, status_code=200 if ok else 503)
 
-    async def metrics_endpoint(request: Request) -> Response:
-        return Response(metrics.render(), media_type=CONTENT_TYPE)
+    async def metrics_text(self, request: Request) -> Response:
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def models(request: Request) -> Response:
+    async def models(self, request: Request) -> Response:
+        state = self.state
         max_len = state.ctx.max_positions if state.ctx is not None else None
         data = [{"id": name, "object": "model", "created": state.created, "owned_by": "suffixspec",
                  "max_model_len": max_len} for name in state.names]
-        metrics.http_request("/v1/models", 200)
+        self.metrics.http_request("/v1/models", 200)
         return JSONResponse({"object": "list", "data": data})
 
-    async def completions(request: Request) -> Response:
-        return await generate(request, "completion")
+    async def completions(self, request: Request) -> Response:
+        return await self.generate(request, "completion")
 
-    async def chat_completions(request: Request) -> Response:
-        return await generate(request, "chat")
+    async def chat_completions(self, request: Request) -> Response:
+        return await self.generate(request, "chat")
 
-    async def generate(request: Request, kind: str) -> Response:
+    async def generate(self, request: Request, kind: str) -> Response:
         path = request.url.path
-        expected = None
         try:
-            engine, ctx = state.ready()
-            engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
-            expected = engine
+            engine, ctx, req, handle = await self._submit(request, kind)
+        except APIError as err:
+            self.metrics.http_request(path, err.status)
+            return error_response(err)
+        except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error object
+            log.exception("request handling failed")
+            self.metrics.http_request(path, 500)
+            return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+        inflight = Inflight(self.state, engine, handle, request)
+        try:
+            await handle.wait_accepted()
+        except APIError as err:
+            inflight.close()
+            self.metrics.http_request(path, err.status)
+            return error_response(err)
+        except BaseException:
+            inflight.close()
+            raise
+        answer = Answer(req, handle, TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos), path, self.metrics)
+        if req.stream:
+            self.metrics.http_request(path, 200)
+            return EventStream(answer.chunks(), inflight.close)
+        try:
+            return await answer.collect()
+        finally:
+            inflight.close()
+
+    async def _submit(self, request: Request, kind: str) -> tuple[EngineLoop, ModelContext, GenerationRequest, Handle]:
+        """Read, check and submit one request (`APIError` when the server or the request refuses it)."""
+        engine, ctx = self.state.ready()
+        engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
+        try:
             raw = await request.body()
             try:
                 body = json.loads(raw)
@@ -176,121 +227,107 @@ def create_app(state: AppState) -> Starlette:
             req = protocol.parse_request(body, kind, ctx)
             handle = Handle(req)
             engine.submit(handle)
-        except APIError as err:
-            metrics.http_request(path, err.status)
-            return error_response(err)
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error object
-            log.exception("request handling failed")
-            metrics.http_request(path, 500)
-            return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
         finally:
-            if expected is not None:
-                expected.arrived()
+            engine.arrived()
+        return engine, ctx, req, handle
+
+
+class Inflight:
+    """A submitted request's bookkeeping: counted in `state.inflight`, cancelled when its client
+    disconnects; `close()` (any number of times) ends both and cancels it if it still runs."""
+
+    def __init__(self, state: AppState, engine: EngineLoop, handle: Handle, request: Request):
+        self.state, self.engine, self.handle = state, engine, handle
+        self.closed = False
         state.inflight += 1
-        watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handle))
-        closed = [False]
+        self.watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handle))
 
-        def close() -> None:
-            if not closed[0]:
-                closed[0] = True
-                state.inflight -= 1
-                watcher.cancel()
-                engine.cancel(handle)  # a no-op once it finished
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.state.inflight -= 1
+            self.watcher.cancel()
+            self.engine.cancel(self.handle)  # a no-op once it finished
 
-        try:
-            await handle.wait_accepted()
-        except APIError as err:
-            close()
-            metrics.http_request(path, err.status)
-            return error_response(err)
-        except BaseException:
-            close()
-            raise
-        asm = TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos)
-        rid, created = protocol.new_id(kind), int(time.time())
-        if req.stream:
-            metrics.http_request(path, 200)
-            return EventStream(_stream(req, handle, asm, rid, created, path), close)
-        try:
-            return await _collect(req, handle, asm, rid, created, path)
-        finally:
-            close()
 
-    async def _watch_disconnect(request: Request, engine: EngineLoop, handle: Handle) -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                engine.cancel(handle)
-                return
+async def _watch_disconnect(request: Request, engine: EngineLoop, handle: Handle) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            engine.cancel(handle)
+            return
 
-    async def _collect(req, handle, asm, rid, created, path) -> Response:
+
+class Answer:
+    """An accepted request's events as its response: one JSON object (`collect`) or server-sent
+    events (`chunks`)."""
+
+    def __init__(self, req: GenerationRequest, handle: Handle, asm: TextAssembler, path: str, metrics: Metrics):
+        self.req, self.handle, self.asm = req, handle, asm
+        self.path, self.metrics = path, metrics
+        self.rid, self.created = protocol.new_id(req.kind), int(time.time())
+
+    async def collect(self) -> Response:
+        req, asm = self.req, self.asm
         final = None
-        async for kind, payload in handle.events():
-            if kind == "tokens":
-                asm.feed(payload)
+        async for event in self.handle.events():
+            if isinstance(event, Tokens):
+                asm.feed(event.ids)
             else:
-                final = payload
+                final = event
         if final.reason in ("error", "cancelled"):
             status = 500 if final.reason == "error" else 499
-            metrics.http_request(path, status)
+            self.metrics.http_request(self.path, status)
             message = (f"the request failed inside the engine: {final.error}" if final.reason == "error"
                        else "the request was cancelled")
             return error_response(APIError(status, message, code="engine_error" if status == 500 else "cancelled"))
         asm.finish(final.reason, final.tokens)
         build = protocol.chat_response if req.kind == "chat" else protocol.completion_response
-        metrics.http_request(path, 200)
-        return JSONResponse(build(rid, req.model, asm.text(), protocol.finish_reason(final.reason),
-                                  _usage(req, final), created))
+        self.metrics.http_request(self.path, 200)
+        return JSONResponse(build(self.rid, req.model, asm.text(), protocol.finish_reason(final.reason),
+                                  _usage(req, final), self.created))
 
-    async def _stream(req, handle, asm, rid, created, path):
-        chat = req.kind == "chat"
-
-        def chunk(text, reason=None, use=None, choices=True):
-            if chat:
-                delta = None if not choices else ({"content": text} if text else {})
-                return sse(protocol.chat_chunk(rid, req.model, created, delta, reason, use, choices))
-            return sse(protocol.completion_chunk(rid, req.model, created, text, reason, use, choices))
-
-        if chat:
-            yield sse(protocol.chat_chunk(rid, req.model, created, {"role": "assistant", "content": ""}))
-        async for kind, payload in handle.events():
-            if kind == "tokens":
-                text = asm.feed(payload)
+    async def chunks(self) -> AsyncIterator[bytes]:
+        req, asm = self.req, self.asm
+        if req.kind == "chat":
+            yield sse(protocol.chat_chunk(self.rid, req.model, self.created, {"role": "assistant", "content": ""}))
+        async for event in self.handle.events():
+            if isinstance(event, Tokens):
+                text = asm.feed(event.ids)
                 if text:
-                    yield chunk(text)
+                    yield self._chunk(text)
                 continue
-            final: Final = payload
+            final: Final = event
             if final.reason == "cancelled":
                 return
             if final.reason == "error":
-                metrics.http_request(path, 500)  # (its 200 was counted when the stream began)
+                self.metrics.http_request(self.path, 500)  # (its 200 was counted when the stream began)
                 yield sse(APIError(500, f"the request failed inside the engine: {final.error}",
                                    code="engine_error").body())
                 yield DONE
                 return
             rest = asm.finish(final.reason, final.tokens)
             use = _usage(req, final)
-            yield chunk(rest, protocol.finish_reason(final.reason), None if req.include_usage else use)
+            yield self._chunk(rest, protocol.finish_reason(final.reason), None if req.include_usage else use)
             if req.include_usage:
-                yield chunk(None, None, use, choices=False)
+                yield self._chunk(None, None, use, choices=False)
             yield DONE
 
-    async def http_error(request: Request, exc: HTTPException) -> Response:
-        err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
-                       code="not_found" if exc.status_code == 404 else None)
-        return error_response(err)
+    def _chunk(self, text: str | None, reason: str | None = None, use: dict | None = None,
+               choices: bool = True) -> bytes:
+        req = self.req
+        if req.kind == "chat":
+            delta = None if not choices else ({"content": text} if text else {})
+            return sse(protocol.chat_chunk(self.rid, req.model, self.created, delta, reason, use, choices))
+        return sse(protocol.completion_chunk(self.rid, req.model, self.created, text, reason, use, choices))
 
-    async def server_error(request: Request, exc: Exception) -> Response:
-        log.exception("unhandled error", exc_info=exc)
-        return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
 
-    routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-    ]
-    app = Starlette(routes=routes, exception_handlers={HTTPException: http_error, Exception: server_error})
-    app.add_middleware(AuthMiddleware, state=state)
-    return app
+async def http_error(request: Request, exc: HTTPException) -> Response:
+    err = APIError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                   code="not_found" if exc.status_code == 404 else None)
+    return error_response(err)
+
+
+async def server_error(request: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return error_response(APIError(500, f"internal error: {type(exc).__name__}"))

@@ -58,7 +58,8 @@ def find_chat_template(model_spec, template_file=None) -> tuple[str | None, str]
         try:
             return Path(template_file).read_text(encoding="utf-8"), str(template_file)
         except OSError as exc:
-            raise ChatTemplateError(f"--chat-template: cannot read {str(template_file)!r}: {exc}") from None
+            raise ChatTemplateError(f"--chat-template: cannot read {str(template_file)!r}: {exc}",
+                                    param="--chat-template") from None
     if model_spec is None or (isinstance(model_spec, str) and model_spec.strip().lower() in ("default", "smollm2")):
         from ..tokenizer import default_gguf_path
 
@@ -146,7 +147,7 @@ class ChatTemplate:
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
-            raise ChatTemplateError(f"chat template: {message}")
+            raise ChatTemplateError(f"chat template: {message}", param="messages")
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
@@ -171,4 +172,4 @@ class ChatTemplate:
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:
-            raise ChatTemplateError(f"chat template failed on these messages: {exc}") from None
+            raise ChatTemplateError(f"chat template failed on these messages: {exc}", param="messages") from None

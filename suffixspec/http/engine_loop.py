@@ -4,7 +4,8 @@ Contract:
 
 * `EngineLoop(server, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
   alone calls the server (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the server:
-  `submit(handle)` and `cancel(handle)` put messages on a thread-safe inbox, read between rounds, so a
+  `submit(handle)` and `cancel(handle)` put messages (`AddRequest`, `CancelRequest`, `CancelAll`, `Wake`)
+  on a thread-safe inbox, read between rounds, so a
   new request joins the running batch at the next round. The thread sleeps on the inbox while the
   server is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
   the previous one, and those whose handlers are still reading or parsing them (`expect` at a
@@ -16,9 +17,9 @@ Contract:
   `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
   not yet admitted into the running batch. A submitted request is never dropped by the bound.
 * `Handle` (made on the handler's event loop): `await handle.wait_accepted()` raises the `APIError`
-  of a request the server refused (`Server.add`'s checks: 400), then `handle.events()` yields
-  `("tokens", [ids])` once per round that committed tokens and finally `("done", Final)` (whose
-  `tokens` are the last round's). The engine
+  of a request the server refused (`Server.add`'s checks: 400, the error's `param` named), then
+  `handle.events()` yields `Tokens(ids)` once per round that committed tokens and finally the
+  `Final` (whose `tokens` are the last round's). The engine
   thread hands events over with `loop.call_soon_threadsafe`, never blocking on a slow client.
 * `cancel(handle)` (a client that went away) makes the server drop the request at its next step, so
   its slot is free for that step's admissions. Finished requests are released from the server at once.
@@ -39,12 +40,12 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator
+from typing import AsyncIterator
 
 from ..errors import BadInputError, BadInputTypeError
 from .protocol import APIError, GenerationRequest
 
-__all__ = ["EngineLoop", "Handle", "Final"]
+__all__ = ["EngineLoop", "Handle", "Final", "Tokens"]
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,76 @@ GATHER_MAX_S = 0.05  # the most a first request waits for others
 ARRIVAL_POLL_S = 0.001
 
 
-@dataclass
+# ----------------------------------------------------------------------------------- events (engine -> handler)
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """The tokens one round committed to a request that goes on."""
+
+    ids: list[int]
+
+
+@dataclass(frozen=True)
 class Final:
+    """How a request ended: its last event."""
+
     reason: str  # the engine's: "eos", "stop", "length", "cancelled" or "error"
     error: str
     completion_tokens: int
     prediction: tuple[int, int] | None  # (accepted, rejected) prediction tokens, None without a prediction
     stats: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)  # the last round's tokens
+
+
+# ----------------------------------------------------------------------------------- messages (handler -> engine)
+
+
+@dataclass(frozen=True)
+class AddRequest:
+    """A submitted request, for the server's next admission."""
+
+    handle: Handle
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """A request whose client went away: the server drops it at its next step."""
+
+    handle: Handle
+
+
+@dataclass(frozen=True)
+class CancelAll:
+    """Every live request cancelled (shutdown past its grace period)."""
+
+
+@dataclass(frozen=True)
+class Wake:
+    """Nothing to do: wakes a thread sleeping on the inbox (to see `stop`)."""
+
+
+Message = AddRequest | CancelRequest | CancelAll | Wake
+
+
+@dataclass(frozen=True)
+class _Totals:
+    """The server's running totals that a step's usage is the difference of."""
+
+    rounds: int = 0
+    plain_rounds: int = 0
+    proposer_s: float = 0.0
+    budget_s: float = 0.0
+    verifier_s: float = 0.0
+
+    @classmethod
+    def of(cls, stats) -> _Totals:
+        return cls(stats.rounds, stats.plain_rounds, stats.proposer_s, stats.budget_s, stats.verifier_s)
+
+    def __sub__(self, other: _Totals) -> _Totals:
+        return _Totals(self.rounds - other.rounds, self.plain_rounds - other.plain_rounds,
+                       self.proposer_s - other.proposer_s, self.budget_s - other.budget_s,
+                       self.verifier_s - other.verifier_s)
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -87,7 +150,8 @@ class Handle:
         self.final: Final | None = None
         # engine-thread state
         self.queued = False
-        self.shares = [0.0, 0.0]  # proposer (budget included) and verifier seconds charged to it
+        self.proposer_s = 0.0  # proposer (budget included) seconds charged to it
+        self.verifier_s = 0.0
         self.finished = False
 
     # ---------------------------------------------------------------- engine side (any thread)
@@ -107,23 +171,23 @@ class Handle:
         self._call(_set_exception, self._accepted, error)
 
     def post_tokens(self, tokens: list[int]) -> None:
-        self._call(self._events.put_nowait, ("tokens", tokens))
+        self._call(self._events.put_nowait, Tokens(tokens))
 
     def post_final(self, final: Final) -> None:
         self.finished = True
         self.final = final
-        self._call(self._events.put_nowait, ("done", final))
+        self._call(self._events.put_nowait, final)
 
     # ---------------------------------------------------------------- handler side (its loop)
 
     async def wait_accepted(self) -> int:
         return await self._accepted
 
-    async def events(self) -> AsyncIterator[tuple[str, Any]]:
+    async def events(self) -> AsyncIterator[Tokens | Final]:
         while True:
-            item = await self._events.get()
-            yield item
-            if item[0] == "done":
+            event = await self._events.get()
+            yield event
+            if isinstance(event, Final):
                 return
 
 
@@ -173,14 +237,14 @@ class EngineLoop:
             self._waiting += 1
             self._live += 1
             handle.queued = True
-        self._inbox.put(("add", handle))
+        self._inbox.put(AddRequest(handle))
 
     def cancel(self, handle: Handle) -> None:
         if not handle.finished:
-            self._inbox.put(("cancel", handle))
+            self._inbox.put(CancelRequest(handle))
 
     def cancel_all(self) -> None:
-        self._inbox.put(("cancel_all", None))
+        self._inbox.put(CancelAll())
 
     def health(self) -> tuple[bool, str]:
         if self.dead is not None:
@@ -196,7 +260,7 @@ class EngineLoop:
 
     def stop(self, timeout: float | None = 5.0) -> None:
         self._stop.set()
-        self._inbox.put(("wake", None))
+        self._inbox.put(Wake())
         if self._thread.is_alive():
             self._thread.join(timeout)
 
@@ -218,15 +282,15 @@ class EngineLoop:
         those that follow within `gather_s` of the previous one or while handlers are still between
         a request's arrival and its `submit` (`expect`), up to `gather_max_s` after the first."""
         try:
-            item = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
+            message = self._inbox.get(timeout=IDLE_WAIT_S) if block else self._inbox.get_nowait()
         except queue.Empty:
             return
         deadline = time.monotonic() + self.gather_max_s if block else None
-        while item is not None:
-            self._handle_message(*item)
-            item = self._next_message(deadline)
+        while message is not None:
+            self._handle_message(message)
+            message = self._next_message(deadline)
 
-    def _next_message(self, deadline: float | None):
+    def _next_message(self, deadline: float | None) -> Message | None:
         """The next message, or None once none came in time (at once without a `deadline`)."""
         while True:
             left = 0.0 if deadline is None else deadline - time.monotonic()
@@ -251,30 +315,33 @@ class EngineLoop:
         with self._lock:
             self._arriving -= 1
 
-    def _handle_message(self, kind: str, handle: Handle | None) -> None:
-        server = self.server
-        if kind == "add":
-            rq = handle.request
-            try:
-                index = server.add(rq.prompt_ids, max_new_tokens=rq.max_tokens, key=0, filter=rq.filter,
-                                   options=rq.options, prediction=rq.prediction_ids)
-            except (BadInputError, BadInputTypeError) as exc:
-                self._done(handle)
-                handle.reject(APIError(400, str(exc), param=str(exc).split(":", 1)[0] or None))
-                return
-            except Exception as exc:  # noqa: BLE001 - this request's own failure
-                log.exception("adding a request failed")
-                self._done(handle)
-                handle.reject(APIError(500, f"the engine could not take the request: {type(exc).__name__}: {exc}"))
-                return
-            self._handles[index] = handle
-            handle.accept(index)
-        elif kind == "cancel":
+    def _handle_message(self, message: Message) -> None:
+        if isinstance(message, AddRequest):
+            self._add(message.handle)
+        elif isinstance(message, CancelRequest):
+            handle = message.handle
             if handle.index is not None and handle.index in self._handles:
-                server.cancel(handle.index)
-        elif kind == "cancel_all":
+                self.server.cancel(handle.index)
+        elif isinstance(message, CancelAll):
             for index in list(self._handles):
-                server.cancel(index)
+                self.server.cancel(index)
+
+    def _add(self, handle: Handle) -> None:
+        rq = handle.request
+        try:
+            index = self.server.add(rq.prompt_ids, max_new_tokens=rq.max_tokens, key=0, filter=rq.filter,
+                                    options=rq.options, prediction=rq.prediction_ids)
+        except (BadInputError, BadInputTypeError) as exc:
+            self._done(handle)
+            handle.reject(APIError(400, str(exc), param=exc.param))
+            return
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            log.exception("adding a request failed")
+            self._done(handle)
+            handle.reject(APIError(500, f"the engine could not take the request: {type(exc).__name__}: {exc}"))
+            return
+        self._handles[index] = handle
+        handle.accept(index)
 
     def _run(self) -> None:
         server = self.server
@@ -286,9 +353,9 @@ class EngineLoop:
                 if server.idle:
                     if self._stop.is_set():
                         return
-                    self._observe(None, (0, 0, 0.0, 0.0, 0.0))
+                    self._observe(None, _Totals())
                     continue
-                before = self._totals()
+                before = _Totals.of(server.stats)
                 self._step_started = time.monotonic()
                 step = server.step()
                 self._step_started = None
@@ -307,33 +374,28 @@ class EngineLoop:
         """After the thread died: answer every request still in the inbox (503)."""
         while True:
             try:
-                kind, handle = self._inbox.get_nowait()
+                message = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if kind == "add":
-                self._done(handle)
-                handle.reject(APIError(503, f"the engine stopped: {self.dead}", code="engine_dead"))
+            if isinstance(message, AddRequest):
+                self._done(message.handle)
+                message.handle.reject(APIError(503, f"the engine stopped: {self.dead}", code="engine_dead"))
 
-    def _totals(self) -> tuple:
-        s = self.server.stats
-        return s.rounds, s.plain_rounds, s.proposer_s, s.budget_s, s.verifier_s
-
-    def _dispatch(self, step, before: tuple) -> None:
-        after = self._totals()
-        delta = tuple(a - b for a, b in zip(after, before))
+    def _dispatch(self, step, before: _Totals) -> None:
+        delta = _Totals.of(self.server.stats) - before
         for index in step.admitted:
             handle = self._handles.get(index)
             if handle is not None:
                 self._unqueue(handle)
         took_part = {ev.index for ev in step.events if ev.tokens}
         if took_part:
-            draft_share = (delta[2] + delta[3]) / len(took_part)
-            verify_share = delta[4] / len(took_part)
+            proposer_share = (delta.proposer_s + delta.budget_s) / len(took_part)
+            verifier_share = delta.verifier_s / len(took_part)
             for index in took_part:
                 handle = self._handles.get(index)
                 if handle is not None:
-                    handle.shares[0] += draft_share
-                    handle.shares[1] += verify_share
+                    handle.proposer_s += proposer_share
+                    handle.verifier_s += verifier_share
         for ev in step.events:
             handle = self._handles.get(ev.index)
             if handle is None:
@@ -354,8 +416,8 @@ class EngineLoop:
             "drafted": rs.drafted,
             "accepted": rs.accepted,
             "acceptance_rate": round(rs.accepted / rs.drafted, 4) if rs.drafted else 0.0,
-            "proposer_ms": round(handle.shares[0] * 1e3, 3),
-            "verifier_ms": round(handle.shares[1] * 1e3, 3),
+            "proposer_ms": round(handle.proposer_s * 1e3, 3),
+            "verifier_ms": round(handle.verifier_s * 1e3, 3),
             "ttft_ms": round(rs.ttft_s * 1e3, 3),
             "queue_ms": round(rs.queue_s * 1e3, 3),
         }
@@ -367,9 +429,10 @@ class EngineLoop:
         self._done(handle)
         handle.post_final(final)
 
-    def _observe(self, step, delta: tuple) -> None:
+    def _observe(self, step, delta: _Totals) -> None:
         if self.metrics is None:
             return
-        self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta[0],
-                                  plain_rounds=delta[1], proposer_s=delta[2], budget_s=delta[3], verifier_s=delta[4],
+        self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta.rounds,
+                                  plain_rounds=delta.plain_rounds, proposer_s=delta.proposer_s,
+                                  budget_s=delta.budget_s, verifier_s=delta.verifier_s,
                                   admitted=len(step.admitted) if step is not None else 0)

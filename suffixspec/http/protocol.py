@@ -374,8 +374,7 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
                                 top_p=None if top_p is None else float(top_p), seed=seed,
                                 stop=stops or None, logits_processor=_logit_bias(body, ctx), budget=budget)
     except (BadInputError, BadInputTypeError) as exc:
-        name = str(exc).split(":", 1)[0]
-        raise bad(str(exc), name) from None
+        raise bad(str(exc), exc.param) from None
     return GenerationRequest(kind, model, prompt_ids, max_tokens, options, stream, include_usage, stops,
                              prediction_ids, flt, seed is not None)
 
