@@ -78,3 +78,27 @@ def test_a_script_run_with_record(tmp_path):
     lines = [json.loads(x) for x in out.read_text().splitlines()]
     assert len(lines) == 2 and lines[-1]["result"] == printed
     assert lines[-1]["benchmark"] == "replay_generate" and lines[-1]["command"][-2:] == ["--record", str(out)]
+
+
+def test_suffixspec_bench_record(tmp_path):
+    """`suffixspec bench --record PATH` on a tiny local model: the JSON line it prints last, recorded."""
+    import pytest
+
+    pytest.importorskip("transformers")
+    from test_http_support import make_tiny_model_dir
+
+    model_dir = make_tiny_model_dir(tmp_path / "tiny", fim=False)
+    workload = tmp_path / "w.jsonl"
+    workload.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"def g{i}(a):\n    return a + {i}\n"}) + "\n"
+                                for i in range(2)))
+    path = tmp_path / "rec.jsonl"
+    done = subprocess.run([sys.executable, "-m", "suffixspec.cli", "bench", "--model", str(model_dir), "--workload",
+                           str(workload), "--num-prompts", "2", "--concurrency", "1", "--max-new-tokens", "6",
+                           "--budget", "4", "--threads", "1", "--no-prompt-lookup", "--out", str(tmp_path / "out"),
+                           "--record", str(path)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stderr[-3000:]
+    (line,) = [json.loads(x) for x in path.read_text().splitlines()]
+    assert line["benchmark"] == "suffixspec_bench"
+    assert line["result"] == json.loads(done.stdout.strip().splitlines()[-1])
+    assert line["host"]["torch_threads"] == 1 and "--record" in line["command"]
