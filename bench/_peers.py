@@ -2,9 +2,11 @@
 
 Contract
 --------
-- ``arctic_available() -> (bool, reason)``: whether the arctic-inference python
-  (``$SUFFIXSPEC_ARCTIC_PYTHON``, default ``/work/arctic/venv/bin/python``) exists and can
-  import ``arctic_inference.suffix_decoding``.
+- ``arctic_python(python=None) -> str | None``: the interpreter with arctic-inference installed:
+  ``python`` (a script's ``--arctic-python PATH``), else ``$SUFFIXSPEC_ARCTIC_PYTHON``, else None
+  (no default: the peer is skipped). ``add_arctic_flag(parser)`` adds ``--arctic-python``.
+- ``arctic_available(python=None) -> (bool, reason)``: whether that python exists and can
+  import ``arctic_inference.suffix_decoding``; the reason names the flag and the variable.
 - ``arctic_build_bench(token_arrays, repeats=3, max_tree_depth=64, timeout=1800) -> dict | None``:
   in the arctic python (a subprocess; arrays passed as .npy files in a temp dir, results as JSON
   on stdout) times ``SuffixDecodingCache(max_tree_depth).start_request(0, arr)`` for each int32
@@ -25,44 +27,33 @@ Contract
   and max_tree_depth=64 an arctic draft is at most min(budget, match_len, 64 - match_len) <= 32
   tokens (a suffix is stored only 64 deep), so budgets above 32 change nothing.
   ``_selfcheck_arctic_replay()`` checks it against hand-computed replays.
-- ``vllm_ngram_propose(context, budget, nmin=2, nmax=5) -> int32 array`` and
-  ``prompt_lookup_propose(context, budget, max_ngram=3) -> int32 array``: pure-numpy
-  re-implementations (written from reading the sources, not copied) of vLLM's v1
-  ``NgramProposer`` and transformers' ``PromptLookupCandidateGenerator``. Empty array = no draft.
+- ``vllm_ngram_propose`` and ``prompt_lookup_propose``: the vLLM n-gram and transformers
+  prompt-lookup rules, re-exported from ``suffixspec.bench.peers`` (their contract is there).
 
-Both n-gram rules reduce to one: take the largest n in [nmin, nmax] such that the last n tokens
-of ``context`` also occur ending strictly before the last position (overlap with the suffix
-allowed); take the EARLIEST such occurrence; propose up to ``budget`` tokens that follow it.
-- vLLM (``vllm/v1/spec_decode/ngram_proposer.py``, KMP over the reversed context, keeping the
-  latest reversed position on ties = earliest original one): nmin=prompt_lookup_min,
-  nmax=prompt_lookup_max; the ``max_model_len`` clamp of k is not modelled.
-- transformers 5.24 (``generation/candidate_generator.py``): ngram sizes from
-  ``min(max_matching_ngram_size, len-1)`` down to 1, ``unfold`` sliding windows, the first
-  window (left to right) with at least one token after it; so nmin=1, nmax=max_ngram
-  (HF's own default is 2). Its ``max_length`` clamp, logits-processor filtering and EOS
-  truncation are not modelled.
-Each call costs O(len(context)) (one vectorised comparison plus filtering of candidates).
+Every arctic function takes ``python=None`` (see ``arctic_python``).
 
-arctic-inference build (worked on 2025-11-30, Linux x86_64, CPython 3.11.7, no CUDA, ~12 s)
---------------------------------------------------------------------------------------------
+arctic-inference build (arctic-inference 0.3.0, Linux x86_64, CPython 3.11.7, no CUDA)
+--------------------------------------------------------------------------------------
 arctic-inference 0.3.0 is sdist-only; its ``setup.py`` does ``import torch`` at top level (used
 only for ``torch.utils.cmake_prefix_path`` and a CUDA check, neither needed by the
 ``suffix_decoding._C`` nanobind extension) and its build requirements ask for torch>=2.10.
-Instead of installing torch, a 7-line stand-in module is put on PYTHONPATH for the build::
+Instead of installing torch, a 7-line stand-in module is put on PYTHONPATH for the build
+(``$ARCTIC`` is any folder of yours)::
 
-    python -m venv /work/arctic/venv
-    /work/arctic/venv/bin/pip install numpy setuptools wheel ninja cmake nanobind==2.9.2 \\
+    python -m venv $ARCTIC/venv
+    $ARCTIC/venv/bin/pip install numpy setuptools wheel ninja cmake nanobind==2.9.2 \\
         protobuf==5.29.6 grpcio-tools
-    mkdir -p /work/arctic/torchshim/torch && cat > /work/arctic/torchshim/torch/__init__.py <<'EOF'
+    mkdir -p $ARCTIC/torchshim/torch && cat > $ARCTIC/torchshim/torch/__init__.py <<'EOF'
     import types
     utils = types.SimpleNamespace(cmake_prefix_path="")
     cuda = types.SimpleNamespace(is_available=lambda: False)
     __version__ = "0.0.0+shim"
     EOF
-    export PATH=/work/arctic/venv/bin:$PATH
-    PYTHONPATH=/work/arctic/torchshim \\
-    CMAKE_ARGS=-DPython_EXECUTABLE=/work/arctic/venv/bin/python \\
+    export PATH=$ARCTIC/venv/bin:$PATH
+    PYTHONPATH=$ARCTIC/torchshim \\
+    CMAKE_ARGS=-DPython_EXECUTABLE=$ARCTIC/venv/bin/python \\
         pip install --no-build-isolation --no-deps arctic-inference==0.3.0
+    export SUFFIXSPEC_ARCTIC_PYTHON=$ARCTIC/venv/bin/python   # or --arctic-python on each script
 
 At run time ``arctic_inference.suffix_decoding`` needs only numpy (no torch); the stand-in is
 not on the runtime path. Native API: ``_C.SuffixTree(max_depth)`` with ``extend(seq_id, list)``,
@@ -93,17 +84,30 @@ from pathlib import Path
 
 import numpy as np
 
-ARCTIC_PYTHON_DEFAULT = "/work/arctic/venv/bin/python"
+from suffixspec.bench.peers import prompt_lookup_propose, vllm_ngram_propose
+
+__all__ = ["add_arctic_flag", "arctic_available", "arctic_build_bench", "arctic_python", "arctic_replay_bench",
+           "prompt_lookup_propose", "vllm_ngram_propose"]
+
+ARCTIC_ENV = "SUFFIXSPEC_ARCTIC_PYTHON"
 
 
-def arctic_python() -> str:
-    return os.environ.get("SUFFIXSPEC_ARCTIC_PYTHON", ARCTIC_PYTHON_DEFAULT)
+def add_arctic_flag(parser) -> None:
+    parser.add_argument("--arctic-python", default=None, metavar="PATH",
+                        help=f"a python with arctic-inference installed (default: ${ARCTIC_ENV}; "
+                             "neither: the arctic peer is skipped; bench/_peers.py tells how to build one)")
 
 
-def arctic_available() -> tuple[bool, str]:
-    py = arctic_python()
+def arctic_python(python: str | None = None) -> str | None:
+    return python or os.environ.get(ARCTIC_ENV) or None
+
+
+def arctic_available(python: str | None = None) -> tuple[bool, str]:
+    py = arctic_python(python)
+    if py is None:
+        return False, f"no arctic-inference python: pass --arctic-python PATH or set {ARCTIC_ENV}"
     if not Path(py).is_file():
-        return False, f"arctic python not found at {py} (set SUFFIXSPEC_ARCTIC_PYTHON)"
+        return False, f"arctic python not found at {py} (from --arctic-python or {ARCTIC_ENV})"
     r = subprocess.run([py, "-c", "import arctic_inference.suffix_decoding"], capture_output=True, text=True)
     if r.returncode != 0:
         return False, f"{py} cannot import arctic_inference.suffix_decoding: {r.stderr.strip()[-300:]}"
@@ -155,8 +159,8 @@ print(json.dumps(dict(peer="arctic-inference", version=md.version("arctic_infere
 
 
 def arctic_build_bench(token_arrays: list[np.ndarray], repeats: int = 3, max_tree_depth: int = 64,
-                       timeout: float = 1800) -> dict | None:
-    ok, reason = arctic_available()
+                       timeout: float = 1800, python: str | None = None) -> dict | None:
+    ok, reason = arctic_available(python)
     if not ok:
         warnings.warn(f"arctic_build_bench skipped: {reason}", RuntimeWarning, stacklevel=2)
         return None
@@ -165,56 +169,11 @@ def arctic_build_bench(token_arrays: list[np.ndarray], repeats: int = 3, max_tre
             np.save(os.path.join(d, f"{i}.npy"), np.ascontiguousarray(a, dtype=np.int32))
         script = os.path.join(d, "bench.py")
         Path(script).write_text(_ARCTIC_BUILD_SCRIPT)
-        r = subprocess.run([arctic_python(), script, d, str(len(token_arrays)), str(int(repeats)),
+        r = subprocess.run([arctic_python(python), script, d, str(len(token_arrays)), str(int(repeats)),
                             str(int(max_tree_depth))], capture_output=True, text=True, timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"arctic bench failed (rc={r.returncode}): {r.stderr.strip()[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
-
-
-def _earliest_longest_suffix_match(ctx: np.ndarray, nmin: int, nmax: int) -> int:
-    """End index e (< len-1) of the earliest occurrence of the longest n-suffix, n in [nmin, nmax]; -1 if none."""
-    L = len(ctx)
-    if L < 2 or nmax < 1 or nmax < nmin:
-        return -1
-    ends = np.flatnonzero(ctx[:-1] == ctx[-1])  # ascending, candidate end positions
-    lens = np.ones(len(ends), dtype=np.int64)
-    alive = np.arange(len(ends))
-    for j in range(1, nmax):
-        pos = ends[alive] - j
-        ok = pos >= 0
-        ok[ok] = ctx[pos[ok]] == ctx[L - 1 - j]
-        alive = alive[ok]
-        if alive.size == 0:
-            break
-        lens[alive] += 1
-    if lens.size == 0:
-        return -1
-    best = int(lens.max())
-    if best < max(nmin, 1):
-        return -1
-    return int(ends[int(np.argmax(lens == best))])
-
-
-def _propose(context, budget: int, nmin: int, nmax: int) -> np.ndarray:
-    ctx = np.ascontiguousarray(context, dtype=np.int32)
-    if budget <= 0:
-        return np.zeros(0, dtype=np.int32)
-    e = _earliest_longest_suffix_match(ctx, nmin, nmax)
-    if e < 0:
-        return np.zeros(0, dtype=np.int32)
-    return ctx[e + 1:e + 1 + budget].copy()
-
-
-def vllm_ngram_propose(context: np.ndarray, budget: int, nmin: int = 2, nmax: int = 5) -> np.ndarray:
-    """vLLM v1 NgramProposer rule (prompt_lookup_min=nmin, prompt_lookup_max=nmax, k=budget)."""
-    return _propose(context, budget, nmin, nmax)
-
-
-def prompt_lookup_propose(context: np.ndarray, budget: int, max_ngram: int = 3) -> np.ndarray:
-    """transformers PromptLookupCandidateGenerator rule (max_matching_ngram_size=max_ngram,
-    num_output_tokens=budget)."""
-    return _propose(context, budget, 1, max_ngram)
 
 
 # Runs inside the arctic venv: argv = npz path (p0, o0, p1, o1, ...), JSON params.
@@ -298,7 +257,8 @@ print(json.dumps(out))
 
 def arctic_replay_bench(traces: list[tuple[np.ndarray, np.ndarray]], budgets, modes=("path", "tree"),
                         timeout: float = 1800, *, max_tree_depth: int = 64, max_spec_factor: float = 1.0,
-                        min_token_prob: float = 0.1, record_rounds: bool = False) -> dict | None:
+                        min_token_prob: float = 0.1, record_rounds: bool = False,
+                        python: str | None = None) -> dict | None:
     """Replay (prompt_ids, output_ids) traces through arctic's SuffixDecodingCache, as a server would.
 
     For each mode in ``modes`` ("path" or "tree") and each budget, one
@@ -317,9 +277,10 @@ def arctic_replay_bench(traces: list[tuple[np.ndarray, np.ndarray]], budgets, mo
     "drafted_per_round", "accepted_by_position", "rounds", "output_tokens", "drafted_tokens",
     "accepted_tokens", "speculate_us_p50", "speculate_us_p99" (one ``cache.speculate`` call, Python
     wrapper included, perf_counter_ns), ["rounds_log" per trace per round when record_rounds]}}}``,
-    or ``None`` (with a ``RuntimeWarning`` giving the reason) when arctic is unavailable.
+    or ``None`` (with a ``RuntimeWarning`` giving the reason) when arctic is unavailable. ``python``:
+    see ``arctic_python``.
     """
-    ok, reason = arctic_available()
+    ok, reason = arctic_available(python)
     if not ok:
         warnings.warn(f"arctic_replay_bench skipped: {reason}", RuntimeWarning, stacklevel=2)
         return None
@@ -341,14 +302,14 @@ def arctic_replay_bench(traces: list[tuple[np.ndarray, np.ndarray]], budgets, mo
         np.savez(npz, **arrays)
         script = os.path.join(d, "replay.py")
         Path(script).write_text(_ARCTIC_REPLAY_SCRIPT)
-        r = subprocess.run([arctic_python(), script, npz, json.dumps(params)], capture_output=True, text=True,
+        r = subprocess.run([arctic_python(python), script, npz, json.dumps(params)], capture_output=True, text=True,
                            timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"arctic replay failed (rc={r.returncode}): {r.stderr.strip()[-2000:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def _selfcheck_arctic_replay() -> dict | None:
+def _selfcheck_arctic_replay(python: str | None = None) -> dict | None:
     """Check ``arctic_replay_bench`` against hand-computed replays; returns what arctic gave (None if
     arctic is unavailable). Raises AssertionError on a mismatch.
 
@@ -372,7 +333,7 @@ def _selfcheck_arctic_replay() -> dict | None:
     one_to_9 = list(range(1, 10))
     out = np.array(one_to_9 + [1, 2, 3], np.int32)
     case1 = [(np.array(one_to_9, np.int32), out), (np.array([100, 101, 102], np.int32), out)]
-    r1 = arctic_replay_bench(case1, [2, 8], record_rounds=True)
+    r1 = arctic_replay_bench(case1, [2, 8], record_rounds=True, python=python)
     if r1 is None:
         return None
     expect = {
@@ -400,7 +361,7 @@ def _selfcheck_arctic_replay() -> dict | None:
     u = list(range(1, 7))
     prompt = np.array(u + [10, 30] + u + [10, 31] + u + [10, 32] + u + [20, 21, 40] + u + [20, 21, 41] + [0] + u,
                       np.int32)
-    r2 = arctic_replay_bench([(prompt, np.array([20, 21, 41, 7], np.int32))], [3], record_rounds=True)
+    r2 = arctic_replay_bench([(prompt, np.array([20, 21, 41, 7], np.int32))], [3], record_rounds=True, python=python)
     tree = r2["tree"]["3"]["rounds_log"][0]
     assert [(rd["draft"], rd["parents"], rd["accepted"], rd["committed"]) for rd in tree] == [
         ([10, 20, 21], [-1, -1, 1], 2, 3), ([0, 1, 2], [-1, 0, 1], 0, 1)], tree

@@ -2,12 +2,13 @@
 
 Run from the repository root::
 
-    python bench/bench_automaton.py            # full run (~1.2M stdlib tokens + degenerate streams)
+    python bench/bench_automaton.py            # full run (the whole stdlib stream + degenerate streams)
     python bench/bench_automaton.py --quick    # short smoke run
     python bench/bench_automaton.py --repeats 5 --no-arctic
+    python bench/bench_automaton.py --arctic-python PATH --record   # with the peer; the line kept
 
-Measured on the stdlib token stream (`bench._data.stdlib_token_stream()`) and on each of
-`bench._data.degenerate_streams()`, best of `--repeats` runs, after warming numba up:
+Measured on the stdlib token stream (`_data.stdlib_token_stream()`) and on each of
+`_data.degenerate_streams()`, best of `--repeats` runs, after warming numba up:
 
 - build: tokens/s of one bulk `SuffixAutomaton().extend(x)`; bytes per token live
   (`nbytes / len`) and after `freeze()` (`FrozenAutomaton.nbytes / len`);
@@ -18,31 +19,29 @@ Measured on the stdlib token stream (`bench._data.stdlib_token_stream()`) and on
   which needs exact counts and so runs the online link-cut-tree path; the ratio of the per-token
   cost on each degenerate stream to the one on real text (spec: within 3x);
 - arctic-inference's suffix tree (`SuffixDecodingCache.start_request`) on the same arrays, via
-  `bench._peers.arctic_build_bench`, with ours/arctic throughput and arctic/ours bytes per token.
+  `_peers.arctic_build_bench`, with ours/arctic throughput and arctic/ours bytes per token (the
+  python with arctic-inference: `--arctic-python PATH` or $SUFFIXSPEC_ARCTIC_PYTHON; neither: skipped,
+  the JSON line's `arctic_note` says why).
 
-Prints a table, then ONE JSON line (the last line of stdout) with every figure.
+Prints a table, then ONE JSON line (the last line of stdout) with every figure (`--record`: also
+appended to bench/results/automaton.jsonl with the date, host and git revision).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
 import platform
 import sys
 import time
 import warnings
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import _peers
+import common
+import numpy as np
+from _data import degenerate_streams, stdlib_token_stream
 
-import numpy as np  # noqa: E402
-
-from bench._data import degenerate_streams, stdlib_token_stream  # noqa: E402
-from bench._peers import arctic_build_bench  # noqa: E402
-from suffixspec import SuffixAutomaton  # noqa: E402
+from suffixspec import SuffixAutomaton
 
 TARGETS = {
     "build_tokens_per_s_min": 2_000_000,
@@ -158,6 +157,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--latency-tokens", type=int, default=None, help="one-token appends timed (default 200000)")
     ap.add_argument("--no-arctic", action="store_true", help="skip the arctic-inference comparison")
     ap.add_argument("--streams", default=None, help="comma-separated subset of stream names")
+    _peers.add_arctic_flag(ap)
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
 
     limit = args.limit if args.limit is not None else (200_000 if args.quick else None)
@@ -191,7 +192,8 @@ def main(argv=None) -> dict:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             try:
-                arctic = arctic_build_bench(list(streams.values()), repeats=repeats)
+                arctic = _peers.arctic_build_bench(list(streams.values()), repeats=repeats,
+                                                    python=args.arctic_python)
             except Exception as exc:  # noqa: BLE001 - report, never fail the whole benchmark
                 arctic_note = f"arctic bench failed: {exc}"[:500]
         if arctic is None and arctic_note is None:
@@ -270,7 +272,7 @@ def main(argv=None) -> dict:
         "arctic": None if arctic is None else {"version": arctic["version"], "max_tree_depth": arctic["max_tree_depth"]},
         "arctic_note": arctic_note, "streams": results,
     }
-    print(json.dumps(report))
+    common.emit(report, args, "automaton")
     return report
 
 

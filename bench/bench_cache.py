@@ -14,27 +14,29 @@ rotating: the old cache's cost then depends on how full its live generation happ
 mean over the sessions is the figure to compare.
 
     python bench/bench_cache.py [--sizes 10000,100000,1000000] [--sessions 64] [--upkeep inline,background]
-                                [--switch-interval MS] [--root DIR]
+                                [--switch-interval MS] [--root DIR] [--record [PATH]]
 
 `--switch-interval MS` sets the interpreter's thread switch interval (`sys.setswitchinterval`; 5 ms by
 default): in the background mode, a bystander's proposal that needs the GIL while the upkeep thread
 runs Python code waits at most about that interval.
 
-`--root DIR` imports suffixspec from DIR instead (e.g. a worktree of an older commit), to time
-the code before a change with the same script. Prints a table, then one JSON line last.
+`--root DIR` times the suffixspec of DIR instead (e.g. a worktree of an older commit), with the same
+script: it runs again with DIR first on PYTHONPATH. Prints a table, then one JSON line last
+(`--record`: also appended to bench/results/cache.jsonl with the date, host and the git revision of
+the suffixspec timed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import common
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
 
 
 def main(argv=None) -> int:
@@ -43,16 +45,17 @@ def main(argv=None) -> int:
     ap.add_argument("--sessions", type=int, default=64)
     ap.add_argument("--upkeep", default="inline,background", help="cache upkeep modes (an older --root: inline)")
     ap.add_argument("--switch-interval", type=float, default=None, help="ms (default: the interpreter's)")
-    ap.add_argument("--root", default=str(HERE.parent), help="import suffixspec from this checkout")
+    ap.add_argument("--root", default=None, help="time the suffixspec of this checkout (default: the one imported)")
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
+    if args.root is not None:
+        return _rerun_from(Path(args.root).resolve(), sys.argv[1:] if argv is None else list(argv))
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1e3)
-    sys.path.insert(0, str(Path(args.root).resolve()))
-    sys.path.insert(1, str(HERE.parent))
     import suffixspec
-    from suffixspec import Proposer
+    from _data import stdlib_token_stream
 
-    from bench._data import stdlib_token_stream
+    from suffixspec import Proposer
 
     text = stdlib_token_stream()
     sizes = [int(s) for s in args.sizes.split(",")]
@@ -96,9 +99,23 @@ def main(argv=None) -> int:
     for r in rows:
         print(f"{r['upkeep']:>10} {r['cached_tokens']:>14,} {r['mean_ms']:>14.3f} {r['p50_ms']:>8.3f} {r['max_ms']:>8.3f} "
               f"{r['bystander_p50_ms']:>18.3f} {r['bystander_max_ms']:>8.3f} {r['drain_ms']:>9.1f}")
-    print(json.dumps({"bench": "cache", "root": str(Path(args.root).resolve()), "sessions": args.sessions,
-                      "switch_interval_ms": sys.getswitchinterval() * 1e3, "rows": rows}))
+    common.emit({"bench": "cache", "root": str(Path(suffixspec.__file__).resolve().parents[1]), "sessions": args.sessions,
+                 "switch_interval_ms": sys.getswitchinterval() * 1e3, "rows": rows}, args, "cache")
     return 0
+
+
+def _rerun_from(root: Path, argv: list[str]) -> int:
+    """This script again, without `--root`, with `root` first on PYTHONPATH (so its suffixspec is imported)."""
+    rest, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--root":
+            skip = True
+        elif not a.startswith("--root="):
+            rest.append(a)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+    return subprocess.run([sys.executable, __file__, *rest], env=env).returncode
 
 
 if __name__ == "__main__":

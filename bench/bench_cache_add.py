@@ -20,26 +20,23 @@ mean us per add and the spread (min-max of those means), the p50 / p90 / max of 
 the cost of building one document alone (`_build` of each window document). A warm-up round of
 each variant runs first (kernels compiled or loaded). Prints a table, then one JSON line last.
 
-    python bench/bench_cache_add.py [--prefill 2000] [--window 550] [--repeats 7] [--batch 16]
+    python bench/bench_cache_add.py [--prefill 2000] [--window 550] [--repeats 7] [--batch 16] [--record [PATH]]
+
+`--record`: the JSON line also appended to bench/results/cache_add.jsonl with the date, host and git revision.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
-import json
-import sys
 import time
-from pathlib import Path
 
+import common
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from suffixspec import ResponseCache, SuffixAutomaton  # noqa: E402
-from suffixspec import cache as cache_mod  # noqa: E402
-from suffixspec.tokenids import as_tokens  # noqa: E402
+from suffixspec import ResponseCache, SuffixAutomaton
+from suffixspec import cache as cache_mod
+from suffixspec.tokenids import as_tokens
 
 
 def _per_document_build(tokens, starts):
@@ -154,9 +151,10 @@ def main(argv=None) -> int:
     ap.add_argument("--generations", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--batch", type=int, default=16, help="documents per add_many in the \"together\" variant")
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
 
-    from bench._data import stdlib_token_stream
+    from _data import stdlib_token_stream
 
     text = stdlib_token_stream()
     rng = np.random.default_rng(args.seed)
@@ -204,10 +202,10 @@ def main(argv=None) -> int:
     together = rows[1]["mean_us_per_add"] / rows[2]["mean_us_per_add"]
     print(f"speed-up (per-document / current, mean per add): {speedup:.2f}x; "
           f"{args.batch} documents together / one by one, per document: {together:.2f}x")
-    print(json.dumps({"bench": "cache_add", "prefill": args.prefill, "window": args.window, "repeats": args.repeats,
-                      "max_tokens": args.max_tokens, "generations": args.generations, "same_sources": same,
-                      "speedup": speedup, "batch": args.batch, "together_speedup": together,
-                      "rows": rows}))
+    common.emit({"bench": "cache_add", "prefill": args.prefill, "window": args.window, "repeats": args.repeats,
+                 "max_tokens": args.max_tokens, "generations": args.generations, "same_sources": same,
+                 "speedup": speedup, "batch": args.batch, "together_speedup": together,
+                 "rows": rows}, args, "cache_add")
     return 0 if same else 1
 
 

@@ -2,27 +2,32 @@
 
     python bench/bench_corpus.py [--tokens 12000000] [--jobs 2] [--shard-tokens 6000000] [--queries 2000]
                                  [--single-core-tokens 2000000] [--build-only] [--no-peers] [--keep DIR]
+                                 [--stdlibs DIR,DIR,...] [--arctic-python PATH] [--record [PATH]]
 
-Data: the `*.py` files of the standard libraries under /root/.pyenv/versions/3.1*/lib/python3.*/
-(site-packages excluded; newest version first, sorted paths, until --tokens), one document per
+Data: the `*.py` files of Python standard libraries (site-packages excluded; sorted paths, until
+--tokens): the folders given by `--stdlibs` or $SUFFIXSPEC_BENCH_STDLIBS (comma-separated, in that
+order), else those of a pyenv root ($PYENV_ROOT, else ~/.pyenv: versions/3.1*/lib/python3.1*,
+newest version first); with none found the script stops and says so. One document per
 file tagged repo=python3.X and pkg=<top-level module>, tokenized with the default tokenizer
 and cached under bench/.cache/. Queries: 32-token contexts cut at random positions of random
 documents (so the match is long and rare, as when a model repeats its corpus) and 32-token
 contexts whose last token is replaced (a broken match); restricted to one Python version
 (large subset) and to one package of one version (small subset: contexts from its own
 documents, as for a completion request filtered to its repository, and "foreign" contexts
-from random documents, which make the restricted match walk up many suffix links). With arctic-inference
-importable (bench/_peers.py), its insert throughput and estimate_memory() on a prefix of the
-same tokens. The one-core build also reports seconds per build phase (`single_core_<phase>_s`:
+from random documents, which make the restricted match walk up many suffix links). With a python that
+has arctic-inference (`--arctic-python PATH` or $SUFFIXSPEC_ARCTIC_PYTHON, bench/_peers.py), its insert
+throughput and estimate_memory() on a prefix of the same tokens; without one the JSON line's `arctic`
+says why. The one-core build also reports seconds per build phase (`single_core_<phase>_s`:
 automaton, freeze, occurrences, checksums, write; `other` is the rest of its wall time).
 Build figures time `build_index` from token ids (Documents) to index files written and fsynced;
 tokenizing is not part of them (the corpus is tokenized once and cached: `tokenize_or_load_s`).
 The one-core build runs in this process, so its `automaton` phase includes numba's one-time
-start-up in a fresh process (about 0.3 s here).
+start-up in a fresh process.
 Open figures: `open_ms_first` is the first open of the index in this process (it checks that every
 token id of the text and edges is inside the vocabulary, one pass over those arrays); the median and
 maximum are over 7 opens, where files already checked and unchanged are not checked again.
-Prints a table, then one JSON line last.
+Prints a table, then one JSON line last (`--record`: also appended to bench/results/corpus.jsonl
+with the date, host and git revision).
 """
 
 from __future__ import annotations
@@ -32,25 +37,43 @@ import glob
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
+import _peers
+import common
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-CACHE = HERE / ".cache"
+CACHE = common.CACHE
+STDLIBS_ENV = "SUFFIXSPEC_BENCH_STDLIBS"
 
 
-def stdlib_corpus(tokenizer, limit):
+def stdlib_roots(flag: str | None) -> list[str]:
+    """The standard-library folders to read: `--stdlibs`, else $SUFFIXSPEC_BENCH_STDLIBS, else a pyenv root's."""
+    given = common.given(flag, STDLIBS_ENV)
+    if given:
+        roots = [r for r in given.split(",") if r]
+    else:
+        pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+        roots = sorted(glob.glob(str(pyenv / "3.1*" / "lib" / "python3.1*")), key=lambda p: int(p.rsplit(".", 1)[1]),
+                       reverse=True)
+    missing = [r for r in roots if not Path(r).is_dir()]
+    if not roots or missing:
+        raise SystemExit(f"bench_corpus: no standard library folders{' at ' + ', '.join(missing) if missing else ''}: "
+                         f"pass --stdlibs DIR,DIR,... or set {STDLIBS_ENV} (default: $PYENV_ROOT or ~/.pyenv "
+                         "versions/3.1*/lib/python3.1*)")
+    return roots
+
+
+def stdlib_corpus(tokenizer, limit, roots):
     fp = tokenizer.fingerprint[:16]
-    path = CACHE / f"corpus_pythons_{fp}_{limit}.npz"
+    key = zlib.crc32("\n".join(roots).encode())
+    path = CACHE / f"corpus_pythons_{fp}_{limit}_{key:08x}.npz"
     if path.exists():
         z = np.load(path, allow_pickle=False)
         return z["tokens"], z["offsets"], json.loads(str(z["meta"]))
-    roots = sorted(glob.glob("/root/.pyenv/versions/3.1*/lib/python3.1*"), key=lambda p: int(p.rsplit(".", 1)[1]), reverse=True)
     parts, meta, n = [], [], 0
     for root in roots:
         version = Path(root).name
@@ -102,7 +125,7 @@ def time_queries(ix, contexts, subset, k):
 
 
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tokens", type=int, default=12_000_000)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--shard-tokens", type=int, default=6_000_000)
@@ -112,14 +135,19 @@ def main():
     ap.add_argument("--single-core-tokens", type=int, default=2_000_000, help="tokens of the one-shard, one-core build")
     ap.add_argument("--build-only", action="store_true", help="skip the query latencies (build, size and open figures only)")
     ap.add_argument("--keep", default=None, metavar="DIR", help="keep the built index at DIR/stdlib.idx")
+    ap.add_argument("--stdlibs", default=None, metavar="DIR,DIR,...",
+                    help=f"standard-library folders to index (default: ${STDLIBS_ENV}, else the pyenv root's)")
+    _peers.add_arctic_flag(ap)
+    common.add_record_flag(ap)
     args = ap.parse_args()
+    roots = stdlib_roots(args.stdlibs)
 
     from suffixspec.corpus import CorpusIndex, Document, build_index
     from suffixspec.tokenizer import load_tokenizer
 
     tok = load_tokenizer()
     t = time.perf_counter()
-    tokens, offsets, meta = stdlib_corpus(tok, args.tokens)
+    tokens, offsets, meta = stdlib_corpus(tok, args.tokens, roots)
     t_data = time.perf_counter() - t
     n_docs = len(meta)
     docs = [Document(tokens[offsets[i]:offsets[i + 1]], meta[i][0], {"repo": meta[i][1], "pkg": meta[i][2]}) for i in range(n_docs)]
@@ -230,11 +258,10 @@ def main():
 
     if not args.no_peers and not args.build_only:
         try:
-            import _peers
-
-            ok, why = _peers.arctic_available()
+            ok, why = _peers.arctic_available(args.arctic_python)
             if ok:
-                pr = _peers.arctic_build_bench([np.ascontiguousarray(tokens[:2_000_000])], repeats=1)
+                pr = _peers.arctic_build_bench([np.ascontiguousarray(tokens[:2_000_000])], repeats=1,
+                                               python=args.arctic_python)
                 r = pr["results"][0]
                 result.update(arctic_tokens=r["n_tokens"], arctic_insert_tokens_per_s=round(r["tokens_per_s"]),
                               arctic_bytes_per_token=round(r["bytes_per_token"], 1))
@@ -252,7 +279,7 @@ def main():
         if isinstance(v, (list, dict)):
             continue
         print(f"{key:<40} {v:>16,}   {targets.get(key, '')}" if isinstance(v, (int, float)) else f"{key:<40} {v:>16}")
-    print(json.dumps(result))
+    common.emit(result, args, "corpus")
 
 
 if __name__ == "__main__":

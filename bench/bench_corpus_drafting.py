@@ -4,7 +4,8 @@ context bound, on repository-context completion traces, and the proposer's laten
 Sets (`corpora/make_corpus_completion_traces.py`): `dev` (corpus: 59 standard-library modules of
 CPython 3.11.7; traces: the default model's greedy completions of functions of their 3.12.1
 files) and `heldout` (other modules; corpus 3.12.1, functions of 3.13.0), never tuned on. The
-corpus index is built here from the pyenv files (one document per file, default tokenizer).
+corpus index is built here from the files that script names (a pyenv root: $PYENV_ROOT, else
+~/.pyenv; one document per file, default tokenizer).
 
 Per set and budget (16, 64), each replayed through a fresh proposer (traces in order, the cache
 of past responses on): mean committed tokens per round without and with the corpus, the context
@@ -16,11 +17,12 @@ traces, and `Session.propose` latency at budget 64 with the corpus on the dev se
 proposal, first ones of each request included, over `--repeats` warmed-up replays (p50 / p99 /
 max, median over repeats with their range), plus `Proposer.start` (the per-request set-up).
 
-    python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout]
+    python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout] [--record [PATH]]
 
 `--data` names the directory of the trace files (default: this checkout's `corpora/`), so the
 script can run from another checkout (e.g. a `git worktree` of an earlier revision) on the same
-data. Prints a table, then one JSON line last.
+data. Prints a table, then one JSON line last (`--record`: also appended to
+bench/results/corpus_drafting.jsonl with the date, host and git revision).
 """
 
 from __future__ import annotations
@@ -28,27 +30,25 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import sys
 import tempfile
 import time
 import zlib
 from pathlib import Path
 
+import common
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-CACHE = ROOT / "bench" / ".cache"
-
-from suffixspec import Proposer  # noqa: E402
-from suffixspec.corpus import CorpusIndex, Document, build_index  # noqa: E402
-from suffixspec.simulate import load_traces, oracle_mean_accepted, replay  # noqa: E402
+from suffixspec import Proposer
+from suffixspec.corpus import CorpusIndex, Document, build_index
+from suffixspec.simulate import load_traces, oracle_mean_accepted, replay
+from suffixspec.tokenizer import load_tokenizer
 
 try:  # the context bound is newer than some revisions this script is run from (--data)
-    from suffixspec.simulate import context_bound_mean_accepted  # noqa: E402
+    from suffixspec.simulate import context_bound_mean_accepted
 except ImportError:
     context_bound_mean_accepted = None
-from suffixspec.tokenizer import load_tokenizer  # noqa: E402
+
+CACHE = common.CACHE
 
 BUDGETS = (16, 64)
 
@@ -130,10 +130,11 @@ def latency(traces, corpus, repeats: int) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default=str(ROOT / "corpora"))
+    ap.add_argument("--data", default=str(common.CORPORA), help="folder of the trace files (default corpora/)")
     ap.add_argument("--sets", default="dev,heldout")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-latency", action="store_true")
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
     builder = _builder(data)
@@ -186,7 +187,7 @@ def main(argv=None):
             what = "propose, all" if k == "all" else ("propose, first of a request" if k == "first" else "start")
             print(f"latency {what:28} p50 {v['p50']:7.1f} us {v['p50_range']}  p99 {v['p99']:7.1f} us {v['p99_range']}  "
                   f"max {v['max']:8.1f} us {v['max_range']}")
-    print(json.dumps(result))
+    common.emit(result, args, "corpus_drafting")
 
 
 if __name__ == "__main__":

@@ -13,8 +13,9 @@ copy heavily from the prompt), `copy-edit` (corpora/copy_edit_prompts.jsonl, mad
 corpora/make_copy_edit_prompts.py: stdlib functions under edit instructions the default model answers
 by rewriting the code; each kept prompt's greedy answer has a copy-oracle >= 8 tokens/round; the proposer
 and the automatic budget were tuned on these 12), `copy-edit-heldout` (corpora/copy_edit_heldout.jsonl: 41
-more made the same way with another seed, never tuned on), `chat`, `summarization`, `qa` (../shared/data/specbench-dev.jsonl
-or $SUFFIXSPEC_SPECBENCH). Prompts are wrapped as one ChatML user turn. The proposer runs without
+more made the same way with another seed, never tuned on), `chat`, `summarization`, `qa` (Spec-Bench's
+questions, a JSONL file given by `--specbench PATH` or $SUFFIXSPEC_SPECBENCH; without it these workloads
+are skipped with a message naming both). Prompts are wrapped as one ChatML user turn. The proposer runs without
 its global response cache, so repeats never learn from earlier repeats; the automatic budget's
 acceptance calibration starts afresh with each workload (as on a server dedicated to it). `--budget` and
 `--pld-tokens` take comma-separated lists: every suffixspec budget and every PLD setting is timed on
@@ -22,26 +23,27 @@ the same prompts, interleaved repeat by repeat (so load drift on a shared machin
 Every suffixspec output is checked against plain greedy decoding. Each prompt's copy-oracle (the
 clairvoyant copy proposer of `suffixspec simulate`, budget 64, prompt only) is computed from the
 plain greedy output. Prints per-prompt lines, a table, the measured pass-cost curve, with `--diag`
-per-configuration round statistics, then one JSON line.
+per-configuration round statistics, then one JSON line (`--record`: also appended to
+bench/results/generate.jsonl, or generate_identity.jsonl for `--identity`, with the date, host and git
+revision).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+import common
 
-SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH", ROOT.parent / "shared" / "data" / "specbench-dev.jsonl"))
-CODE_EDITS = ROOT / "corpora" / "code_edit_traces.jsonl"
-COPY_EDITS = ROOT / "corpora" / "copy_edit_prompts.jsonl"
-COPY_EDITS_HELDOUT = ROOT / "corpora" / "copy_edit_heldout.jsonl"
+SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
+CODE_EDITS = common.CORPORA / "code_edit_traces.jsonl"
+COPY_EDITS = common.CORPORA / "copy_edit_prompts.jsonl"
+COPY_EDITS_HELDOUT = common.CORPORA / "copy_edit_heldout.jsonl"
+OWN_WORKLOADS = ("code-edit", "copy-edit", "copy-edit-heldout")  # the others are Spec-Bench categories
 CHAT_CATEGORIES = ("roleplay", "reasoning", "coding", "extraction", "stem", "humanities", "writing", "math")
 
 
@@ -49,7 +51,7 @@ def chatml(text: str) -> str:
     return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
-def load_prompts(workload: str, n: int) -> list[str]:
+def load_prompts(workload: str, n: int, specbench: Path | None = None) -> list[str]:
     if workload == "code-edit":
         rows = [json.loads(line) for line in CODE_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
         rows.sort(key=lambda r: len(r["prompt"]))
@@ -58,7 +60,9 @@ def load_prompts(workload: str, n: int) -> list[str]:
         path = COPY_EDITS if workload == "copy-edit" else COPY_EDITS_HELDOUT
         rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         return [r["chatml"] for r in rows[:n]]
-    rows = [json.loads(line) for line in SPECBENCH.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if specbench is None:
+        raise SystemExit(common.missing(f"workload {workload}: Spec-Bench questions", "--specbench", SPECBENCH_ENV))
+    rows = [json.loads(line) for line in Path(specbench).read_text(encoding="utf-8").splitlines() if line.strip()]
     cats = CHAT_CATEGORIES if workload == "chat" else (workload,)
     picked = [r for r in rows if r["category"] in cats]
     picked.sort(key=lambda r: len(r["turns"][0]))
@@ -103,7 +107,16 @@ def main(argv=None) -> int:
                     help="suffixspec.Proposer (default) or the minimal prompt-lookup stand-in")
     ap.add_argument("--identity", type=int, default=0, metavar="N",
                     help="only check greedy identity with plain decoding on N prompts (mixed workloads)")
+    ap.add_argument("--specbench", default=None, metavar="PATH",
+                    help=f"Spec-Bench's question file (JSONL) for chat, summarization, qa (default: ${SPECBENCH_ENV}; "
+                         "neither: those workloads are skipped)")
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
+    specbench = common.given(args.specbench, SPECBENCH_ENV)
+    if specbench is None:
+        print(common.missing("Spec-Bench questions", "--specbench", SPECBENCH_ENV)
+              + "; skipping the workloads that need them", file=sys.stderr)
+    available = [w for w in args.workloads.split(",") if specbench is not None or w in OWN_WORKLOADS]
 
     import torch
 
@@ -126,7 +139,9 @@ def main(argv=None) -> int:
 
     if args.identity:
         per = max(1, args.identity // 5)
-        prompts = [p for w in ("code-edit", "copy-edit", "chat", "summarization", "qa", "translation") for p in load_prompts(w, per)]
+        mixed = [w for w in ("code-edit", "copy-edit", "chat", "summarization", "qa", "translation")
+                 if specbench is not None or w in OWN_WORKLOADS]
+        prompts = [p for w in mixed for p in load_prompts(w, per, specbench)]
         mismatches = []
         for i, text in enumerate(prompts):
             ids = tok.encode(text)
@@ -142,7 +157,8 @@ def main(argv=None) -> int:
         got = gen.generate(batch, max_new_tokens=args.max_new_tokens, budget=budget).sequences
         batch_ok = all(g == plain(model, ids, args.max_new_tokens) for g, ids in zip(got, batch))
         print(f"batch of {len(batch)} mixed lengths identical: {'yes' if batch_ok else 'NO'}")
-        print(json.dumps({"identity_prompts": len(prompts), "mismatches": mismatches, "batch_identical": batch_ok}))
+        common.emit({"identity_prompts": len(prompts), "mismatches": mismatches, "batch_identical": batch_ok}, args,
+                    "generate_identity")
         return 0 if not mismatches and batch_ok else 1
 
     budgets = [b if b == "auto" else int(b) for b in args.budget.split(",")]
@@ -154,8 +170,9 @@ def main(argv=None) -> int:
         gens[f"ss-{b}"] = (g, b)
     methods = ["plain"] + [f"pld-{p}" for p in plds] + list(gens)
 
-    # warm up every path once
-    warm = tok.encode(load_prompts("chat", 1)[0])
+    # warm up every path once (on a chat prompt where there are some)
+    warm = tok.encode(load_prompts("chat", 1, specbench)[0] if specbench is not None else
+                      load_prompts((available or list(OWN_WORKLOADS))[0], 1)[0])
     plain(model, warm, 8)
     for p in plds:
         plain(model, warm, 8, prompt_lookup_num_tokens=p)
@@ -181,7 +198,7 @@ def main(argv=None) -> int:
     from suffixspec.generate import RankCalibration
 
     summary, diag = {}, {}
-    for workload in args.workloads.split(","):
+    for workload in available:
         for g, _ in gens.values():  # each workload as a server of its own: the auto budget's calibration starts afresh
             g.calibration = RankCalibration()
         tot = {m: 0.0 for m in methods}
@@ -192,7 +209,7 @@ def main(argv=None) -> int:
         identical = {m: True for m in per_round}
         mismatches = []
         oracles = []
-        for pi, text in enumerate(load_prompts(workload, args.prompts)):
+        for pi, text in enumerate(load_prompts(workload, args.prompts, specbench)):
             ids = tok.encode(text)
             oracle = None  # of the plain greedy answer: computed once, before timing when it selects prompts
             if args.min_oracle > 0:
@@ -289,10 +306,9 @@ def main(argv=None) -> int:
                 print(f"{w:<18}{m:<9}{x['rounds']:7d}{x['plain_rounds']:8d}{x['drafted_per_round']:10.1f}{x['accepted_per_round']:11.2f}"
                       f"{100 * x['acceptance_rate']:7.1f}%{x['mean_tree']:6.1f}{x['rel_pass_cost_at_mean_tree']:6.2f}"
                       f"{x['proposer_ms_per_round']:10.2f}{x['verifier_ms_per_round']:12.2f}  {x['tree_size_hist_by8']}")
-    print(json.dumps({"threads": args.threads, "proposer": args.proposer, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-                      "budgets": args.budget, "pld_tokens": plds, "min_oracle": args.min_oracle, "cost_curve": curve,
-                      "workloads": summary,
-                      **({"diag": diag} if args.diag else {})}))
+    common.emit({"threads": args.threads, "proposer": args.proposer, "max_new_tokens": args.max_new_tokens,
+                 "repeats": args.repeats, "budgets": args.budget, "pld_tokens": plds, "min_oracle": args.min_oracle,
+                 "cost_curve": curve, "workloads": summary, **({"diag": diag} if args.diag else {})}, args, "generate")
     ok = all(s["identical"] for s in summary.values())
     return 0 if ok else 1
 

@@ -9,7 +9,8 @@ Workload: corpora/copy_edit_prompts.jsonl (edit instructions over a stdlib funct
 the prediction is the function's code (the ```python fence of the prompt). Requests stream through
 /v1/chat/completions at temperature 0, closed loop at each concurrency; per request TTFT (first
 content chunk), TPOT ((last chunk - first chunk) / (tokens - 1)) and `usage.suffixspec`. Every mode's
-text is compared with plain decoding's (greedy: they must be equal). Prints a table, then one JSON line.
+text is compared with plain decoding's (greedy: they must be equal). Prints a table, then one JSON line
+(`--record [PATH]`: also appended to bench/results/http.jsonl with the date, host and git revision).
 """
 
 from __future__ import annotations
@@ -20,21 +21,19 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import common
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
 MODES = ("plain", "speculative", "predicted")
 
 
 def load_prompts(n: int) -> list[dict]:
-    rows = [json.loads(line) for line in (ROOT / "corpora" / "copy_edit_prompts.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (common.CORPORA / "copy_edit_prompts.jsonl").read_text().splitlines()]
     out = []
     for r in rows[:n]:
         m = re.search(r"```python\n(.*?)```", r["prompt"], re.S)
@@ -95,37 +94,8 @@ async def run_mode(url: str, key: str | None, rows, mode, model, max_new, concur
     return results, wall
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def spawn_server(model, max_batch: int, log_path, extra=()) -> tuple[subprocess.Popen, str]:
-    """`suffixspec serve` on a free loopback port (stderr to `log_path`), once `/health` answers 200."""
-    port = free_port()
-    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
-           *extra]
-    if model:
-        cmd += ["--model", model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); see {log_path}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    proc.kill()
-    raise SystemExit(f"the server was not healthy within 900 s; see {log_path}")
-
-
 def spawn(args) -> tuple[subprocess.Popen, str]:
-    return spawn_server(args.model, args.max_batch, args.server_log)
+    return common.spawn_server(args.model, args.max_batch, args.server_log)
 
 
 def main(argv=None) -> int:
@@ -139,6 +109,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1)
     p.add_argument("--max-batch", type=int, default=8)
     p.add_argument("--server-log", default="bench_http_server.log")
+    common.add_record_flag(p)
     args = p.parse_args(argv)
     proc = None
     url = args.url
@@ -181,8 +152,8 @@ def main(argv=None) -> int:
             print(f"{r['concurrency']:>4} {r['mode']:<12} {r['tpot_ms']:>8.1f} {r['ttft_ms']:>8.1f} "
                   f"{r['tokens_per_round']:>9.2f} {r['throughput_tok_s']:>7.1f} {r['speedup_vs_plain']:>7.2f}x"
                   f" {r['accepted_prediction_tokens']:>8} {r['greedy_mismatches']:>8}")
-        print(json.dumps({"bench": "http_predicted_outputs", "url": url, "model": model, "prompts": len(rows),
-                          "max_new_tokens": args.max_new_tokens, "repeat": args.repeat, "results": report}))
+        common.emit({"bench": "http_predicted_outputs", "url": url, "model": model, "prompts": len(rows),
+                     "max_new_tokens": args.max_new_tokens, "repeat": args.repeat, "results": report}, args, "http")
     finally:
         if proc is not None:
             proc.send_signal(signal.SIGTERM)

@@ -15,20 +15,22 @@ generator over a proposer without a response cache, for every run, warm-up inclu
 (median over requests and repeats) and the speed-up (throughput ratio to plain of the same side and
 repeat: median [min-max] over repeats); then how far HTTP is from in-process: the ratio of the
 medians, and the median [min-max] of the per-repeat ratios. Greedy texts are compared across sides
-and modes (they must all be equal). Prints a table, then one JSON line.
+and modes (they must all be equal). Prints a table, then one JSON line (`--record [PATH]`: also
+appended to bench/results/http_parity.jsonl with the date, host and git revision). The server's log
+goes to `--server-log PATH`, default a new file in the system's temporary folder (its path printed).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
-from bench_http import spawn_server  # this folder's scripts: sys.path[0]
+import common
 
 
 class KeptBackend:
@@ -56,8 +58,14 @@ def main() -> int:
     ap.add_argument("--model", default=None)
     ap.add_argument("--in-process", choices=("kept", "fresh"), default="kept",
                     help="kept: one generator for every run, as the server keeps (default); fresh: a new one per run")
-    ap.add_argument("--server-log", default="/tmp/suffixspec-parity-server.log")
+    ap.add_argument("--server-log", default=None, metavar="PATH",
+                    help="the server's stderr (default: a new file in the temporary folder)")
+    common.add_record_flag(ap)
     args = ap.parse_args()
+    if args.server_log is None:
+        with tempfile.NamedTemporaryFile(prefix="suffixspec-parity-server-", suffix=".log", delete=False) as f:
+            args.server_log = f.name
+    print(f"server log: {args.server_log}", file=sys.stderr)
     concurrency = [int(c) for c in args.concurrency.split(",")]
 
     import torch
@@ -76,7 +84,7 @@ def main() -> int:
         local = KeptBackend(bench.SpeculativeBackend(model, tokenizer, lambda: Proposer(global_cache=False)).fresh())
     else:
         local = bench.SpeculativeBackend(model, tokenizer, lambda: Proposer())
-    proc, url = spawn_server(args.model, max(concurrency), args.server_log,
+    proc, url = common.spawn_server(args.model, max(concurrency), args.server_log,
                              ["--threads", str(args.threads), "--no-response-cache"])
     try:
         served = remote.list_models(url)
@@ -145,10 +153,9 @@ def main() -> int:
                         "tpot_ms": {name: {mode: records[name][(mode, c)]["tpot_ms"] for mode in ("plain", "speculative")}
                                     for name in sides}})
     print(f"greedy texts differing across sides and modes: {mismatched} of {len(texts)} prompts")
-    print(json.dumps({"bench": "http_parity", "workload": args.workload, "prompts": args.num_prompts,
-                      "in_process": args.in_process,
-                      "max_new_tokens": args.max_new_tokens, "repeat": args.repeat, "threads": args.threads,
-                      "mismatched_prompts": mismatched, "cells": summary}))
+    common.emit({"bench": "http_parity", "workload": args.workload, "prompts": args.num_prompts,
+                 "in_process": args.in_process, "max_new_tokens": args.max_new_tokens, "repeat": args.repeat,
+                 "threads": args.threads, "mismatched_prompts": mismatched, "cells": summary}, args, "http_parity")
     return 1 if mismatched else 0
 
 

@@ -1,23 +1,26 @@
 """What a plain one-token step of `KVState` costs outside the model's forward, at 1, 4 and 16 rows.
 
-    python bench/bench_kv_step.py [--rows 1,4,16] [--steps 40] [--context 120] [--threads N]
-    PYTHONPATH=/path/to/other/checkout python /path/to/other/checkout/bench/bench_kv_step.py   # another revision
+    python bench/bench_kv_step.py [--rows 1,4,16] [--steps 40] [--context 120] [--threads N] [--record [PATH]]
+    PYTHONPATH=OTHER_CHECKOUT python bench/bench_kv_step.py       # the suffixspec of another revision
 
 The default model; every row's prompt has the same length, so the cache has no holes and every
 step takes the one-token path. Per step: `forward` minus the model call inside it (`KVState._run`),
 greedy `accept`, and `commit`, each against the model call of the same step (medians over the
 steps, with their range). Right after a forward little of this code's data is in the CPU's caches,
 so these microseconds are far more than the same calls take in a tight loop. Prints a table, then
-one JSON line. Run timed benchmarks one at a time (`flock /tmp/suffixspec-bench.lock python ...`).
+one JSON line (`--record`: also appended to bench/results/kv_step.jsonl with the date, host and the git
+revision of the suffixspec timed). Run timed benchmarks one at a time (`flock LOCKFILE python ...`,
+one lock file for all).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+
+import common
 
 
 def main(argv=None) -> int:
@@ -26,6 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--context", type=int, default=120, help="prompt tokens per row")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    common.add_record_flag(p)
     args = p.parse_args(argv)
 
     import numpy as np
@@ -78,7 +82,7 @@ def main(argv=None) -> int:
                       "commit_us": med[2] * 1e6, "outside_pct": outside / med[3] * 100}
         cells = [f"{med[k] * 1e6:6.0f} [{span[k][0] * 1e6:.0f}-{span[k][1] * 1e6:.0f}]" for k in range(3)]
         print(f"{b:>4} {med[3] * 1e3:>9.2f} {cells[0]:>18} {cells[1]:>18} {cells[2]:>18} {outside / med[3] * 100:>12.2f}%")
-    print(json.dumps({"steps": args.steps, "context": args.context, "rows": results}))
+    common.emit({"steps": args.steps, "context": args.context, "rows": results}, args, "kv_step")
     return 0
 
 

@@ -11,17 +11,19 @@ budget adds outside the model: `proposer_s` (drafting, feeding sessions, closing
 sessions, which adds their outputs to the cache of past responses) plus `budget_s` (sizing and
 learning). Session closes are timed apart. The overhead is that addition over the plain round
 (medians over repeats; the round ratio itself is shown but moves with the machine's noise far
-more than the timers do). Prints a table, then one JSON line. Run timed benchmarks one at a time
-(`flock /tmp/suffixspec-bench.lock python bench/bench_offmode.py`).
+more than the timers do). Prints a table, then one JSON line (`--record [PATH]`: also appended to
+bench/results/offmode.jsonl with the date, host and git revision). Run timed benchmarks one at a time
+(`flock LOCKFILE python bench/bench_offmode.py`, one lock file for all).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+
+import common
 
 
 def main(argv=None) -> int:
@@ -31,6 +33,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=48)
     p.add_argument("--workload", default="chat")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    common.add_record_flag(p)
     args = p.parse_args(argv)
     rows_list = [int(x) for x in args.rows.split(",")]
 
@@ -111,7 +114,7 @@ def main(argv=None) -> int:
         print(f"rows {rows}: off mode adds {r['added_ms']:.3f} ms a round = {r['added_pct']:.2f}% of a plain round "
               f"[{r['added_pct_range'][0]:.2f}-{r['added_pct_range'][1]:.2f}], {r['added_without_closes_pct']:.2f}% "
               f"without session closes; round ratio auto/plain {r['auto_round_ms'] / plain:.3f}")
-    print(json.dumps({"workload": args.workload, "max_new_tokens": args.max_new_tokens, "rows": results}))
+    common.emit({"workload": args.workload, "max_new_tokens": args.max_new_tokens, "rows": results}, args, "offmode")
     return 0
 
 

@@ -5,17 +5,19 @@
 Both decode the same prompts one at a time, prompt by prompt in alternating order, after one
 warm-up round each; per repeat, tokens per second over the whole set for each and their ratio;
 the figure is the median of those ratios (with their range), the rates beside it. Plain mode
-must not be slower than the library it replaces at one row. Prints a table, then one JSON line.
-Run timed benchmarks one at a time (`flock /tmp/suffixspec-bench.lock python bench/bench_plain.py`).
+must not be slower than the library it replaces at one row. Prints a table, then one JSON line
+(`--record [PATH]`: also appended to bench/results/plain.jsonl with the date, host and git revision).
+Run timed benchmarks one at a time (`flock LOCKFILE python bench/bench_plain.py`, one lock file for all).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
+
+import common
 
 
 def main(argv=None) -> int:
@@ -25,6 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--workload", default="chat")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    common.add_record_flag(p)
     args = p.parse_args(argv)
 
     import torch
@@ -77,9 +80,9 @@ def main(argv=None) -> int:
     print(f"{'plain mode (budget 0)':<24} {ma:>7.1f} {f'[{min(a):.1f}-{max(a):.1f}]':>14}")
     print(f"{'transformers generate':<24} {mb:>7.1f} {f'[{min(b):.1f}-{max(b):.1f}]':>14}")
     print(f"ratio {mr:.3f} (median of the repeats' ratios) [{min(ratios):.3f}-{max(ratios):.3f}]")
-    print(json.dumps({"workload": args.workload, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-                      "threads": torch.get_num_threads(), "plain_tok_s": ma, "generate_tok_s": mb, "ratio": mr,
-                      "ratio_runs": ratios, "plain_runs": a, "generate_runs": b}))
+    common.emit({"workload": args.workload, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+                 "threads": torch.get_num_threads(), "plain_tok_s": ma, "generate_tok_s": mb, "ratio": mr,
+                 "ratio_runs": ratios, "plain_runs": a, "generate_runs": b}, args, "plain")
     return 0
 
 

@@ -8,36 +8,34 @@ Workloads (real data, available offline):
 
 Peers, replayed on the same traces and budgets: the vLLM n-gram rule (n in [2, 5], earliest
 occurrence), HF transformers' prompt lookup (max n-gram 3), arctic-inference's
-SuffixDecodingCache in path and tree modes (when its venv exists, see bench/_peers.py).
+SuffixDecodingCache in path and tree modes (when a python with it is given: `--arctic-python PATH`
+or $SUFFIXSPEC_ARCTIC_PYTHON, see bench/_peers.py; otherwise that peer is skipped with a warning).
 Also: proposer latency per request; a batch of 64 sessions proposed in one call (threads 1
 and 2); and a server replay: 64 sessions open at once with the global cache, finished requests
 closing and new ones starting, one batch call per round (srv_* columns: ms per batch call).
 
-    python bench/bench_proposer.py [--quick] [--traces N]
+    python bench/bench_proposer.py [--quick] [--traces N] [--no-arctic | --arctic-python PATH] [--record [PATH]]
 
-Prints a table, then one JSON line last.
+Prints a table, then one JSON line last (`--record`: also appended to bench/results/proposer.jsonl
+with the date, host and git revision).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 
+import _peers
+import common
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from suffixspec import Proposer
+from suffixspec.simulate import load_traces, simulate
+from suffixspec.tokenizer import load_tokenizer
 
-from bench import _peers  # noqa: E402
-from suffixspec import Proposer  # noqa: E402
-from suffixspec.simulate import load_traces, simulate  # noqa: E402
-from suffixspec.tokenizer import load_tokenizer  # noqa: E402
-
-CACHE = ROOT / "bench" / ".cache"
+ROOT, CACHE = common.ROOT, common.CACHE
 
 
 def code_edit_traces(tok, n):
@@ -133,10 +131,12 @@ def serve_latency(traces, budget, concurrency=64, threads=1):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="few traces, two budgets")
     ap.add_argument("--traces", type=int, default=200, help="code-edit traces")
-    ap.add_argument("--no-arctic", action="store_true")
+    ap.add_argument("--no-arctic", action="store_true", help="skip the arctic-inference peer")
+    _peers.add_arctic_flag(ap)
+    common.add_record_flag(ap)
     args = ap.parse_args(argv)
     budgets = [8, 64] if args.quick else [8, 16, 32, 64]
     tok = load_tokenizer(None)
@@ -152,8 +152,9 @@ def main(argv=None):
         n_tokens = sum(len(t.output) for t in traces)
         wl = record["workloads"][name] = {"traces": len(traces), "output_tokens": n_tokens, "budgets": {}}
         arctic = None
-        if not args.no_arctic and hasattr(_peers, "arctic_replay_bench"):
-            arctic = _peers.arctic_replay_bench([(t.prompt, t.output) for t in traces], budgets)
+        if not args.no_arctic:
+            arctic = _peers.arctic_replay_bench([(t.prompt, t.output) for t in traces], budgets,
+                                                python=args.arctic_python)
         for b in budgets:
             ours = simulate(traces, Proposer(), b)
             peers = {
@@ -194,7 +195,7 @@ def main(argv=None):
               f"{ours['propose_us_p50']:7.1f} {ours['propose_us_p99']:8.1f} {arc_us if arc_us is not None else '-':>9} "
               f"{batch['threads1']:8.3f} {batch['threads2']:8.3f} {batch['threads1'] * 1000 / 64:6.2f} "
               f"{srv['batch_ms_p50']:7.3f} {srv['batch_ms_p99']:7.3f} {srv['batch_ms_mean']:8.3f}")
-    print(json.dumps(record))
+    common.emit(record, args, "proposer")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
 """vLLM serving benchmark: plain decoding, vLLM's `ngram`, vLLM's `suffix` (arctic-inference, where
 installed) and suffixspec's `SuffixSpecProposer`, on the shipped copy-heavy code-edit prompts.
 
-Run it with the python of a venv that has vllm (`.ci/vllm.sh` makes one):
+Run it with the python of a venv that has vllm and suffixspec (`.ci/vllm.sh` makes one, at
+$VLLM_VENV):
 
-    /tmp/vllm-venv/bin/python bench/bench_vllm.py [--prompts 4] [--max-tokens 96] [--k 8] \
-        [--methods plain,ngram,suffix,suffixspec,suffixspec+corpus] [--repeats 2]
+    $VLLM_VENV/bin/python bench/bench_vllm.py [--prompts 4] [--max-tokens 96] [--k 8] \
+        [--methods plain,ngram,suffix,suffixspec,suffixspec+corpus] [--repeats 2] [--record [PATH]]
 
 Each method runs in an engine process of its own (tests_vllm/engine.py), one after the other,
 greedy, all prompts in one batch (`--max-num-seqs`, default the prompt count); the corpus variant
@@ -12,7 +13,7 @@ indexes corpora/python_stdlib.jsonl. Per method: generated tokens, generate() wa
 of `--repeats`, engine start excluded), throughput, vLLM's spec-decode counters (drafts, draft
 tokens, accepted tokens; accepted per draft = mean accepted length - 1), whether the outputs equal
 plain decoding's, and for suffixspec its proposer's time per step. Prints a table, then one JSON
-line last.
+line last (`--record`: also appended to bench/results/vllm.jsonl with the date, host and git revision).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import common
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = common.ROOT
 ENGINE = ROOT / "tests_vllm" / "engine.py"
 METHODS = ("plain", "ngram", "suffix", "suffixspec", "suffixspec+corpus")
 
@@ -56,6 +58,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--max-num-seqs", type=int, default=0, help="default: the prompt count")
     ap.add_argument("--timeout", type=float, default=900)
+    common.add_record_flag(ap)
     args = ap.parse_args()
     methods = [m for m in args.methods.split(",") if m]
     bad = [m for m in methods if m not in METHODS]
@@ -68,7 +71,7 @@ def main() -> None:
     from suffixspec.models import default_model_dir
 
     tok = load_tokenizer()
-    rows = [json.loads(line) for line in (ROOT / "corpora" / "copy_edit_prompts.jsonl").read_text().splitlines() if line.strip()]
+    rows = [json.loads(line) for line in (common.CORPORA / "copy_edit_prompts.jsonl").read_text().splitlines() if line.strip()]
     prompts = [tok.encode(r["chatml"]) for r in rows[: args.prompts]]
     base = {"model": str(default_model_dir()), "prompts": prompts, "max_tokens": args.max_tokens, "max_model_len": 2048,
             "max_num_seqs": args.max_num_seqs or len(prompts), "stop_token_ids": [tok.eos_token_id], "repeats": args.repeats}
@@ -77,7 +80,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         corpus = None
         if "suffixspec+corpus" in methods:
-            docs = [json.loads(line) for line in (ROOT / "corpora" / "python_stdlib.jsonl").read_text().splitlines() if line.strip()]
+            docs = [json.loads(line) for line in (common.CORPORA / "python_stdlib.jsonl").read_text().splitlines() if line.strip()]
             corpus = tmp / "stdlib.idx"
             build_index([Document(np.array(tok.encode(d["text"]), np.int32), id=d["id"]) for d in docs], corpus, tokenizer=tok)
         for m in methods:
@@ -111,8 +114,8 @@ def main() -> None:
         print("  ".join(str(r[h]).rjust(w) for h, w in zip(head, widths)))
     for m, why in skipped.items():
         print(f"{m}: skipped, {why}")
-    print(json.dumps({"bench": "vllm", "prompts": len(prompts), "max_tokens": args.max_tokens, "k": args.k,
-                      "repeats": args.repeats, "results": table, "skipped": skipped}))
+    common.emit({"bench": "vllm", "prompts": len(prompts), "max_tokens": args.max_tokens, "k": args.k,
+                 "repeats": args.repeats, "results": table, "skipped": skipped}, args, "vllm")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,8 @@ budget, calibration, verification bookkeeping) runs over it at concurrency 1, an
 is charged its cost in one-token steps from a pass-cost curve (default: this machine's cached curve
 of the embedded default model). Prompt lookup is replayed with transformers' rule (the last 2, then
 1 tokens matched at their first occurrence, up to `--pld-tokens` drafted) on the same costs. Prefill
-is charged `--prefill-steps-per-token` per prompt token for every method (0.037: a 294-token prompt
-took 0.21 s against a 19 ms step here).
+is charged `--prefill-steps-per-token` per prompt token for every method (the default is a measured
+prefill's time over a one-token step's on the default model, divided by the prompt's tokens).
 
 Also reported (both after a plain prefill): a clairvoyant budget, which knows the path of the
 proposer's 64-node tree that the target accepts and, each round, keeps the best-scored nodes up to
@@ -20,14 +20,13 @@ round by round, 64 tokens a round at most).
 
     python bench/replay_generate.py                                    # both copy-edit sets
     python bench/replay_generate.py corpora/copy_edit_heldout.jsonl --max-new-tokens 96
+    python bench/replay_generate.py --record                           # the JSON line kept too
 
-It ran the 12 shipped copy edits at 1.34x PLD (measured on the model: 1.30x) and the 41 held-out
-ones at 1.15x (measured: 1.17x); clairvoyant budget 1.62x / 1.30x, clairvoyant copier 1.76x / 1.63x.
-Not a timing: ratios of charged steps. Per-round overhead (about 0.5 ms a round here) is not charged
-and the curve does not adapt as on the model (in situ, 4-5 token passes cost 1.10-1.14 steps where the
-cached curve says 1.05), so workloads of many short rounds come out optimistic: bench_generate's chat
-prompts replay at 1.25x plain over 40 of them, and measure 1.07-1.16x over 4.
-Prints a table, then one JSON line.
+Not a timing: ratios of charged steps. Per-round overhead is not charged and the curve does not adapt
+as on the model (in situ, small passes cost more steps than the cached curve says), so workloads of
+many short rounds come out optimistic next to what bench_generate measures on the model.
+Prints a table, then one JSON line (`--record [PATH]`: also appended to
+bench/results/replay_generate.jsonl with the date, host and git revision).
 """
 
 from __future__ import annotations
@@ -39,9 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from suffixspec.bench.peers import prompt_lookup_propose
+from suffixspec.bench.record import add_record_flag, emit
 
+# Imported by file path in tests, so this script imports no sibling module of bench/.
+ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SETS = [ROOT / "corpora" / "copy_edit_prompts.jsonl", ROOT / "corpora" / "copy_edit_heldout.jsonl"]
 
 
@@ -90,10 +91,9 @@ def trace_model(vocab: int, eos: int):
 
 
 def lookup_draft(context: list[int], n_out: int, max_ngram: int = 2, eos: int | None = None) -> list[int]:
-    """transformers' prompt lookup (`_peers.prompt_lookup_propose`: the last `max_ngram`..1 tokens at
-    their first earlier occurrence, up to `n_out` tokens), cut before the first `eos` as transformers does."""
-    from bench._peers import prompt_lookup_propose
-
+    """transformers' prompt lookup (`suffixspec.bench.peers.prompt_lookup_propose`: the last `max_ngram`..1
+    tokens at their first earlier occurrence, up to `n_out` tokens), cut before the first `eos` as
+    transformers does."""
     follow = prompt_lookup_propose(np.asarray(context, np.int32), n_out, max_ngram).tolist()
     return follow[: follow.index(eos)] if eos is not None and eos in follow else follow
 
@@ -212,6 +212,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", type=int, default=10)
     ap.add_argument("--prefill-steps-per-token", type=float, default=0.037)
     ap.add_argument("--curve", help="JSON {size: relative cost}; default: the embedded model's cached curve")
+    add_record_flag(ap)
     args = ap.parse_args(argv)
 
     if args.curve:
@@ -242,8 +243,9 @@ def main(argv=None) -> int:
         print(f"{name:<28} {len(records):>7} {st['plain']:>8.0f} {st['pld']:>8.0f} {st['ours']:>8.0f} "
               f"{st['clairvoyant']:>8.0f} {st['copier']:>8.0f}   {s['ours_vs_pld']:>7.2f}x  {s['clairvoyant_vs_pld']:>10.2f}x"
               f"  {s['copier_vs_pld']:>9.2f}x  {s['tokens_per_round']:>8.2f}")
-    print(json.dumps({"max_new_tokens": args.max_new_tokens, "pld_tokens": args.pld_tokens, "curve": relative,
-                      "prefill_steps_per_token": args.prefill_steps_per_token, "sets": summary}))
+    emit({"max_new_tokens": args.max_new_tokens, "pld_tokens": args.pld_tokens, "curve": relative,
+          "prefill_steps_per_token": args.prefill_steps_per_token, "sets": summary}, args, "replay_generate",
+         ROOT / "bench" / "results")
     return 0
 
 

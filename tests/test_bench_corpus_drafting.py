@@ -11,7 +11,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _load_bench():
+def _load_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # its sibling modules, as `python bench/x.py` finds them
     spec = importlib.util.spec_from_file_location("bench_corpus_drafting", ROOT / "bench" / "bench_corpus_drafting.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -32,7 +33,7 @@ def test_bench_runs_on_a_tiny_set_and_prints_json_last(tmp_path, capsys, monkeyp
         f.write(json.dumps({"prompt_ids": block[:50], "output_ids": block[20:40]}) + "\n")
     with open(tmp_path / "code_edit_traces.jsonl", "w") as f:
         f.write(json.dumps({"prompt": "def f(x):\n    return x\n", "output": "def f(x):\n    return x\n"}) + "\n")
-    bench = _load_bench()
+    bench = _load_bench(monkeypatch)
     monkeypatch.setattr(bench, "CACHE", tmp_path / "cache")
     bench.main(["--data", str(tmp_path), "--sets", "dev", "--repeats", "1"])
     lines = capsys.readouterr().out.strip().splitlines()

@@ -8,7 +8,6 @@ endpoint (modes: request-body extensions, `suffixspec.bench.remote`). `--grid` r
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -47,6 +46,10 @@ def add_parser(sub) -> None:
                         "taking turns step by step, each timed only during its own steps)")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
     p.add_argument("--out", default="bench_out", metavar="DIR", help="report directory (default ./bench_out)")
+    p.add_argument("--record", nargs="?", const="", default=None, metavar="PATH",
+                   help="also append the JSON line printed last, with the date, host, git revision and command line, "
+                        "to PATH (default: bench/results/suffixspec_bench.jsonl, or suffixspec_bench_grid.jsonl with "
+                        "--grid, of the checkout suffixspec runs from, else of the current folder)")
     g = p.add_argument_group("an HTTP endpoint instead of a model loaded here")
     g.add_argument("--url", default=None, metavar="http://HOST:PORT",
                    help="benchmark an OpenAI-compatible server (suffixspec serve, or another) through streaming requests")
@@ -333,7 +336,9 @@ def run(args) -> int:
     slim = [{k: rec.get(k) for k in ("mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",
                                       "mean_accepted_tokens", "acceptance_rate", "mismatches", "speedup")}
             for rec in records]
-    print(json.dumps({"report": str(out / "report.json"), "records": slim}))
+    from ..bench.record import emit
+
+    emit({"report": str(out / "report.json"), "records": slim}, args, "suffixspec_bench")
     failed = any(rec["failures"] for rec in records) or (constraint and (constraint["invalid"] or constraint["mismatches"]))
     return 1 if failed else 0
 
@@ -392,9 +397,11 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
     counts = {v: sum(c["verdict"] == v for c in cells) for v in ("speculate", "off", "neutral", "loses")}
     print("verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
     print(f"report {out / 'grid.json'}  heat map {Path(heatmap).name}  ({report['timing']['total_s']:.0f} s)")
-    print(json.dumps({"report": str(out / "grid.json"), "cells": [
+    from ..bench.record import emit
+
+    emit({"report": str(out / "grid.json"), "cells": [
         {k: c[k] for k in ("workload", "max_new_tokens", "concurrency", "speedup", "speedup_min", "verdict")}
-        for c in cells]}))
+        for c in cells]}, args, "suffixspec_bench_grid")
     failed = any(c["failures"] for c in cells) or len(cells) < len(workloads) * len(lengths) * len(concurrency)
     return 1 if failed else 0
 

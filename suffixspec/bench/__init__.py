@@ -34,8 +34,9 @@ drives an engine and times requests) -> `runs` (settings, configurations x repea
 `summary` (records over repeats, speed-ups, mismatches) -> `quality` (task gates) and `report`
 (table, JSON, plots), `grid` (the rollout grid's verdicts and heat map); `backends` holds the
 in-process engines, `remote` the client of an OpenAI-compatible endpoint (`suffixspec bench --url`).
-This package re-exports the public names of the modules up to `backends` (`grid` and `remote` are
-imported by name); importing it imports neither torch nor a web stack (httpx only once an HTTP
+`record` appends a benchmark's JSON line, with date, host and git revision, to a results file
+(`--record`), `peers` holds the peers' n-gram rules re-implemented. This package re-exports the public
+names of the modules up to `backends` (`grid`, `remote`, `record` and `peers` are imported by name); importing it imports neither torch nor a web stack (httpx only once an HTTP
 engine is built).
 """
 
