@@ -116,9 +116,9 @@ class ResponseCache:
     def __init__(self, max_tokens: int = 1 << 20, generations: int = 4):
         for name, value in (("max_tokens", max_tokens), ("generations", generations)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
-                raise BadInputError(f"ResponseCache: {name}: expected a positive integer, got {value!r}")
+                raise BadInputError(f"ResponseCache: {name}: expected a positive integer, got {value!r}", param=name)
         if generations > MAX_GENERATIONS:
-            raise BadInputError(f"ResponseCache: generations: expected at most {MAX_GENERATIONS}, got {generations}")
+            raise BadInputError(f"ResponseCache: generations: expected at most {MAX_GENERATIONS}, got {generations}", param="generations")
         self.max_tokens = int(max_tokens)
         self.generations = int(generations)
         self._lock = threading.Lock()  # guards the state below (held briefly)
@@ -151,7 +151,7 @@ class ResponseCache:
         per document: the documents up to the one that fills the live generation rotate with it,
         the rest become one new level (merged by its total size, as one document would be)."""
         if isinstance(documents, (str, bytes, dict)) or not hasattr(documents, "__iter__"):
-            raise BadInputTypeError(f"documents: expected a list of token id sequences, got {type(documents).__name__}")
+            raise BadInputTypeError(f"documents: expected a list of token id sequences, got {type(documents).__name__}", param="documents")
         self._add_valid([as_tokens(d, f"documents[{i}]") for i, d in enumerate(documents)])
 
     def _add_valid(self, docs: list[np.ndarray]) -> None:

@@ -211,10 +211,11 @@ class Server:
         `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
         `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
         Everything is checked here against the model: a bad request never reaches a round."""
-        ids = self.gen.encode([prompt])[0]
+        ids = self.gen.encode_one(prompt, "prompt")
         bad = None if self.vocab_size is None else next((t for t in ids if t >= self.vocab_size), None)
         if bad is not None:
-            raise BadInputError(f"prompt: expected token ids in [0, {self.vocab_size}) (the model's vocabulary), got {bad}")
+            raise BadInputError(f"prompt: expected token ids in [0, {self.vocab_size}) (the model's vocabulary), got {bad}",
+                                  param="prompt")
         opts = self.options if options is None else options
         decoding = self.decoding if options is None else options.resolve(self.model, self.tokenizer)
         limit = int(opts.max_new_tokens)
@@ -222,14 +223,14 @@ class Server:
             limit = min(limit, check_int(max_new_tokens, "max_new_tokens", low=0))
         if self.max_positions is not None and len(ids) + limit > int(self.max_positions):
             raise BadInputError(f"prompt: {len(ids)} prompt tokens plus max_new_tokens {limit} exceed the model's "
-                                f"context of {int(self.max_positions)} positions")
+                                f"context of {int(self.max_positions)} positions", param="prompt")
         if key is not None:
             key = check_int(key, "key", low=0)
         if opts.budget == "auto" and self.unsupported is None:
             self.policy.ensure_cost_model(self.model)
         predicted = None
         if prediction is not None:
-            predicted = Prediction(self.gen.encode([prediction])[0] if len(prediction) else [])
+            predicted = Prediction(self.gen.encode_one(prediction, "prediction") if len(prediction) else [])
         q = self._next
         self._next += 1
         rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
@@ -272,7 +273,7 @@ class Server:
         """Forget a finished request's output and statistics (a long-running server calls this)."""
         rq = self._requests.get(index)
         if rq is not None and rq.stage is not Stage.FINISHED:
-            raise BadInputError(f"release: request {index} has not finished")
+            raise BadInputError(f"release: request {index} has not finished", param="index")
         if rq is not None:
             del self._requests[index]
             self.stats.requests.remove(rq.stats)

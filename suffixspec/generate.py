@@ -91,19 +91,22 @@ class SpeculativeGenerator:
         if isinstance(inputs, str) or (isinstance(inputs, (list, tuple)) and inputs and isinstance(inputs[0], (int, np.integer))):
             inputs = [inputs]
         if not isinstance(inputs, (list, tuple)) or not inputs:
-            raise BadInputTypeError(f"inputs: expected a non-empty list of token-id lists or strings, got {type(inputs).__name__}")
-        out = []
-        for i, item in enumerate(inputs):
-            if isinstance(item, str):
-                if self.tokenizer is None:
-                    raise BadInputError("inputs: strings need a tokenizer (SpeculativeGenerator(model, tokenizer=...))")
-                ids = list(self.tokenizer.encode(item))
-            else:
-                ids = as_tokens(item, f"inputs[{i}]").tolist()
-            if not ids:
-                raise BadInputError(f"inputs[{i}]: a prompt needs at least one token")
-            out.append([int(t) for t in ids])
-        return out
+            raise BadInputTypeError(f"inputs: expected a non-empty list of token-id lists or strings, got {type(inputs).__name__}",
+                                    param="inputs")
+        return [self.encode_one(item, f"inputs[{i}]") for i, item in enumerate(inputs)]
+
+    def encode_one(self, item, name: str = "prompt") -> list[int]:
+        """One prompt (token ids, or a string with a tokenizer) as token ids; errors name `name`."""
+        if isinstance(item, str):
+            if self.tokenizer is None:
+                raise BadInputError(f"{name}: strings need a tokenizer (SpeculativeGenerator(model, tokenizer=...))",
+                                    param=name)
+            ids = list(self.tokenizer.encode(item))
+        else:
+            ids = as_tokens(item, name).tolist()
+        if not ids:
+            raise BadInputError(f"{name}: a prompt needs at least one token", param=name)
+        return [int(t) for t in ids]
 
     def check_support(self) -> str | None:
         """None when tree verification works with this model (checked once), else the reason."""
@@ -149,9 +152,9 @@ class SpeculativeGenerator:
         prompts = self.encode(inputs)
         filters = list(filter) if isinstance(filter, (list, tuple)) else [filter] * len(prompts)
         if len(filters) != len(prompts):
-            raise BadInputError(f"filter: expected one filter or {len(prompts)} (one per prompt), got {len(filters)}")
+            raise BadInputError(f"filter: expected one filter or {len(prompts)} (one per prompt), got {len(filters)}", param="filter")
         if request_ids is not None and len(request_ids) != len(prompts):
-            raise BadInputError(f"request_ids: expected {len(prompts)} ids (one per prompt), got {len(request_ids)}")
+            raise BadInputError(f"request_ids: expected {len(prompts)} ids (one per prompt), got {len(request_ids)}", param="request_ids")
         server = self.serve(options=options, max_batch=max_batch, stream=stream)
         if server.device.type == "cuda":
             import torch

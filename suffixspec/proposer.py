@@ -214,7 +214,7 @@ class Proposer:
     @cache.setter
     def cache(self, value) -> None:
         if value is not None and not isinstance(value, ResponseCache):
-            raise BadInputTypeError(f"cache: expected a ResponseCache or None, got {type(value).__name__}")
+            raise BadInputTypeError(f"cache: expected a ResponseCache or None, got {type(value).__name__}", param="cache")
         old = self._version_holder()
         self._cache = value
         old._touch()  # sessions compare versions with the holder they were built with: send them to resync
@@ -328,7 +328,7 @@ class Proposer:
         """Open a session. `filter` restricts every corpus index to some documents: a dict of
         tags (`{"repo": "click"}`), a pyroaring BitMap of document indexes, or a Subset."""
         if filter is not None and not any(not isinstance(c, FrozenAutomaton) for c in self.corpora):
-            raise BadInputError("filter: document filters need a corpus index (none was given)")
+            raise BadInputError("filter: document filters need a corpus index (none was given)", param="filter")
         return Session(self, self._tokens(prompt_ids, "prompt_ids"), request_id, filter)
 
     def _tokens(self, ids, name: str) -> np.ndarray:
@@ -349,7 +349,7 @@ class Proposer:
         if budgets is None or isinstance(budgets, (int, np.integer)):
             budgets = [budgets] * len(sessions)
         if len(budgets) != len(sessions):
-            raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}")
+            raise BadInputError(f"budgets: expected one per session ({len(sessions)}), got {len(budgets)}", param="budgets")
         if len({id(s) for s in sessions}) != len(sessions):
             raise BadInputError("propose_batch: a session appears more than once")
         for s in sessions:

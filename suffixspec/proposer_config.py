@@ -82,7 +82,7 @@ class KnobSpec:
             ok = (isinstance(value, (int, float, np.integer, np.floating)) and math.isfinite(value)
                   and _within(float(value), self))
         if not ok:
-            raise BadInputError(f"{self.name}: expected {self.expected}, got {value!r}")
+            raise BadInputError(f"{self.name}: expected {self.expected}, got {value!r}", param=self.name)
         return kind(value)
 
 
@@ -143,7 +143,7 @@ class ProposerConfig:
         """`config` (default: the defaults) with the keyword `knobs` on top; an unknown name is a
         BadInputTypeError naming it (a TypeError, as an unknown keyword argument is)."""
         if config is not None and not isinstance(config, cls):
-            raise BadInputTypeError(f"config: expected a ProposerConfig or None, got {type(config).__name__}")
+            raise BadInputTypeError(f"config: expected a ProposerConfig or None, got {type(config).__name__}", param="config")
         unknown = sorted(set(knobs or ()) - set(KNOBS))
         if unknown:
             raise BadInputTypeError(f"unknown proposer knob(s) {', '.join(map(repr, unknown))}; "

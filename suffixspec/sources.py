@@ -37,7 +37,7 @@ def corpus_sources(corpus) -> list:
         elif hasattr(item, "shards") and hasattr(item, "query") and hasattr(item, "subset"):
             out.append(item)
         else:
-            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or CorpusIndex, got {type(item).__name__}")
+            raise BadInputError(f"corpus: expected a FrozenAutomaton, SuffixAutomaton or CorpusIndex, got {type(item).__name__}", param="corpus")
     return out
 
 

@@ -22,30 +22,30 @@ def _describe(x) -> str:
 
 def as_tokens(x, name: str = "tokens") -> np.ndarray:
     if x is None:
-        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got None")
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got None", param=name)
     if type(x).__module__.split(".")[0] == "torch":
         if getattr(x, "is_floating_point", lambda: False)() or getattr(x, "is_complex", lambda: False)():
-            raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got a torch tensor of dtype {x.dtype}")
+            raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got a torch tensor of dtype {x.dtype}", param=name)
         x = x.detach().cpu().numpy()
     if isinstance(x, (str, bytes, dict, set)) or np.isscalar(x):
-        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(x)}")
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(x)}", param=name)
     if isinstance(x, np.ndarray):
         arr = x
     else:
         try:
             arr = np.asarray(x)
         except (OverflowError, ValueError) as exc:
-            raise BadInputError(f"{name}: expected {_EXPECTED}, got values numpy cannot hold ({exc})") from None
+            raise BadInputError(f"{name}: expected {_EXPECTED}, got values numpy cannot hold ({exc})", param=name) from None
     if arr.dtype == object and arr.ndim == 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
         bad = next(v for v in arr.tolist() if not 0 <= v <= MAX_TOKEN_ID)
-        raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}")
+        raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}", param=name)
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or (arr.size == 0 and arr.dtype == np.float64 and not isinstance(x, np.ndarray))):
-        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(arr) if isinstance(x, np.ndarray) else 'elements of dtype ' + str(arr.dtype)}")
+        raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(arr) if isinstance(x, np.ndarray) else 'elements of dtype ' + str(arr.dtype)}", param=name)
     if arr.ndim != 1:
-        raise BadInputError(f"{name}: expected {_EXPECTED}, got an array of shape {arr.shape}")
+        raise BadInputError(f"{name}: expected {_EXPECTED}, got an array of shape {arr.shape}", param=name)
     if arr.size:
         lo, hi = int(arr.min()), int(arr.max())
         if lo < 0 or hi > MAX_TOKEN_ID:
             bad = lo if lo < 0 else hi
-            raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}")
+            raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}", param=name)
     return np.ascontiguousarray(arr, dtype=np.int32)

@@ -105,10 +105,21 @@ def test_serve_rejects_bad_options():
     with pytest.raises(BadInputError, match="budget"):
         gen.serve(budget="many")
     server = gen.serve(max_new_tokens=4, budget=0)
-    with pytest.raises(BadInputError):
+    with pytest.raises(BadInputError) as err:
         server.add([])
+    assert err.value.param == "prompt"
+    vocab = gen.model.get_input_embeddings().weight.shape[0]
+    for bad, kwargs, param in [([vocab], {}, "prompt"), ([1] * 5000, {"max_new_tokens": 4000}, "prompt"),
+                               ([1], {"prediction": [-3]}, "prediction"), ([1], {"key": -1}, "key"),
+                               ([1], {"max_new_tokens": -1}, "max_new_tokens")]:
+        with pytest.raises(BadInputError) as err:
+            server.add(bad, **kwargs)
+        assert err.value.param == param, (bad, kwargs)
     assert server.add([1, 2], max_new_tokens=0) == 0 and server.idle
     assert server.result().sequences == [[]]
+    with pytest.raises(BadInputError) as err:
+        server.release(server.add([1, 2]))
+    assert err.value.param == "index" and "has not finished" in str(err.value)
 
 
 def test_prefill_groups_bound_the_padding():

@@ -118,3 +118,23 @@ def test_parse_request_reads_the_options_errors_param(monkeypatch):
     assert info.value.body() == {"error": {"message": "sampling cannot use these settings",
                                            "type": "invalid_request_error", "param": "top_k",
                                            "code": "invalid_value"}}
+
+
+def test_library_refusals_name_their_param():
+    """Refusals outside the HTTP layer carry `param` too: a server's prompt and prediction, a proposer
+    knob, the vLLM adapter's options."""
+    from suffixspec.errors import BadInputError, BadInputTypeError
+    from suffixspec.proposer import Proposer
+    from suffixspec.proposer_config import ProposerConfig
+    from suffixspec.tokenids import as_tokens
+
+    for bad, param in [(None, "prompt"), ([1.5], "prompt"), ([-1], "prompt"), ([[1]], "prompt")]:
+        with pytest.raises((BadInputError, BadInputTypeError)) as err:
+            as_tokens(bad, "prompt")
+        assert err.value.param == param
+    with pytest.raises(BadInputError) as err:
+        ProposerConfig(max_nodes=0)
+    assert err.value.param == "max_nodes"
+    with pytest.raises(BadInputError) as err:
+        Proposer().start([1, 2, 3], filter={"lang": "py"})
+    assert err.value.param == "filter"

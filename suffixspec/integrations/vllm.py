@@ -127,7 +127,7 @@ OPTIONS = {
 def _config_options(vllm_config) -> dict:
     extra = getattr(vllm_config, "additional_config", None) or {}
     if not isinstance(extra, dict):
-        raise BadInputTypeError(f"additional_config: expected a dict, got {type(extra).__name__}")
+        raise BadInputTypeError(f"additional_config: expected a dict, got {type(extra).__name__}", param="additional_config")
     opts = extra.get("suffixspec") or {}
     if not isinstance(opts, dict):
         raise BadInputTypeError(f'additional_config["suffixspec"]: expected a dict, got {type(opts).__name__}')
@@ -171,11 +171,11 @@ class StepCost:
         try:
             pts = sorted((float(t), float(c)) for t, c in points)
         except (TypeError, ValueError):
-            raise BadInputError(f"step_cost: expected [[tokens, cost], ...] pairs of numbers, got {points!r}") from None
+            raise BadInputError(f"step_cost: expected [[tokens, cost], ...] pairs of numbers, got {points!r}", param="step_cost") from None
         if not pts or any(t <= 0 or c <= 0 for t, c in pts) or len({t for t, _ in pts}) != len(pts):
-            raise BadInputError(f"step_cost: expected pairs of positive tokens (distinct) and positive cost, got {points!r}")
+            raise BadInputError(f"step_cost: expected pairs of positive tokens (distinct) and positive cost, got {points!r}", param="step_cost")
         if any(b[1] < a[1] for a, b in zip(pts, pts[1:])):
-            raise BadInputError(f"step_cost: cost must not fall as tokens grow, got {points!r}")
+            raise BadInputError(f"step_cost: cost must not fall as tokens grow, got {points!r}", param="step_cost")
         if len(pts) == 1:
             pts.append((2 * pts[0][0], 2 * pts[0][1]))
         self.tokens = np.array([t for t, _ in pts])
@@ -307,7 +307,7 @@ class SuffixSpecProposer:
         spec = getattr(vllm_config, "speculative_config", None)
         k = getattr(spec, "num_speculative_tokens", None)
         if not isinstance(k, (int, np.integer)) or isinstance(k, bool) or k < 1:
-            raise BadInputError(f"speculative_config.num_speculative_tokens: expected a positive int, got {k!r}")
+            raise BadInputError(f"speculative_config.num_speculative_tokens: expected a positive int, got {k!r}", param="speculative_config.num_speculative_tokens")
         self.k = int(k)
         model_config = getattr(vllm_config, "model_config", None)
         self.max_model_len = int(getattr(model_config, "max_model_len", 0) or 0) or None
@@ -328,9 +328,9 @@ class SuffixSpecProposer:
         self.max_sessions = int(opts.get("max_sessions", max(256, 4 * max_num_seqs)))
         self.timeout_steps = int(opts.get("session_timeout_steps", 64))
         if self.max_sessions < 1:
-            raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}")
+            raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}", param="max_sessions")
         if self.timeout_steps < 2:
-            raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}")
+            raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}", param="session_timeout_steps")
         self.cost = StepCost(opts.get("step_cost", DEFAULT_STEP_COST))
         self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
@@ -564,4 +564,4 @@ class SuffixSpecProposer:
         self._best_paths([DraftTree.from_paths([[1, 2], [1, 3]]), DraftTree.empty()], [self.k, self.k])
         choose_lengths(np.zeros(1, np.int64), np.ones(1), np.zeros(1, np.int64), 1, self.cost)
         if not math.isfinite(float(self.cost(1)[()])):
-            raise BadInputError("step_cost: the cost of a one-token step is not finite")
+            raise BadInputError("step_cost: the cost of a one-token step is not finite", param="step_cost")
