@@ -36,6 +36,7 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
+    from suffixspec.batch import RoundBatch
     from suffixspec.models import load_model
     from suffixspec.tree import DraftTree
     from suffixspec.verify import KVState, Sampler, accept
@@ -66,10 +67,11 @@ def main(argv=None) -> int:
         rows = []
         for i in range(args.steps + 3):  # the first 3: warm-up
             pending = [[int(t)] for t in rng.integers(0, vocab, b)]
+            batch = RoundBatch.build(empty, [8] * b, pending=pending, samplers=sampler, contexts=pending, generated=[i] * b)
             t0 = time.perf_counter()
             logits, root = state.forward(pending, empty)
             t1 = time.perf_counter()
-            accept(logits, root, empty, sampler, pending, list(range(b)), [i] * b, [8] * b, frozenset())
+            accept(logits, root, batch)
             t2 = time.perf_counter()
             state.commit([[]] * b)
             t3 = time.perf_counter()
