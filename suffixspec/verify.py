@@ -351,9 +351,12 @@ class KVState:
             raise InternalError(f"forward: expected {b} rows of pending tokens and trees, got {len(pending)} and {len(trees)}")
         if self._last is not None:
             raise InternalError("forward: the previous pass was not committed")
-        if (self._pos is None and self._len and not self._sliding and all(len(x) == 1 for x in pending)
-                and not any(len(t) for t in trees)):
-            return self._step([x[0] for x in pending])
+        if self._pos is None and not self._sliding and not any(len(t) for t in trees):
+            width = len(pending[0]) if b else 0
+            if self._len and width == 1 and all(len(x) == 1 for x in pending):
+                return self._step([x[0] for x in pending])
+            if width and all(len(x) == width for x in pending):
+                return self._causal(pending, width)
         p = np.array([len(x) for x in pending], np.int64)
         n = np.array([len(t) for t in trees], np.int64)
         if np.any(p < 1):
@@ -406,6 +409,20 @@ class KVState:
         self._last = PassLayout.of(W, offsets, p, n)
         root_index = K - 1 - n
         return logits, root_index
+
+    def _causal(self, pending: list[list[int]], width: int) -> tuple[torch.Tensor, np.ndarray]:
+        """`forward` of `width` pending tokens per row and no drafts over a dense cache (a prefill, or
+        one chunk of it): no row needs padding or a tree, so the model's own causal mask is exact and
+        none is built (an explicit mask would be `width` x (L + width) per row, quadratic in a prompt's
+        length); the cache stays dense."""
+        b, dev, L = len(pending), self.device, self._len
+        zeros = np.zeros(b, np.int64)
+        layout = PassLayout(width, zeros, np.full(b, width, np.int64), zeros, True)
+        positions = torch.arange(L, L + width, device=dev).expand(b, width).contiguous()  # [b, width]
+        logits = self._run(torch.tensor(pending, dtype=torch.long, device=dev), None, positions, 1)
+        self._len = L + width
+        self._last = layout
+        return logits, np.full(b, 0, np.int64)
 
     def _step(self, tokens: list[int]) -> tuple[torch.Tensor, np.ndarray]:
         """`forward` of one new token per row over a dense cache (no sliding-window layers): slot i
