@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from suffixspec import BadInputError, BadInputTypeError, Document, Proposer, build_index
-from suffixspec.integrations.vllm import SuffixSpecProposer, StepCost, best_paths, choose_lengths
+from suffixspec.integrations.vllm import SuffixSpecProposer, path_values
 
 VOCAB = 1000
 FREE = [[1, 1.0], [10**9, 1.0 + 1e-9]]  # a step costs the same whatever it verifies: no cut
@@ -141,9 +141,10 @@ def copy_requests(count, seed, prompt_len=60, answer_len=40, vocab=VOCAB):
 
 
 def brute_best_path(tree, limit, vocab=VOCAB):
-    """The root path whose first nodes (at most `limit`) score the largest sum, by enumeration;
-    ties go to the lowest node index; a path stops before a token outside the vocabulary."""
-    best, best_tokens = 0.0, []
+    """The root path of at most `limit` nodes whose scores have the largest sum, by enumeration (what
+    a step of constant cost drafts); ties go to the shorter path, then the lowest node index; a
+    path stops before a token outside the vocabulary."""
+    best, best_len, best_tokens = 0.0, 0, []
     for node in range(len(tree)):
         path = tree.path_to(node).tolist()
         if len(path) > limit or any(not 0 <= int(tree.tokens[i]) < vocab for i in path):
@@ -151,8 +152,8 @@ def brute_best_path(tree, limit, vocab=VOCAB):
         s = 0.0
         for i in path:
             s += float(tree.scores[i])
-        if s > best:
-            best, best_tokens = s, [int(tree.tokens[i]) for i in path]
+        if s > best or (s == best and len(path) < best_len):
+            best, best_len, best_tokens = s, len(path), [int(tree.tokens[i]) for i in path]
     return best_tokens
 
 
@@ -327,25 +328,6 @@ def test_thousands_of_requests_memory_stays_flat():
     assert grown < 1 << 20, f"memory grew by {grown} bytes over 1500 requests"
 
 
-def test_choose_lengths_is_the_best_choice_by_enumeration():
-    rng = np.random.default_rng(4)
-    for trial in range(40):
-        n_rows, k = int(rng.integers(1, 4)), 4
-        lengths = rng.integers(0, k + 1, n_rows)
-        paths = [np.sort(rng.random(int(L)))[::-1] for L in lengths]  # scores fall along a path
-        cost = StepCost([[1, 1.0], [int(rng.integers(2, 30)), float(rng.uniform(1.01, 4))]])
-        rows = np.concatenate([np.full(len(s), i) for i, s in enumerate(paths)]).astype(np.int64)
-        scores = np.concatenate(paths) if n_rows else np.zeros(0)
-        pos = np.concatenate([np.arange(len(s)) for s in paths]).astype(np.int64)
-        got = choose_lengths(rows, scores, pos, n_rows, cost)
-
-        def value(ls):
-            return (n_rows + sum(float(paths[i][:L].sum()) for i, L in enumerate(ls))) / float(cost(n_rows + sum(ls)))
-
-        best = max(value(c) for c in np.ndindex(*[int(L) + 1 for L in lengths]))
-        assert value(got) == pytest.approx(best, rel=1e-12), (trial, got)
-
-
 def test_drafts_shrink_as_the_batch_grows():
     cpu_like = [[1, 1.0], [16, 1.7], [64, 3.9]]
     text = np.random.default_rng(0).integers(1, VOCAB, 50)
@@ -454,4 +436,4 @@ def test_corpus_and_filter(tmp_path):
 
 def test_warm_up_compiles_the_path_kernel():
     SuffixSpecProposer(config())
-    assert best_paths.signatures  # compiled in __init__, not on the first step
+    assert path_values.signatures  # compiled in __init__, not on the first step

@@ -1,0 +1,401 @@
+"""`DraftCore`: the state both vLLM front ends share (sessions tracked by content, the proposer and
+its response cache, the step's measured cost) and the one batched step that drafts for a batch.
+
+Front ends (`vllm.py`: vLLM <= 0.33's `custom_class`; `vllm_speculator.py`: vLLM >= 0.34's
+registered speculator) turn their engine's arguments into one `step(keys, sampled, lengths, table)`
+call: per row a `key` (where the engine keeps the request: the row in <= 0.33, the request-state
+slot in >= 0.34), how many tokens it sampled this step (0: it drafts nothing, e.g. a partial
+prefill), and its valid tokens `table[row, :lengths[row]]`.
+
+Requests are tracked by content. Each live session records its length, its first and last
+`CHECK_TOKENS` tokens and an additive hash of all its tokens (sum of (token + 1) * R[position]
+mod 2**64, R random). A row continues the session its key held last step when it still holds that
+session's head and tail at the same length (the common case: one small comparison); otherwise
+(rows moved, a request skipped steps or was preempted and resumed, a new request) the row's prefix
+hashes are compared with every live session's hash in one vectorised step, and the longest session
+the row extends continues; else a new session starts (prompt: the row without its sampled tokens).
+A session is assigned to at most one row per step. Sessions not seen for `session_timeout_steps`
+steps, or the least recently seen beyond `max_sessions`, are closed, never on one step's absence
+(`finish(key)` closes one at once where the engine says a request finished); a closed session's
+output joins the proposer's bounded cache of past responses, on a background thread
+(`close_in_background`, default true: adding to the cache rebuilds part of it, which would otherwise
+stall the step; at most `max_sessions` wait, beyond that the step closes in line; `flush()` waits
+for them). Memory is bounded by `max_sessions` sessions of at most `max_session_tokens` tokens, the
+response cache's `cache_tokens`, and one hash table of `max_model_len` entries.
+
+Each step is one `Proposer.propose_batch` call over every drafting row (trees of `max_nodes` nodes,
+no deeper than the draft length), then one linear draft per row (`vllm_drafting`): its path and
+length chosen over the whole batch by expected accepted tokens per unit of the step's cost. The
+cost is measured: the time from the end of one `step` to the start of the next is the engine's
+step, which verified each continuing row's last draft plus its bonus token; steps in which a row
+prefilled or a request joined, left or skipped are not measured (their tokens are unknown).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+
+import numpy as np
+
+from .. import BadInputError, CorpusIndex, DraftTree, Proposer
+from ..proposer_config import KNOBS, ProposerConfig
+from ..warmup import warm_kernels
+from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
+from .vllm_options import VllmSetup
+
+CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
+
+_M64 = np.uint64
+log = logging.getLogger(__name__)
+
+
+def _knobs(opts: dict, k: int) -> dict:
+    """The proposer's knobs among `opts`, with the adapter's defaults (`KNOB_DEFAULTS`) where absent."""
+    knobs = {name: opts[name] for name in KNOBS if name in opts}
+    knobs["max_nodes"] = opts.get("max_nodes", max(16, 4 * k))
+    knobs["max_depth"] = min(int(opts.get("max_depth", k) or k), k)
+    knobs["min_prob"] = opts.get("min_prob", 0.0)
+    knobs.setdefault("recency", 0.0)  # linear drafts: frequency alone (fewer steps on code-edit traces than 0.5)
+    return knobs
+
+
+class _Closer:
+    """Closes sessions on one daemon thread, off vLLM's step (adding an output to the response
+    cache rebuilds part of it). At most `limit` wait; beyond that the caller closes in line."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._queue: collections.deque = collections.deque()
+        self._cv = threading.Condition()
+        self._busy = 0
+        self._thread: threading.Thread | None = None
+        self.failures = 0
+
+    def submit(self, session) -> None:
+        with self._cv:
+            inline = len(self._queue) >= self.limit
+            if not inline:
+                self._queue.append(session)
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._run, name="suffixspec-closer", daemon=True)
+                    self._thread.start()
+                self._cv.notify()
+        if inline:
+            session.close()
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._queue:
+                    self._cv.wait()
+                session = self._queue.popleft()
+                self._busy += 1
+            try:
+                session.close()
+            except Exception:  # a failed close loses one output for the cache, never the engine
+                self.failures += 1
+                log.exception("suffixspec: closing a session failed")
+            finally:
+                with self._cv:
+                    self._busy -= 1
+                    self._cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until every submitted session is closed."""
+        with self._cv:
+            while self._queue or self._busy:
+                self._cv.wait()
+
+
+class _Tracked:
+    __slots__ = ("session", "slot", "key", "length", "head", "tail", "last_step", "last_draft")
+
+
+class DraftCore:
+    """Sessions, proposer and step cost shared by the vLLM front ends (see the module docstring).
+
+    `stats` counts steps, sessions started / refound (rows that moved, skipped steps or resumed) /
+    closed / evicted / finished, rows drafted, draft tokens, measured steps and the seconds spent in
+    `step`."""
+
+    def __init__(self, setup: VllmSetup):
+        opts = setup.options
+        self.k = setup.k
+        self.max_model_len = setup.max_model_len
+        self.vocab_size = setup.vocab_size
+        self.options = opts
+        self.max_sessions = int(opts.get("max_sessions", max(256, 4 * setup.max_num_seqs)))
+        self.timeout_steps = int(opts.get("session_timeout_steps", 64))
+        if self.max_sessions < 1:
+            raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}", param="max_sessions")
+        if self.timeout_steps < 2:
+            raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}", param="session_timeout_steps")
+        self.cost = step_cost_from(opts.get("step_cost"))
+        self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
+        corpus = opts.get("corpus")
+        paths = [corpus] if isinstance(corpus, str) else list(corpus or [])
+        self.corpora = [CorpusIndex.open(p) for p in paths]
+        self.filter = opts.get("filter")
+        if self.filter is not None and not self.corpora:
+            raise BadInputError('additional_config["suffixspec"]["filter"]: a filter needs a "corpus" (none was given)')
+        knobs = _knobs(opts, self.k)
+        self.config = ProposerConfig.of(None, knobs)
+        self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
+        self.max_nodes = self.config.max_nodes
+        self.stats = collections.Counter()
+        self._warm_up()
+        self.proposer = Proposer(self.corpora or None, config=self.config)
+        self._reset_tracking()
+
+    # -- the step --------------------------------------------------------------------------
+    def step(self, keys, sampled, lengths, table, limit_len: int | None = None) -> list[list[int]]:
+        """One draft (a list of Python ints, possibly empty) per row: row r, held at `keys[r]`, sampled
+        `sampled[r]` tokens this step and holds `table[r, :lengths[r]]`; no draft reaches `limit_len`
+        tokens (default: the model's length)."""
+        n_rows = len(keys)
+        drafts: list[list[int]] = [[] for _ in range(n_rows)]
+        if n_rows == 0:
+            return drafts
+        t0 = time.perf_counter()
+        self._step += 1
+        step = self._step
+        self.stats["steps"] += 1
+        limit_len = limit_len or self.max_model_len or table.shape[1]
+        rows, tracked, limits = [], [], []
+        taken = set()
+        clean, verified = True, 0  # whether this step's cost is known, and its tokens
+        for r in range(n_rows):
+            m, n = int(sampled[r]), int(lengths[r])
+            if m <= 0 or n <= 0 or n > table.shape[1]:
+                clean = False
+                continue
+            t, how = self._track(keys[r], table[r], n, m, taken)
+            clean &= how == "continued" and t.last_step == step - 1
+            verified += 1 + t.last_draft
+            t.last_step = step
+            t.last_draft = 0
+            room = min(self.k, limit_len - n - 1)
+            if room > 0:
+                rows.append(r)
+                tracked.append(t)
+                limits.append(room)
+        self._expire(step)
+        if clean and self._last_end is not None and self._ended_step == step - 1:
+            self.cost.observe(verified, t0 - self._last_end, len(taken))
+            self.stats["steps_measured"] += 1
+        if tracked:
+            self._draft(rows, tracked, limits, drafts, n_rows)
+        end = time.perf_counter()
+        self.stats["propose_seconds"] += end - t0
+        self._last_end, self._ended_step = end, step
+        return drafts
+
+    @property
+    def live_sessions(self) -> int:
+        return len(self._lru)
+
+    def forget(self, key) -> None:
+        """The engine put a new request at `key`: the session it held there is no longer there (it
+        stays live: a preempted request resumes elsewhere and is found by content)."""
+        t = self._by_key.pop(key, None)
+        if t is not None and t.key == key:
+            t.key = None
+
+    def finish(self, key) -> None:
+        """The request at `key` finished: close its session now (its output joins the cache)."""
+        t = self._by_key.pop(key, None)
+        if t is not None and t.session is not None and t.key == key:
+            self._close(t)
+            self.stats["sessions_finished"] += 1
+
+    def close(self) -> None:
+        """Close every live session (their outputs join the response cache) and wait for it."""
+        for slot in list(self._lru):
+            self._close(self._slots[slot])
+        self.flush()
+
+    def flush(self) -> None:
+        """Wait for the sessions being closed in the background (their outputs then are in the cache)."""
+        if self._closer is not None:
+            self._closer.flush()
+
+    # -- tracking --------------------------------------------------------------------------
+    def _reset_tracking(self) -> None:
+        self._step = 0
+        self._slots: list[_Tracked | None] = [None] * self.max_sessions
+        self._free = list(range(self.max_sessions - 1, -1, -1))
+        self._slot_len = np.zeros(self.max_sessions, np.int64)  # 0: free slot
+        self._slot_hash = np.zeros(self.max_sessions, _M64)
+        self._lru: collections.OrderedDict[int, None] = collections.OrderedDict()  # slot, least recently seen first
+        self._by_key: dict = {}  # the engine's key -> the session it held last step
+        self._last_end: float | None = None  # when the last step ended, and its number
+        self._ended_step = 0
+        self._rng = np.random.default_rng(0x5AFF15)
+        self._rand = np.zeros(0, _M64)
+
+    def _weights(self, n: int) -> np.ndarray:
+        """R[0:n] of the hash, grown by appending (stored hashes stay valid)."""
+        have = self._rand.shape[0]
+        if have < n:
+            more = max(n - have, have, self.max_model_len or 0, 1024)
+            block = self._rng.integers(0, 2**63, more, dtype=np.uint64) * _M64(2) + _M64(1)  # odd weights
+            self._rand = np.concatenate((self._rand, block))
+        return self._rand
+
+    def _hash(self, tokens: np.ndarray, start: int) -> np.ndarray:
+        """The hash of `tokens` placed at `start`, as a uint64[1] (arrays wrap mod 2**64 silently)."""
+        w = self._weights(start + tokens.shape[0])[start : start + tokens.shape[0]]
+        return np.atleast_1d(((tokens.astype(_M64) + _M64(1)) * w).sum(dtype=_M64))
+
+    def _continues(self, t: _Tracked, row: np.ndarray, n: int) -> bool:
+        L = t.length
+        if n < L:
+            return False
+        w = t.head.shape[0]
+        return np.array_equal(row[:w], t.head) and np.array_equal(row[L - t.tail.shape[0] : L], t.tail)
+
+    def _find(self, row: np.ndarray, n: int, taken: set) -> _Tracked | None:
+        """The live session, not yet taken this step, whose tokens are the longest prefix of row[:n]."""
+        if not self._lru:
+            return None
+        lens = self._slot_len
+        cand = np.flatnonzero((lens > 0) & (lens <= n))
+        if cand.shape[0] == 0:
+            return None
+        prefix = np.empty(n + 1, _M64)
+        prefix[0] = 0
+        w = self._weights(n)[:n]
+        np.cumsum((row[:n].astype(_M64) + _M64(1)) * w, out=prefix[1:])
+        hit = cand[prefix[lens[cand]] == self._slot_hash[cand]]
+        best = None
+        for slot in hit[np.argsort(-lens[hit], kind="stable")].tolist():
+            if slot not in taken:
+                t = self._slots[slot]
+                if self._continues(t, row, n):  # guards against a hash collision
+                    best = t
+                    break
+        return best
+
+    def _start(self, row: np.ndarray, n: int, m: int) -> _Tracked:
+        if not self._free:
+            oldest = next(iter(self._lru))
+            self._close(self._slots[oldest])
+            self.stats["sessions_evicted"] += 1
+        slot = self._free.pop()
+        cut = n - m if n - m >= 1 else n
+        t = _Tracked()
+        t.session = self.proposer.start(row[:cut], filter=self.filter)
+        t.slot = slot
+        t.length = cut
+        t.head = row[: min(CHECK_TOKENS, cut)].copy()
+        t.tail = row[max(0, cut - CHECK_TOKENS) : cut].copy()
+        t.last_step = self._step
+        t.key = None
+        t.last_draft = 0
+        self._slots[slot] = t
+        self._slot_len[slot] = cut
+        self._slot_hash[slot : slot + 1] = self._hash(row[:cut], 0)
+        self._lru[slot] = None
+        return t
+
+    def _extend(self, t: _Tracked, row: np.ndarray, n: int) -> None:
+        L = t.length
+        new = row[L:n]
+        t.session.extend(new)
+        self._slot_hash[t.slot : t.slot + 1] += self._hash(new, L)
+        t.length = n
+        self._slot_len[t.slot] = n
+        if t.head.shape[0] < CHECK_TOKENS:
+            t.head = row[: min(CHECK_TOKENS, n)].copy()
+        t.tail = row[max(0, n - CHECK_TOKENS) : n].copy()
+
+    def _close(self, t: _Tracked) -> None:
+        slot = t.slot
+        session, t.session = t.session, None
+        if t.key is not None and self._by_key.get(t.key) is t:
+            del self._by_key[t.key]
+        t.key = None
+        del self._lru[slot]
+        self._slots[slot] = None
+        self._slot_len[slot] = 0
+        self._free.append(slot)
+        if self._closer is not None:
+            self._closer.submit(session)
+        else:
+            session.close()
+        self.stats["sessions_closed"] += 1
+
+    def _expire(self, step: int) -> None:
+        while self._lru:
+            slot = next(iter(self._lru))
+            t = self._slots[slot]
+            if step - t.last_step < self.timeout_steps:
+                break
+            self._close(t)
+
+
+
+    def _track(self, key, row: np.ndarray, n: int, m: int, taken: set):
+        """The session row `row[:n]` (held at `key`, `m` tokens sampled) continues, extended to n
+        tokens, and how it was found: "continued", "refound" or "started"."""
+        t = self._by_key.get(key)
+        how = "continued"
+        if t is None or t.session is None or t.slot in taken or not self._continues(t, row, n):
+            how = "refound"
+            t = self._find(row, n, taken)
+            if t is None:
+                how = "started"
+                t = self._start(row, n, m)
+        self.stats["sessions_" + how] += how != "continued"
+        if n > t.length:
+            self._extend(t, row, n)
+        if t.key is not None and t.key != key and self._by_key.get(t.key) is t:
+            del self._by_key[t.key]  # the request moved: its old key no longer holds it
+        t.key = key
+        self._by_key[key] = t
+        self._lru.move_to_end(t.slot)
+        taken.add(t.slot)
+        return t, how
+
+    # -- drafting --------------------------------------------------------------------------
+    def _draft(self, rows, tracked, limits, drafts, n_rows: int) -> None:
+        trees = self.proposer.propose_batch([t.session for t in tracked], self.max_nodes)
+        out_tok, lengths = self.linear_drafts(trees, limits, n_rows)
+        for i in np.flatnonzero(lengths).tolist():
+            drafts[rows[i]] = out_tok[i, : lengths[i]].tolist()
+            tracked[i].last_draft = int(lengths[i])
+        self.stats["rows_drafted"] += int(np.count_nonzero(lengths))
+        self.stats["draft_tokens"] += int(lengths.sum())
+
+    def linear_drafts(self, trees, limits, batch: int):
+        """(tokens [b, k], lengths [b]): each tree's linear draft, paths and lengths chosen together
+        by expected accepted tokens per unit of the cost of a step of `batch` rows (`vllm_drafting`)."""
+        b = len(trees)
+        counts = np.array([len(tr) for tr in trees], np.int64)
+        starts = np.zeros(b, np.int64)
+        np.cumsum(counts[:-1], out=starts[1:])
+        out_tok = np.zeros((b, self.k), np.int64)
+        lengths = np.zeros(b, np.int64)
+        if not int(counts.sum()):
+            return out_tok, lengths
+        cat = [np.concatenate([getattr(tr, f) for tr in trees]) for f in ("tokens", "parents", "depths", "scores")]
+        values = np.empty((b, self.k + 1), np.float64)
+        nodes = np.empty((b, self.k + 1), np.int64)
+        path_values(cat[0], cat[1], cat[2], cat[3], starts, counts, np.array(limits, np.int64), self.vocab_size, values, nodes)
+        # rows outside the drafting set (prefills) still take a token each in the step
+        extra = batch - b
+        lengths = plan_lengths(values, lambda tokens: self.cost(np.asarray(tokens) + extra, batch))
+        write_paths(cat[0], cat[1], starts, nodes, lengths, out_tok)
+        return out_tok, lengths
+
+    def _warm_up(self) -> None:
+        """Compile and run every kernel a step uses: the proposer's on a throwaway proposer of the same
+        knobs (`warm_kernels`), then the adapter's own."""
+        warm_kernels(self.corpora or None, filter=self.filter, config=self.config)
+        self.linear_drafts([DraftTree.from_paths([[1, 2], [1, 3]]), DraftTree.empty()], [self.k, self.k], 2)
+        if not math.isfinite(float(np.asarray(self.cost(1, 1))[()])):
+            raise BadInputError("step_cost: the cost of a one-token step is not finite", param="step_cost")
