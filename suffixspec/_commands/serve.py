@@ -24,9 +24,11 @@ import threading
 import time
 
 from ..errors import BadInputError
+from ..http.limits import Limits
 from .args import open_corpora, parse_budget
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
+DEFAULT_LIMITS = Limits()
 LOG_QUEUE = 10000
 
 
@@ -55,6 +57,16 @@ def add_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
     p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
+    p.add_argument("--max-body-bytes", type=int, default=DEFAULT_LIMITS.max_body_bytes, metavar="N",
+                   help="largest request body; a larger one answers 413 without being read "
+                        f"(default {DEFAULT_LIMITS.max_body_bytes}, 4 MiB)")
+    p.add_argument("--read-timeout", type=float, default=DEFAULT_LIMITS.read_timeout_s, metavar="S",
+                   help="most seconds a client may take to send a request's head, and again its body; then 408 "
+                        f"and the connection closes (default {DEFAULT_LIMITS.read_timeout_s:g})")
+    p.add_argument("--keep-alive", type=float, default=5.0, metavar="S",
+                   help="an idle keep-alive connection is closed after S seconds (default 5)")
+    p.add_argument("--max-connections", type=int, default=1000, metavar="N",
+                   help="open connections beyond which new requests answer 503 (default 1000)")
     p.set_defaults(func=run)
 
 
@@ -83,7 +95,7 @@ def setup_logging() -> logging.handlers.QueueListener:
 
 
 def _check(args) -> None:
-    for name in ("max_batch", "max_queue", "max_new_tokens_limit"):
+    for name in ("max_batch", "max_queue", "max_new_tokens_limit", "max_body_bytes", "max_connections"):
         if getattr(args, name) < 1:
             flag = f"--{name.replace('_', '-')}"
             raise BadInputError(f"{flag}: expected >= 1, got {getattr(args, name)}", param=flag)
@@ -93,6 +105,9 @@ def _check(args) -> None:
         raise BadInputError(f"--threads: expected >= 1, got {args.threads}", param="--threads")
     if args.grace_period < 0:
         raise BadInputError(f"--grace-period: expected >= 0, got {args.grace_period}", param="--grace-period")
+    for flag, value in (("--read-timeout", args.read_timeout), ("--keep-alive", args.keep_alive)):
+        if not value > 0:
+            raise BadInputError(f"{flag}: expected seconds > 0, got {value}", param=flag)
 
 
 def run(args) -> int:
@@ -107,13 +122,16 @@ def run(args) -> int:
     import uvicorn
 
     from ..http.app import AppState, create_app
+    from ..http.connection import head_deadline_protocol
 
     listener = setup_logging()
     log = logging.getLogger("suffixspec.serve")
     names = list(args.served_model_name) or [_default_name(args.model)]
-    state = AppState(names, api_key=api_key)
+    state = AppState(names, api_key=api_key, limits=Limits(args.max_body_bytes, args.read_timeout))
     config = uvicorn.Config(create_app(state), host=args.host, port=args.port, log_config=None, access_log=False,
-                            timeout_graceful_shutdown=max(1.0, args.grace_period), lifespan="off")
+                            timeout_graceful_shutdown=max(1.0, args.grace_period), lifespan="off",
+                            http=head_deadline_protocol(args.read_timeout), timeout_keep_alive=args.keep_alive,
+                            limit_concurrency=args.max_connections)
     server = DrainingServer(config, state, args.grace_period)
 
     def load() -> None:

@@ -12,5 +12,8 @@ Importing this package imports nothing heavy; its modules are:
 * `engine_loop`: the one engine thread that owns the `engine.Server`, request handles, the bounded
   queue, cancellation, drain and health.
 * `metrics`: the Prometheus metrics (prometheus-client, a registry of the server's own).
+* `limits`: what a body must be before it is parsed (size, read deadline, Content-Type, UTF-8, nesting,
+  lone surrogates).
+* `connection`: uvicorn's h11 connection with a deadline on each request's head.
 * `app`: the Starlette application (routes, authentication, server-sent events); imports the web stack.
 """

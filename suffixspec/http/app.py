@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .engine_loop import EngineLoop, Final, Handle, Tokens
+from .limits import ClientGone, Limits, read_json
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, GenerationRequest, ModelContext
 from .text import TextAssembler
@@ -52,8 +53,10 @@ log = logging.getLogger(__name__)
 class AppState:
     """What the routes share. `engine` and `ctx` stay None until the model is loaded."""
 
-    def __init__(self, names: list[str], api_key: str | None = None, metrics: Metrics | None = None):
+    def __init__(self, names: list[str], api_key: str | None = None, metrics: Metrics | None = None,
+                 limits: Limits | None = None):
         self.names = list(names)
+        self.limits = limits or Limits()
         self.api_key = api_key.encode() if api_key else None
         self.metrics = metrics or Metrics()
         self.engine: EngineLoop | None = None
@@ -191,10 +194,14 @@ class Routes:
         except APIError as err:
             self.metrics.http_request(path, err.status)
             return error_response(err)
-        except Exception as exc:  # noqa: BLE001 - a bug must still answer with an error object
+        except ClientGone as gone:
+            log.info("%s: %s", path, gone)
+            self.metrics.http_request(path, 499)
+            return Response(status_code=499)  # nobody reads it: the connection is gone
+        except Exception:  # noqa: BLE001 - a bug must still answer with an error object
             log.exception("request handling failed")
             self.metrics.http_request(path, 500)
-            return error_response(APIError(500, f"internal error: {type(exc).__name__}: {exc}"))
+            return error_response(APIError(500, "internal error; the server's log has the details"))
         inflight = Inflight(self.state, engine, handle, request)
         try:
             await handle.wait_accepted()
@@ -219,11 +226,7 @@ class Routes:
         engine, ctx = self.state.ready()
         engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
         try:
-            raw = await request.body()
-            try:
-                body = json.loads(raw)
-            except (ValueError, UnicodeDecodeError) as exc:
-                raise APIError(400, f"the request body is not valid JSON: {exc}", code="invalid_json") from None
+            body = await read_json(request, self.state.limits)
             req = protocol.parse_request(body, kind, ctx)
             handle = Handle(req)
             engine.submit(handle)
@@ -330,4 +333,4 @@ async def http_error(request: Request, exc: HTTPException) -> Response:
 
 async def server_error(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
-    return error_response(APIError(500, f"internal error: {type(exc).__name__}"))
+    return error_response(APIError(500, "internal error; the server's log has the details"))

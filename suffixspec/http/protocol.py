@@ -61,7 +61,8 @@ class APIError(Exception):
 
 def _error_type(status: int) -> str:
     return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            429: "rate_limit_error", 503: "service_unavailable"}.get(status, "server_error")
+            429: "rate_limit_error", 503: "service_unavailable"}.get(
+        status, "invalid_request_error" if 400 <= status < 500 else "server_error")
 
 
 def bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
