@@ -147,19 +147,25 @@ class DraftCore:
         self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
         self.max_nodes = self.config.max_nodes
         self.stats = collections.Counter()
+        self.scores: list[list[float]] = []  # the last step's drafts' node scores, per row
         self._warm_up()
         self.proposer = Proposer(self.corpora or None, config=self.config)
         self._reset_tracking()
 
     # -- the step --------------------------------------------------------------------------
-    def step(self, keys, sampled, lengths, table, limit_len: int | None = None) -> list[list[int]]:
+    def step(self, keys, sampled, lengths, table, limit_len: int | None = None, k: int | None = None,
+             fixed_width: bool = False) -> list[list[int]]:
         """One draft (a list of Python ints, possibly empty) per row: row r, held at `keys[r]`, sampled
-        `sampled[r]` tokens this step and holds `table[r, :lengths[r]]`; no draft reaches `limit_len`
-        tokens (default: the model's length)."""
+        `sampled[r]` tokens this step and holds `table[r, :lengths[r]]`; no draft is longer than `k`
+        (default: the configured draft length) or reaches `limit_len` tokens (default: the model's
+        length). `fixed_width`: the engine verifies k tokens a row whatever the draft, so every row
+        takes its best path up to k (no cost cut). `scores` holds each row's draft's node scores."""
         n_rows = len(keys)
         drafts: list[list[int]] = [[] for _ in range(n_rows)]
+        self.scores: list[list[float]] = [[] for _ in range(n_rows)]
         if n_rows == 0:
             return drafts
+        k = min(int(k or self.k), self.k)
         t0 = time.perf_counter()
         self._step += 1
         step = self._step
@@ -178,7 +184,7 @@ class DraftCore:
             verified += 1 + t.last_draft
             t.last_step = step
             t.last_draft = 0
-            room = min(self.k, limit_len - n - 1)
+            room = min(k, limit_len - n - 1)
             if room > 0:
                 rows.append(r)
                 tracked.append(t)
@@ -188,7 +194,7 @@ class DraftCore:
             self.cost.observe(verified, t0 - self._last_end, len(taken))
             self.stats["steps_measured"] += 1
         if tracked:
-            self._draft(rows, tracked, limits, drafts, n_rows)
+            self._draft(rows, tracked, limits, drafts, n_rows, k if fixed_width else None)
         end = time.perf_counter()
         self.stats["propose_seconds"] += end - t0
         self._last_end, self._ended_step = end, step
@@ -362,35 +368,42 @@ class DraftCore:
         return t, how
 
     # -- drafting --------------------------------------------------------------------------
-    def _draft(self, rows, tracked, limits, drafts, n_rows: int) -> None:
+    def _draft(self, rows, tracked, limits, drafts, n_rows: int, width: int | None) -> None:
         trees = self.proposer.propose_batch([t.session for t in tracked], self.max_nodes)
-        out_tok, lengths = self.linear_drafts(trees, limits, n_rows)
+        out_tok, out_score, lengths = self.linear_drafts(trees, limits, n_rows, fixed=width is not None)
         for i in np.flatnonzero(lengths).tolist():
             drafts[rows[i]] = out_tok[i, : lengths[i]].tolist()
-            tracked[i].last_draft = int(lengths[i])
+            self.scores[rows[i]] = out_score[i, : lengths[i]].tolist()
+        for i, t in enumerate(tracked):
+            t.last_draft = int(lengths[i]) if width is None else width
         self.stats["rows_drafted"] += int(np.count_nonzero(lengths))
         self.stats["draft_tokens"] += int(lengths.sum())
 
-    def linear_drafts(self, trees, limits, batch: int):
-        """(tokens [b, k], lengths [b]): each tree's linear draft, paths and lengths chosen together
-        by expected accepted tokens per unit of the cost of a step of `batch` rows (`vllm_drafting`)."""
+    def linear_drafts(self, trees, limits, batch: int, fixed: bool = False):
+        """(tokens [b, k], scores [b, k], lengths [b]): each tree's linear draft, paths and lengths
+        chosen together by expected accepted tokens per unit of the cost of a step of `batch` rows
+        (`vllm_drafting`); `fixed`: a step costs the same whatever the drafts (the best path each)."""
         b = len(trees)
         counts = np.array([len(tr) for tr in trees], np.int64)
         starts = np.zeros(b, np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
         out_tok = np.zeros((b, self.k), np.int64)
+        out_score = np.zeros((b, self.k), np.float64)
         lengths = np.zeros(b, np.int64)
         if not int(counts.sum()):
-            return out_tok, lengths
+            return out_tok, out_score, lengths
         cat = [np.concatenate([getattr(tr, f) for tr in trees]) for f in ("tokens", "parents", "depths", "scores")]
         values = np.empty((b, self.k + 1), np.float64)
         nodes = np.empty((b, self.k + 1), np.int64)
         path_values(cat[0], cat[1], cat[2], cat[3], starts, counts, np.array(limits, np.int64), self.vocab_size, values, nodes)
         # rows outside the drafting set (prefills) still take a token each in the step
         extra = batch - b
-        lengths = plan_lengths(values, lambda tokens: self.cost(np.asarray(tokens) + extra, batch))
-        write_paths(cat[0], cat[1], starts, nodes, lengths, out_tok)
-        return out_tok, lengths
+        if fixed:
+            lengths = plan_lengths(values, lambda tokens: 1.0 + 1e-9 * np.asarray(tokens, np.float64))
+        else:
+            lengths = plan_lengths(values, lambda tokens: self.cost(np.asarray(tokens) + extra, batch))
+        write_paths(cat[0], cat[1], starts, nodes, lengths, out_tok, out_score, cat[3])
+        return out_tok, out_score, lengths
 
     def _warm_up(self) -> None:
         """Compile and run every kernel a step uses: the proposer's on a throwaway proposer of the same
