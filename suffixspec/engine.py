@@ -56,6 +56,7 @@ from .fallback import plain_generate
 from .lifecycle import PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
 from .prediction import Prediction, with_path
+from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from .tree import DraftTree, prune_tree
 
@@ -121,21 +122,6 @@ def _close_logged(close, *args) -> None:
         log.warning("closing a finished request's proposer session failed: %r", exc)
 
 
-def prefill_groups(requests: list[Request], waste: float = 0.25) -> list[list[Request]]:
-    """Newcomers grouped by prompt length so that left padding adds at most `waste` of a group's tokens."""
-    groups: list[list[Request]] = []
-    total = 0
-    for rq in sorted(requests, key=lambda rq: len(rq.pending)):
-        n = len(rq.pending)
-        if groups and (len(groups[-1]) + 1) * n <= (1.0 + waste) * (total + n):
-            groups[-1].append(rq)
-            total += n
-        else:
-            groups.append([rq])
-            total = n
-    return groups
-
-
 class Server:
     """Continuous batching over a `SpeculativeGenerator` (built by `SpeculativeGenerator.serve`).
 
@@ -143,11 +129,14 @@ class Server:
     `max_new_tokens`, `do_sample`, `temperature`, `top_k`, `top_p`, `seed`, `eos_token_id`, `stop`,
     `logits_processor`, `budget`). `max_batch`: most requests decoded together (None: no limit).
     `stream(index, tokens)`: called with each round's committed tokens. `filter`: the corpus document
-    filter of requests added without one. `clock`: seconds."""
+    filter of requests added without one. `max_step_tokens`: most prompt tokens (padding included)
+    a step feeds to the model; a longer prompt is read in chunks over several steps (`prefill`).
+    `clock`: seconds."""
 
     def __init__(self, gen, *, options: DecodeOptions | None = None, max_batch: int | None = None,
                  stream: Callable[[int, list[int]], Any] | None = None, filter=None,
-                 clock: Callable[[], float] = time.perf_counter, **option_fields):
+                 max_step_tokens: int | None = None, clock: Callable[[], float] = time.perf_counter,
+                 **option_fields):
         from .verify import KVState
 
         if options is None:
@@ -155,6 +144,8 @@ class Server:
         elif option_fields:
             options = options.replace(**option_fields)
         check_int(max_batch, "max_batch", low=1, none_ok=True)
+        check_int(max_step_tokens, "max_step_tokens", low=1, none_ok=True)
+        self.max_step_tokens = DEFAULT_MAX_STEP_TOKENS if max_step_tokens is None else int(max_step_tokens)
         self.gen = gen
         self.model = gen.model
         self.tokenizer = gen.tokenizer
@@ -171,6 +162,7 @@ class Server:
         self._next = 0
         self._waiting: deque[Request] = deque()  # the WAITING requests, in arrival order
         self._rows: list[Request] = []  # the RUNNING requests in the batch: the rows of self._state, in order
+        self._job: PrefillJob | None = None  # a RUNNING request whose long prompt is being read
         self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
         self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
         self._closing: list[PendingClose] = []  # finished requests' sessions, closed by _flush_closes
@@ -200,8 +192,13 @@ class Server:
         return len(self._waiting)
 
     @property
+    def prefilling(self) -> int:
+        """Requests whose prompts are being read over several steps (0 or 1)."""
+        return int(self._job is not None)
+
+    @property
     def idle(self) -> bool:
-        return not self._rows and not self._waiting
+        return not self._rows and not self._waiting and self._job is None
 
     def add(self, prompt, *, max_new_tokens: int | None = None, key: int | None = None, filter=None,
             request_id=None, options: DecodeOptions | None = None, prediction=None) -> int:
@@ -296,9 +293,10 @@ class Server:
             return step
         if not self._rows:
             self._state = self._new_state(0)
-        free = len(self._waiting) if self.max_batch is None else min(len(self._waiting), self.max_batch - len(self._rows))
-        # the running rows wait for at most one admission between two of their rounds
-        if free > 0 and not (self._rows and self._admitted_last):
+        slots = None if self.max_batch is None else self.max_batch - len(self._rows) - self.prefilling
+        free = len(self._waiting) if slots is None else min(len(self._waiting), slots)
+        # the running rows wait for at most one admission (a bounded prefill step) between two rounds
+        if (free > 0 or self._job is not None) and not (self._rows and self._admitted_last):
             self._admitted_last = bool(self._rows)  # it held running rows back
             self._admit(free, step)
         elif self._rows:
@@ -327,30 +325,76 @@ class Server:
             self.stats.e2e_s = self.now()
 
     def _admit(self, free: int, step: Step) -> None:
-        """The first `free` waiting requests: their prefill rounds (grouped by prompt length), then
-        their cache rows join the running batch."""
+        """Up to `free` waiting requests and the prefill in progress, within `max_step_tokens` fed
+        tokens: groups that fit are read in one pass each (their first round), then the rows join
+        the running batch; the first prompt too long for the step becomes the prefill job (if none is
+        in progress); the job then reads its next chunk with what is left. Newcomers not started
+        stay at the head of the queue, in their order."""
+        budget, spent, back = self.max_step_tokens, 0, []
         newcomers = [self._waiting.popleft() for _ in range(free)]
-        for rq in newcomers:
+        for group in prefill_groups(newcomers, max_tokens=budget):
+            tokens = len(group) * max(len(rq.pending) for rq in group)
+            if spent + tokens <= budget:
+                self._start(group)
+                spent += tokens
+                self._first_round(group, self._new_state(len(group)), step)
+            elif len(group) == 1 and tokens > budget and self._job is None:
+                self._start(group)
+                self._job = PrefillJob(group[0], self._new_state(1))
+            else:
+                back.extend(group)
+        for rq in sorted(back, key=lambda rq: rq.index, reverse=True):
+            self._waiting.appendleft(rq)
+        step.admitted.extend(rq.index for rq in newcomers if rq.stage is not Stage.WAITING)  # in arrival order
+        left = budget - spent
+        if self._job is not None and left >= min(budget // 4, self._job.remaining):
+            spent += self._advance_job(left, step)
+        if spent:
+            self.stats.prefill_steps += 1
+            self.stats.prefill_tokens += spent
+        self._cadence.wake()  # a newcomer may draft well: the next round looks
+
+    def _start(self, group: list[Request]) -> None:
+        for rq in group:
             rq.move(Stage.RUNNING)
             rq.stats.queue_s = self.now() - rq.added_s
-            step.admitted.append(rq.index)
-        for group in prefill_groups(newcomers):
-            try:
-                # a prefill too short to carry any tree within the policy's slack leaves its automatic
-                # rows' session set-up to their first drafting round, off their time to first token
-                room = self.policy.prefill_may_draft(len(group), max(len(rq.pending) for rq in group))
-                for rq in group:
-                    if room or not rq.auto or rq.filter is not None or rq.prediction is not None:
-                        rq.open(self.gen.proposer)
-                    else:
-                        rq.defer()
-                state = self._new_state(len(group))
-                kept = self._round(state, group, step.events, drafts=True)
-                self._state.add_rows(state)
-                self._rows.extend(kept)
-            except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
-                self._rows.extend(self._isolate(group, exc, step.events))
-        self._cadence.wake()  # a newcomer may draft well: the next round looks
+
+    def _first_round(self, group: list[Request], state, step: Step) -> None:
+        """The group's first round over its (remaining) prompts in `state`; its rows join the batch."""
+        try:
+            # a prefill too short to carry any tree within the policy's slack leaves its automatic
+            # rows' session set-up to their first drafting round, off their time to first token
+            room = self.policy.prefill_may_draft(len(group), max(len(rq.pending) for rq in group))
+            for rq in group:
+                if room or not rq.auto or rq.filter is not None or rq.prediction is not None:
+                    rq.open(self.gen.proposer)
+                else:
+                    rq.defer()
+            kept = self._round(state, group, step.events, drafts=True)
+            self._state.add_rows(state)
+            self._rows.extend(kept)
+        except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
+            self._rows.extend(self._isolate(group, exc, step.events))
+
+    def _advance_job(self, tokens: int, step: Step) -> int:
+        """The prefill job reads its next chunk of at most `tokens`, or, when the rest fits, runs its
+        first round and joins the batch. Returns the prompt tokens fed."""
+        job = self._job
+        if job.remaining <= tokens:
+            self._job = None
+            fed = job.remaining
+            self._first_round([job.request], job.state, step)
+            return fed
+        t = self._clock()
+        try:
+            fed = job.feed(tokens)
+        except Exception as exc:  # noqa: BLE001 - this request's own failure
+            self._job = None
+            self._isolate([job.request], exc, step.events)
+            return 0
+        self.stats.verifier_s += self._clock() - t
+        self.stats.prefill_chunks += 1
+        return fed
 
     def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
                cadence: DraftCadence | None = None) -> list[Request]:
@@ -577,9 +621,14 @@ class Server:
                 _close_logged(session.close)
 
     def _drop_cancelled(self, step: Step) -> None:
-        if not any(rq.cancelled for rq in self._rows) and not any(rq.cancelled for rq in self._waiting):
+        job = self._job
+        if (not any(rq.cancelled for rq in self._rows) and not any(rq.cancelled for rq in self._waiting)
+                and not (job is not None and job.request.cancelled)):
             return
         now = self.now()
+        if job is not None and job.request.cancelled:
+            self._job = None
+            self._end(job.request, "cancelled", "", step.events, now)
         for rq in [rq for rq in self._waiting if rq.cancelled]:
             self._waiting.remove(rq)
             self._end(rq, "cancelled", "", step.events, now)
@@ -657,11 +706,11 @@ class Server:
 
     def close(self) -> None:
         """Close every live proposer session (requests still running or waiting are abandoned)."""
-        for rq in [*self._rows, *self._waiting]:
+        for rq in [*self._rows, *self._waiting, *([self._job.request] if self._job is not None else [])]:
             self._close_session(rq)
             rq.move(Stage.FINISHED)
         self.upkeep()
-        self._rows, self._waiting = [], deque()
+        self._rows, self._waiting, self._job = [], deque(), None
         self._state = self._new_state(0)
 
     def run(self) -> GenerationResult:

@@ -94,6 +94,11 @@ class GenerationStats:
     budget_nodes: int = 0
     budget_rows: int = 0
     fallback: str | None = None  # why speculation was off for the whole run, if it was
+    # prompts read: tokens fed by prefill passes (first rounds and chunks), steps that admitted,
+    # and the passes that read a chunk of a long prompt (not yet its first round)
+    prefill_tokens: int = 0
+    prefill_steps: int = 0
+    prefill_chunks: int = 0
 
     def forget_rounds(self) -> None:
         """Zero the run's round counts, timers and draft sizes (a warm-up's); requests, `e2e_s`, peak
@@ -177,6 +182,9 @@ class GenerationStats:
             "peak_memory_bytes": self.peak_memory_bytes,
             "mean_budget": self.mean_budget,
             "fallback": self.fallback,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_steps": self.prefill_steps,
+            "prefill_chunks": self.prefill_chunks,
             "per_request": [r.to_dict() for r in self.requests],
         }
 

@@ -123,7 +123,7 @@ def test_serve_rejects_bad_options():
 
 
 def test_prefill_groups_bound_the_padding():
-    from suffixspec.engine import prefill_groups
+    from suffixspec.prefill import prefill_groups
     from suffixspec.lifecycle import Request
 
     lives = [Request(i, i, 8, None, "auto", [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
