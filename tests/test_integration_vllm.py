@@ -437,3 +437,31 @@ def test_corpus_and_filter(tmp_path):
 def test_warm_up_compiles_the_path_kernel():
     SuffixSpecProposer(config())
     assert path_values.signatures  # compiled in __init__, not on the first step
+
+
+def test_the_step_cost_is_measured_from_the_time_between_calls(monkeypatch):
+    """Each pure decode step is observed once: the time from the end of the last `propose` to the
+    start of this one, the rows' last drafts plus their bonus tokens, the rows; steps with a prefill
+    or a request joining are not."""
+    import suffixspec.integrations.vllm_core as core_mod
+
+    p = SuffixSpecProposer(config(k=4))
+    now = [0.0]
+    monkeypatch.setattr(core_mod.time, "perf_counter", lambda: now[0])
+    seen = []
+    monkeypatch.setattr(p.core.cost, "observe", lambda tokens, seconds, batch: seen.append((tokens, round(seconds, 9), batch)))
+    engine = FakeEngine(p, rows=2)
+    a, b = copy_requests(2, seed=21, answer_len=120)
+    a.prefill_left = b.prefill_left = 1
+    engine.add(a)
+    engine.add(b)
+    want = []
+    for i in range(12):
+        verified = sum(1 + len(r.draft) for r in (a, b))
+        now[0] += 0.01 * verified  # the engine's step: what it verified costs time
+        pure = i > 0
+        engine.step()
+        if pure:
+            want.append((verified, round(0.01 * verified, 9), 2))
+    assert seen == want and p.stats["steps_measured"] == 11
+    assert any(t > 2 for t, _, _ in seen)  # drafts were verified
