@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups"]
 
 # Chunks this long read a prompt within a few percent of one whole pass on a CPU, while a running
 # request waits at most one such chunk between two of its tokens.
-DEFAULT_MAX_STEP_TOKENS = 512
+DEFAULT_MAX_STEP_TOKENS = 256
 
 
 def prefill_groups(requests: list[Request], waste: float = 0.25, max_tokens: int | None = None) -> list[list[Request]]:
