@@ -57,6 +57,11 @@ def instances() -> list:
     return list(_INSTANCES)
 
 
+def register_instance(front_end) -> None:
+    """Count a front end among `instances()` (held weakly)."""
+    _INSTANCES.add(front_end)
+
+
 class SuffixSpecProposer:
     """vLLM `custom_class` proposer over a `DraftCore` (see the module docstring). Attributes not
     defined here (`stats`, `k`, `knobs`, `proposer`, `live_sessions`, `flush`, `close`, ...) are the
@@ -64,7 +69,7 @@ class SuffixSpecProposer:
 
     def __init__(self, vllm_config):
         self.core = DraftCore(read_vllm_config(vllm_config))
-        _INSTANCES.add(self)
+        register_instance(self)
 
     def __getattr__(self, name):
         if name == "core":  # not yet set: a failed __init__

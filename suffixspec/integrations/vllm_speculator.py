@@ -46,7 +46,7 @@ import torch
 from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
 
 from .. import BadInputTypeError
-from .vllm import _INSTANCES
+from .vllm import register_instance
 from .vllm_core import DraftCore
 from .vllm_options import read_vllm_config
 
@@ -91,7 +91,7 @@ class SuffixSpecSpeculator(BaseSpeculator):
         k = self.core.k
         self.drafts = torch.zeros((self.max_num_reqs, k), dtype=torch.int64, device=device)  # [max_num_reqs, k], batch order
         self.draft_token_confidence_probs = torch.zeros((self.max_num_reqs, k), dtype=torch.float32, device=device)
-        _INSTANCES.add(self)
+        register_instance(self)
 
     def __getattr__(self, name):
         if name == "core":  # not yet set: a failed __init__
