@@ -90,6 +90,7 @@ def sse(obj: Any) -> bytes:
 
 
 DONE = b"data: [DONE]\n\n"
+ABORT = "abort"  # the finish reason of a stream the server cut at shutdown (as vLLM names it)
 
 
 class AuthMiddleware:
@@ -212,7 +213,8 @@ class Routes:
         except BaseException:
             inflight.close()
             raise
-        answer = Answer(req, handle, TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos), path, self.metrics)
+        answer = Answer(req, handle, TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos), path, self.metrics,
+                        aborted=lambda: engine.aborted)
         if req.stream:
             self.metrics.http_request(path, 200)
             return EventStream(answer.chunks(), inflight.close)
@@ -265,10 +267,22 @@ class Answer:
     """An accepted request's events as its response: one JSON object (`collect`) or server-sent
     events (`chunks`)."""
 
-    def __init__(self, req: GenerationRequest, handle: Handle, asm: TextAssembler, path: str, metrics: Metrics):
+    def __init__(self, req: GenerationRequest, handle: Handle, asm: TextAssembler, path: str, metrics: Metrics,
+                 aborted=lambda: False):
         self.req, self.handle, self.asm = req, handle, asm
         self.path, self.metrics = path, metrics
+        self.aborted = aborted  # () -> whether the server cancelled every request (the drain's grace is over)
         self.rid, self.created = protocol.new_id(req.kind), int(time.time())
+
+    def _failure(self, final: Final) -> APIError:
+        """The error of a request that failed inside the engine (500) or was cancelled: by the server at
+        the end of a drain (503), else by its client (499, which nobody reads)."""
+        if final.reason == "error":
+            return APIError(500, f"the request failed inside the engine: {final.error}", code="engine_error")
+        if self.aborted():
+            return APIError(503, "the server shut down before the request finished (the drain's grace period "
+                                 "ended); retry on another replica", code="aborted")
+        return APIError(499, "the request was cancelled", code="cancelled")
 
     async def collect(self) -> Response:
         req, asm = self.req, self.asm
@@ -279,11 +293,9 @@ class Answer:
             else:
                 final = event
         if final.reason in ("error", "cancelled"):
-            status = 500 if final.reason == "error" else 499
-            self.metrics.http_request(self.path, status)
-            message = (f"the request failed inside the engine: {final.error}" if final.reason == "error"
-                       else "the request was cancelled")
-            return error_response(APIError(status, message, code="engine_error" if status == 500 else "cancelled"))
+            err = self._failure(final)
+            self.metrics.http_request(self.path, err.status)
+            return error_response(err)
         asm.finish(final.reason, final.tokens)
         build = protocol.chat_response if req.kind == "chat" else protocol.completion_response
         self.metrics.http_request(self.path, 200)
@@ -301,12 +313,14 @@ class Answer:
                     yield self._chunk(text)
                 continue
             final: Final = event
-            if final.reason == "cancelled":
-                return
-            if final.reason == "error":
-                self.metrics.http_request(self.path, 500)  # (its 200 was counted when the stream began)
-                yield sse(APIError(500, f"the request failed inside the engine: {final.error}",
-                                   code="engine_error").body())
+            if final.reason == "cancelled" and not self.aborted():
+                return  # its client went away: nobody reads on
+            if final.reason in ("error", "cancelled"):
+                err = self._failure(final)
+                self.metrics.http_request(self.path, err.status)  # (its 200 was counted when the stream began)
+                if final.reason == "cancelled":
+                    yield self._chunk(None, ABORT)  # (text held back, a partial character, stays unsent)
+                yield sse(err.body())
                 yield DONE
                 return
             rest = asm.finish(final.reason, final.tokens)

@@ -200,6 +200,7 @@ class EngineLoop:
         self.metrics = metrics
         self.stall_s = float(stall_s)
         self.draining = False
+        self.aborted = False  # cancel_all ran: a cancelled request was aborted by the server, not its client
         self.dead: str | None = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()
@@ -244,6 +245,8 @@ class EngineLoop:
             self._inbox.put(CancelRequest(handle))
 
     def cancel_all(self) -> None:
+        """Cancel every live request (the drain's grace period is over): their handlers answer "aborted"."""
+        self.aborted = True
         self._inbox.put(CancelAll())
 
     def health(self) -> tuple[bool, str]:
