@@ -3,14 +3,19 @@
 Each subcommand lives in `suffixspec/_commands/<name>.py`, which exposes
 `add_parser(subparsers)`; the parser it adds sets `func(args) -> int`. Commands print their
 results; a `SuffixSpecError` (or an OSError on a user-given path) becomes one line on stderr
-and exit status 2, never a traceback.
+and exit status 2, never a traceback. SIGINT and SIGTERM (but under `serve`, which drains on its
+own) become one line on stderr and exit status 130 / 143: the signal raises an exception in the main
+thread, so every `finally` of the command runs (workers stopped, temporary files removed, locks
+released), and further signals are ignored meanwhile so that cleanup is not cut short.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 from .errors import SuffixSpecError
 
@@ -32,11 +37,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Interrupted(BaseException):
+    """SIGINT or SIGTERM arrived (a BaseException, as KeyboardInterrupt: no `except Exception` stops it)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _interrupted(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):  # the cleanup this starts runs to its end
+        signal.signal(sig, signal.SIG_IGN)
+    raise Interrupted(signum)
+
+
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    handle = args.command != "serve" and threading.current_thread() is threading.main_thread()
+    before = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)} if handle else {}
     try:
         return int(args.func(args) or 0)
+    except Interrupted as exc:
+        print(f"suffixspec {args.command}: interrupted ({exc})", file=sys.stderr)
+        return 128 + exc.signum
     except SuffixSpecError as exc:
         print(f"suffixspec {args.command}: error: {exc}", file=sys.stderr)
         return 2
@@ -46,6 +70,11 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print(f"suffixspec {args.command}: interrupted", file=sys.stderr)
         return 130
+    finally:
+        for sig, old in before.items():
+            # in-process (a test, a script: argv given) the caller's handlers come back; as the command
+            # line, a signal after the work is done no longer changes the exit status
+            signal.signal(sig, old if argv is not None else signal.SIG_IGN)
 
 
 if __name__ == "__main__":

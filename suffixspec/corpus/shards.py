@@ -175,7 +175,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
 
 class ShardWriter:
     """Cuts documents into shards of about `shard_tokens` tokens and builds them, in `jobs`
-    worker processes when jobs > 1 (at most jobs + 1 shards in flight, to bound memory)."""
+    worker processes when jobs > 1 (at most jobs shards in flight, plus the one being filled, to bound
+    memory)."""
 
     def __init__(self, directory: Path, shard_tokens: int, jobs: int, first_shard: int = 0, doc_base: int = 0, progress=None,
                  vocab_size: int | None = None):
@@ -191,10 +192,10 @@ class ShardWriter:
         self._reset()
         self.pool = None
         if self.jobs > 1:
-            import multiprocessing
+            from .workers import WorkerPool
 
             # all workers fork now, before the caller's tokenizer starts its own threads
-            self.pool = multiprocessing.get_context("fork").Pool(self.jobs)
+            self.pool = WorkerPool(self.jobs)
 
     def _reset(self):
         self.buf, self.lens, self.ids, self.tags, self.n = [], [], [], [], 0
@@ -232,13 +233,13 @@ class ShardWriter:
         if self.pool is None:
             self._done(record, build_shard_file(*args))
         else:
-            self.pending.append((record, self.pool.apply_async(build_shard_file, args)))
-            while len(self.pending) > self.jobs:
+            while len(self.pending) >= self.jobs:  # a worker free for this one
                 self._done(*self._pop())
+            self.pending.append((record, self.pool.submit(build_shard_file, *args)))
 
     def _pop(self):
-        record, fut = self.pending.pop(0)
-        return record, fut.get()
+        record, ticket = self.pending.pop(0)
+        return record, self.pool.result(ticket)
 
     def _done(self, record, result):
         os.replace(record.pop("tmp"), self.directory / record["file"])
@@ -257,6 +258,5 @@ class ShardWriter:
 
     def close(self):
         if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+            self.pool.stop()
             self.pool = None
