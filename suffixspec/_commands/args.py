@@ -28,11 +28,20 @@ def parse_filters(items) -> dict[str, str]:
 
 
 def open_corpora(paths, tokenizer=None):
+    """The corpus indexes at `paths`; one that is missing, damaged or built with another tokenizer is
+    a `BadInputError` naming it (param "--corpus")."""
     if not paths:
         return []
     from ..corpus import CorpusIndex
+    from ..errors import SuffixSpecError
 
-    return [CorpusIndex.open(p, tokenizer=tokenizer) for p in paths]
+    out = []
+    for p in paths:
+        try:
+            out.append(CorpusIndex.open(p, tokenizer=tokenizer))
+        except (SuffixSpecError, OSError) as exc:
+            raise BadInputError(f"--corpus {p}: cannot open the corpus index: {exc}", param="--corpus") from None
+    return out
 
 
 def check_writer_args(args) -> None:

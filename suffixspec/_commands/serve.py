@@ -139,8 +139,11 @@ def run(args) -> int:
             _load(args, budget, template, state, log)
             log.info("ready: serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits
-            state.load_error = f"{type(exc).__name__}: {exc}"
-            log.error("loading the model failed: %s", state.load_error)
+            if getattr(exc, "param", None) == "--corpus":  # names the corpus, not the model
+                state.load_error = str(exc)
+            else:
+                state.load_error = f"the model failed to load: {type(exc).__name__}: {exc}"
+            log.error("%s", state.load_error)
             server.should_exit = True
 
     threading.Thread(target=load, name="suffixspec-load", daemon=True).start()
@@ -151,7 +154,7 @@ def run(args) -> int:
             state.engine.stop()
         listener.stop()
     if state.load_error is not None:
-        print(f"suffixspec serve: error: the model failed to load: {state.load_error}", file=sys.stderr)
+        print(f"suffixspec serve: error: {state.load_error}", file=sys.stderr)
         return 2
     return 0
 
@@ -185,6 +188,11 @@ def _load(args, budget, template, state, log) -> None:
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one", param="--model")
     corpora = open_corpora(args.corpus, tokenizer)
+    for ix in corpora:
+        info = ix.tokenizer_info
+        log.info("corpus %s: %d documents (%d deleted), %d tokens, tokenizer %s (%s)", ix.path, ix.n_documents,
+                 len(ix.deleted), ix.n_tokens, info.get("name"), str(info.get("fingerprint", ""))[:12])
+    state.metrics.corpora(corpora)
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
@@ -194,7 +202,7 @@ def _load(args, budget, template, state, log) -> None:
     ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,
                        max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
                        eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
-                       has_corpus=bool(corpora))
+                       has_corpus=bool(corpora), corpora=tuple(corpora))
     _warm_up(server, tokenizer, proposer)
     _freeze_heap()
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)

@@ -61,7 +61,7 @@ class AppState:
         self.metrics = metrics or Metrics()
         self.engine: EngineLoop | None = None
         self.ctx: ModelContext | None = None
-        self.load_error: str | None = None
+        self.load_error: str | None = None  # why loading failed, a whole sentence
         self.inflight = 0  # generation responses not yet complete
         self.created = int(time.time())
 
@@ -71,7 +71,7 @@ class AppState:
 
     def ready(self) -> tuple[EngineLoop, ModelContext]:
         if self.load_error is not None:
-            raise APIError(503, f"the model failed to load: {self.load_error}", code="load_failed")
+            raise APIError(503, self.load_error, code="load_failed")
         if self.engine is None or self.ctx is None:
             raise APIError(503, "the model is loading; retry shortly", code="loading",
                            headers={"Retry-After": "2"})
@@ -139,7 +139,10 @@ class EventStream:
 
 
 def _usage(req: GenerationRequest, final: Final) -> dict:
-    return protocol.usage(req.prompt_tokens, final.completion_tokens, final.prediction, final.stats)
+    stats = final.stats
+    if req.corpus_documents is not None:
+        stats = dict(stats, corpus_documents=req.corpus_documents)
+    return protocol.usage(req.prompt_tokens, final.completion_tokens, final.prediction, stats)
 
 
 def create_app(state: AppState) -> Starlette:
@@ -165,7 +168,7 @@ class Routes:
     async def health(self, request: Request) -> Response:
         state = self.state
         if state.load_error is not None:
-            return JSONResponse({"status": f"model failed to load: {state.load_error}"}, status_code=503)
+            return JSONResponse({"status": state.load_error}, status_code=503)
         if state.engine is None:
             return JSONResponse({"status": "loading"}, status_code=503)
         ok, reason = state.engine.health()

@@ -83,6 +83,16 @@ class ModelContext:
     fim_ids: tuple[int, int, int] | None = None
     budget: Any = "auto"  # the server's default budget
     has_corpus: bool = False  # a corpus index to draft from (`suffixspec.filter` needs one)
+    corpora: tuple = ()  # the opened `CorpusIndex`es, to count what a filter selects
+
+    def corpus_documents(self, flt: dict | None) -> int | None:
+        """Live documents of the corpora that `flt` selects (all of them without a filter); None
+        without a corpus."""
+        if not self.corpora:
+            return None
+        if not flt:
+            return sum(ix.n_documents - len(ix.deleted) for ix in self.corpora)
+        return sum(len(ix.subset(tags=flt)) for ix in self.corpora)
 
 
 @dataclass
@@ -98,6 +108,7 @@ class GenerationRequest:
     prediction_ids: list[int] | None = None
     filter: dict | None = None
     seeded: bool = False
+    corpus_documents: int | None = None  # corpus documents its filter selected (None: no corpus)
 
     @property
     def prompt_tokens(self) -> int:
@@ -377,7 +388,7 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
     except (BadInputError, BadInputTypeError) as exc:
         raise bad(str(exc), exc.param) from None
     return GenerationRequest(kind, model, prompt_ids, max_tokens, options, stream, include_usage, stops,
-                             prediction_ids, flt, seed is not None)
+                             prediction_ids, flt, seed is not None, ctx.corpus_documents(flt))
 
 
 # ----------------------------------------------------------------------------------- responses
