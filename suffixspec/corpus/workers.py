@@ -24,9 +24,13 @@ from ..errors import InternalError
 __all__ = ["WorkerPool"]
 
 
+SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _serve(conn) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # (blocked by the parent around the fork)
     while True:
         try:
             task = conn.recv()
@@ -51,13 +55,19 @@ class WorkerPool:
         self.idle: list[int] = []
         self.tickets: dict[int, int] = {}  # ticket -> worker busy with it
         self.next_ticket = 0
-        for i in range(jobs):
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_serve, args=(child,), name=f"suffixspec-shard-{i}", daemon=True)
-            proc.start()
-            child.close()
-            self.workers.append((proc, parent))
-            self.idle.append(i)
+        # Signals wait while forking: one arriving mid-fork would run the parent's handler inside the
+        # fork hooks (where its exception is swallowed) or in a child that has not set its own yet.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
+        try:
+            for i in range(jobs):
+                parent, child = ctx.Pipe()
+                proc = ctx.Process(target=_serve, args=(child,), name=f"suffixspec-shard-{i}", daemon=True)
+                proc.start()
+                child.close()
+                self.workers.append((proc, parent))
+                self.idle.append(i)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def submit(self, fn, *args) -> int:
         """Run `fn(*args)` on an idle worker (the caller keeps at most `jobs` calls outstanding)."""
