@@ -6,6 +6,10 @@ the output agrees, and re-anchors on the output's last tokens after a divergence
 or inserts text) and drafts the predicted tokens that come next as one path, scored by how this
 request's prediction has fared so far. `with_path` merges that path into the proposer's tree.
 Drafts never change what is committed: verification decides, so a wrong prediction costs speed only.
+
+`prediction_counts(prediction, output)` counts as OpenAI's usage does: accepted prediction tokens are
+those that appear in the completion (matched in order, as a diff of the two token sequences would
+keep them), rejected ones the rest of the prediction; how the drafts fared does not enter.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import numpy as np
 
 from .tree import DraftTree
 
-__all__ = ["Prediction", "with_path"]
+__all__ = ["Prediction", "with_path", "prediction_counts"]
 
 ANCHORS = (16, 12, 8)  # output tail lengths tried, longest first, to re-anchor after a divergence
 # (shorter tails, in code, match in many places: a wrong anchor drafts a wrong path first)
@@ -104,3 +108,14 @@ def with_path(tree: DraftTree, path: list[int], path_scores: np.ndarray) -> Draf
         if parents[i] >= 0 and scores[parents[i]] < scores[i]:
             scores[parents[i]] = scores[i]
     return DraftTree(tokens, parents, scores)
+
+
+def prediction_counts(prediction, output) -> tuple[int, int]:
+    """(accepted, rejected): prediction tokens kept in `output` in order (the matching blocks of a
+    diff; no junk heuristic, so repeated tokens count too), and the prediction's other tokens."""
+    from difflib import SequenceMatcher
+
+    predicted = [int(t) for t in prediction]
+    matcher = SequenceMatcher(None, predicted, [int(t) for t in output], autojunk=False)
+    accepted = sum(block.size for block in matcher.get_matching_blocks())
+    return accepted, len(predicted) - accepted

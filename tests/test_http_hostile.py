@@ -276,3 +276,29 @@ def test_a_client_hanging_up_mid_body_is_one_info_line(server):
     lines = [line for line in server.log().splitlines() if "hung up" in line]
     assert len(lines) == 1 and " INFO " in lines[0] and "22 bytes" in lines[0], lines
     assert "ClientDisconnect" not in server.log()
+
+
+# ----------------------------------------------------------------------------------- predicted outputs
+
+
+def test_predicted_output_counts(server):
+    """OpenAI's counts: accepted = prediction tokens found in the completion, rejected = the others."""
+    def ask(prediction):
+        body = {"model": "tiny", "prompt": "def f(x):\n", "max_tokens": 40, "temperature": 0,
+                "prediction": {"type": "content", "content": prediction}}
+        r = httpx.post(server.url + "/v1/completions", json=body, timeout=60)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    answer = completion(server, max_tokens=40).json()["choices"][0]["text"]
+    same = ask(answer)
+    assert same["choices"][0]["text"] == answer
+    details = same["usage"]["completion_tokens_details"]
+    assert details["rejected_prediction_tokens"] == 0 and details["accepted_prediction_tokens"] > 0, details
+    disjoint = ask("\u00e9\u00e8" * 20)["usage"]["completion_tokens_details"]
+    assert disjoint["accepted_prediction_tokens"] == 0 and disjoint["rejected_prediction_tokens"] > 0, disjoint
+    half = ask(answer[: len(answer) // 2] + "\u00e9\u00e8" * 10)["usage"]["completion_tokens_details"]
+    assert half["accepted_prediction_tokens"] > 0 and half["rejected_prediction_tokens"] > 0, half
+    assert half["accepted_prediction_tokens"] < details["accepted_prediction_tokens"]
+    print("prediction equal to the answer: tokens per round",
+          same["usage"]["suffixspec"]["tokens_per_round"], "rounds", same["usage"]["suffixspec"]["rounds"])

@@ -59,3 +59,17 @@ def test_with_path_is_the_union_of_root_paths():
         assert merged.tokens[: len(path)].tolist() == path  # the path's nodes come first
         par = merged.parents
         assert np.all(merged.scores[par[par >= 0]] >= merged.scores[par >= 0])  # never above a parent
+
+
+def test_prediction_counts_as_openai_defines_them():
+    from suffixspec.prediction import prediction_counts
+
+    answer = list(range(200, 240))
+    assert prediction_counts(answer, answer) == (40, 0)  # all accepted
+    assert prediction_counts(list(range(10, 50)), answer) == (0, 40)  # disjoint: all rejected
+    half = answer[:20] + list(range(900, 920))  # half right, half wrong
+    assert prediction_counts(half, answer) == (20, 20)
+    assert prediction_counts(answer, answer + [7] * 5) == (40, 0)  # extra output costs the prediction nothing
+    assert prediction_counts([], answer) == (0, 0)
+    edit = answer[:10] + [1, 2, 3] + answer[10:]  # an edit that drops three predicted tokens
+    assert prediction_counts(edit, answer) == (40, 3)

@@ -40,6 +40,7 @@ from starlette.routing import Route
 
 from . import protocol
 from .engine_loop import EngineLoop, Final, Handle, Tokens
+from ..prediction import prediction_counts
 from .limits import ClientGone, Limits, read_json
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, GenerationRequest, ModelContext
@@ -138,11 +139,17 @@ class EventStream:
             self.on_close()
 
 
-def _usage(req: GenerationRequest, final: Final) -> dict:
+def _usage(req: GenerationRequest, final: Final, text: str, encode) -> dict:
+    """The usage object. Prediction counts compare the prediction's tokens with the completion's text
+    tokenized the same way (`encode`): the tokens a model emits need not be the canonical tokenization
+    of their text, and an answer equal to its prediction must count all of it accepted."""
     stats = final.stats
     if req.corpus_documents is not None:
         stats = dict(stats, corpus_documents=req.corpus_documents)
-    return protocol.usage(req.prompt_tokens, final.completion_tokens, final.prediction, stats)
+    prediction = None
+    if req.prediction_ids is not None:
+        prediction = prediction_counts(req.prediction_ids, encode(text) if text else [])
+    return protocol.usage(req.prompt_tokens, final.completion_tokens, prediction, stats)
 
 
 def create_app(state: AppState) -> Starlette:
@@ -217,7 +224,7 @@ class Routes:
             inflight.close()
             raise
         answer = Answer(req, handle, TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos), path, self.metrics,
-                        aborted=lambda: engine.aborted)
+                        aborted=lambda: engine.aborted, encode=lambda text: ctx.tokenizer.encode(text))
         if req.stream:
             self.metrics.http_request(path, 200)
             return EventStream(answer.chunks(), inflight.close)
@@ -271,8 +278,9 @@ class Answer:
     events (`chunks`)."""
 
     def __init__(self, req: GenerationRequest, handle: Handle, asm: TextAssembler, path: str, metrics: Metrics,
-                 aborted=lambda: False):
+                 aborted=lambda: False, encode=lambda text: []):
         self.req, self.handle, self.asm = req, handle, asm
+        self.encode = encode  # text -> token ids, as the request's prediction was tokenized
         self.path, self.metrics = path, metrics
         self.aborted = aborted  # () -> whether the server cancelled every request (the drain's grace is over)
         self.rid, self.created = protocol.new_id(req.kind), int(time.time())
@@ -303,7 +311,7 @@ class Answer:
         build = protocol.chat_response if req.kind == "chat" else protocol.completion_response
         self.metrics.http_request(self.path, 200)
         return JSONResponse(build(self.rid, req.model, asm.text(), protocol.finish_reason(final.reason),
-                                  _usage(req, final), self.created))
+                                  _usage(req, final, asm.text(), self.encode), self.created))
 
     async def chunks(self) -> AsyncIterator[bytes]:
         req, asm = self.req, self.asm
@@ -327,7 +335,7 @@ class Answer:
                 yield DONE
                 return
             rest = asm.finish(final.reason, final.tokens)
-            use = _usage(req, final)
+            use = _usage(req, final, asm.text(), self.encode)
             yield self._chunk(rest, protocol.finish_reason(final.reason), None if req.include_usage else use)
             if req.include_usage:
                 yield self._chunk(None, None, use, choices=False)
