@@ -192,7 +192,9 @@ def append_documents(path, documents: Iterable, *, tokenizer, shard_tokens: int 
                 published = True
     except BaseException:
         writer.close()
-        if published:
+        # an interrupt may land after the manifest naming the new shards was written: then they stay
+        named = {s["file"] for s in (_current_meta(path) or {}).get("shards", [])}
+        if published or any(r["file"] in named for r in writer.records):
             raise
         for r in writer.records:  # shards no manifest names: remove them
             for p in (r.get("tmp"), path / r["file"]):
@@ -242,7 +244,9 @@ def delete_selected(path, documents=None, *, ids: Iterable[str] | None = None, t
             write_manifest(path, meta)
         except BaseException:
             tmp.unlink(missing_ok=True)
-            (path / name).unlink(missing_ok=True)
+            # an interrupt may land after the manifest naming the bitmap was written: then it stays
+            if ((_current_meta(path) or {}).get("deleted") or {}).get("file") != name:
+                (path / name).unlink(missing_ok=True)
             raise
         clean(path, meta)  # the previous bitmap, now that no manifest names it
         index.close()
