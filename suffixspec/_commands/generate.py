@@ -24,7 +24,7 @@ def add_parser(sub) -> None:
     p.add_argument("--chat", action="store_true",
                    help="the prompt is one user turn, rendered with the model's chat template (as `suffixspec serve` does)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template for --chat (default: the model's)")
-    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N")
+    p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="most tokens generated (default 128)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
     p.add_argument("--top-p", type=float, default=None, metavar="P")
     p.add_argument("--top-k", type=int, default=None, metavar="K")

@@ -7,10 +7,10 @@ import time
 
 def add_parser(subparsers):
     p = subparsers.add_parser("merge", help="compact indexes built with one tokenizer into one index (deleted documents dropped)")
-    p.add_argument("indexes", nargs="+", metavar="INDEX")
+    p.add_argument("indexes", nargs="+", metavar="INDEX", help="the indexes to merge (one tokenizer)")
     p.add_argument("-o", "--output", required=True, metavar="OUT", help="path of the merged index, written exactly")
     p.add_argument("--shard-tokens", type=int, default=None, metavar="N", help="split the result in shards of N tokens (default: one shard)")
-    p.add_argument("--jobs", type=int, default=1, metavar="N")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="shards built in parallel worker processes (default 1)")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="when OUT is one of the inputs, wait up to SECONDS for its other writers (default 0: fail at once)")
     p.set_defaults(func=run)
