@@ -55,7 +55,7 @@ from .errors import BadInputError
 from .fallback import plain_generate
 from .lifecycle import PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
-from .prediction import Prediction, with_path
+from .prediction import Prediction, prediction_counts, with_path
 from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from .tree import DraftTree, prune_tree
@@ -259,12 +259,13 @@ class Server:
         return self._requests[index].stats
 
     def prediction_counts(self, index: int) -> tuple[int, int]:
-        """(accepted, rejected) prediction tokens of a request: its drafts taken from the prediction
-        that were accepted, and the prediction's other tokens; (0, 0) without a prediction."""
+        """(accepted, rejected) prediction tokens of a request as OpenAI counts them: the prediction's
+        tokens that its output kept, in order, and the others (`prediction.prediction_counts`);
+        (0, 0) without a prediction."""
         rq = self._requests.get(index)
         if rq is None or rq.prediction is None:
             return 0, 0
-        return rq.prediction.accepted, max(len(rq.prediction) - rq.prediction.accepted, 0)
+        return prediction_counts(rq.prediction.tokens, rq.output)
 
     def release(self, index: int) -> None:
         """Forget a finished request's output and statistics (a long-running server calls this)."""

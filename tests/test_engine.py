@@ -309,8 +309,11 @@ def test_a_prediction_is_drafted_first_and_never_changes_the_output():
     res = server.run()
     assert res.sequences[right] == res.sequences[wrong] == res.sequences[edited] == ref
     assert res.stats.requests[right].rounds <= 3  # (almost) whole rounds
-    assert server.prediction_counts(right)[0] >= NEW - 3
-    assert server.prediction_counts(wrong)[0] == 0
+    # counted as OpenAI does: prediction tokens the output kept, and the others
+    assert server.prediction_counts(right) == (NEW, 0)
+    assert server.prediction_counts(edited) == (NEW, 3)
+    accepted, rejected = server.prediction_counts(wrong)
+    assert accepted + rejected == NEW and accepted < NEW // 2
     assert res.stats.requests[edited].rounds < res.stats.requests[wrong].rounds
 
 
