@@ -85,6 +85,18 @@ class Tokenizer:
                                 f"(vocab_size {self.vocab_size}), got {token_id}", param="token_id")
         return data
 
+    def fewest_tokens(self, text: str) -> int:
+        """A lower bound on `len(encode(text))`, in constant time: no token spells more bytes than the
+        longest one, and a character is at least one byte. 0 when the tokenizer normalizes its input
+        (a normalizer may drop characters, so no bound holds)."""
+        if self.backend.normalizer is not None or not self._longest_token:
+            return 0
+        return -(-len(text) // self._longest_token)
+
+    @functools.cached_property
+    def _longest_token(self) -> int:
+        return max((len(b) for b in self._id_bytes if b is not None), default=0)
+
     @functools.cached_property
     def fingerprint(self) -> str:
         return _fingerprint(self._id_bytes)

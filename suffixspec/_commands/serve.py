@@ -25,6 +25,7 @@ import time
 
 from ..errors import BadInputError
 from ..http.limits import Limits
+from ..prefill import DEFAULT_MAX_STEP_TOKENS
 from .args import open_corpora, parse_budget
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
@@ -40,6 +41,9 @@ def add_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=int, default=8, metavar="N", help="most requests decoded together (default 8)")
+    p.add_argument("--max-step-tokens", type=int, default=DEFAULT_MAX_STEP_TOKENS, metavar="N",
+                   help="most prompt tokens one engine step reads; a longer prompt is read in chunks over several "
+                        f"steps, the running requests decoding between them (default {DEFAULT_MAX_STEP_TOKENS})")
     p.add_argument("--max-queue", type=int, default=256, metavar="N",
                    help="most requests waiting for a slot; beyond it the answer is 429 (default 256)")
     p.add_argument("--max-new-tokens-limit", type=int, default=2048, metavar="N",
@@ -95,7 +99,8 @@ def setup_logging() -> logging.handlers.QueueListener:
 
 
 def _check(args) -> None:
-    for name in ("max_batch", "max_queue", "max_new_tokens_limit", "max_body_bytes", "max_connections"):
+    for name in ("max_batch", "max_queue", "max_new_tokens_limit", "max_body_bytes", "max_connections",
+                 "max_step_tokens"):
         if getattr(args, name) < 1:
             flag = f"--{name.replace('_', '-')}"
             raise BadInputError(f"{flag}: expected >= 1, got {getattr(args, name)}", param=flag)
@@ -196,7 +201,8 @@ def _load(args, budget, template, state, log) -> None:
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
-    server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch)
+    server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
+                       max_step_tokens=args.max_step_tokens)
     chat, where = chat_template_for(template, tokenizer)
     log.info("chat template: %s", where or "none (chat completions answer 400)")
     ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,

@@ -39,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import AsyncIterator
 
 from ..errors import BadInputError, BadInputTypeError
@@ -117,15 +117,15 @@ class _Totals:
     proposer_s: float = 0.0
     budget_s: float = 0.0
     verifier_s: float = 0.0
+    prefill_tokens: int = 0
+    prefill_chunks: int = 0
 
     @classmethod
     def of(cls, stats) -> _Totals:
-        return cls(stats.rounds, stats.plain_rounds, stats.proposer_s, stats.budget_s, stats.verifier_s)
+        return cls(*(getattr(stats, f.name, 0) for f in fields(cls)))
 
     def __sub__(self, other: _Totals) -> _Totals:
-        return _Totals(self.rounds - other.rounds, self.plain_rounds - other.plain_rounds,
-                       self.proposer_s - other.proposer_s, self.budget_s - other.budget_s,
-                       self.verifier_s - other.verifier_s)
+        return _Totals(*(getattr(self, f.name) - getattr(other, f.name) for f in fields(self)))
 
 
 def _set_result(fut: asyncio.Future, value) -> None:
@@ -439,3 +439,5 @@ class EngineLoop:
                                   plain_rounds=delta.plain_rounds, proposer_s=delta.proposer_s,
                                   budget_s=delta.budget_s, verifier_s=delta.verifier_s,
                                   admitted=len(step.admitted) if step is not None else 0)
+        self.metrics.observe_prefill(prefilling=getattr(self.server, "prefilling", 0),
+                                     tokens=delta.prefill_tokens, chunks=delta.prefill_chunks)

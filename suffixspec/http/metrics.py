@@ -20,6 +20,7 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 TPOT_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 ROUND_BUCKETS = (1, 1.25, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64)
+PREFILL_BUCKETS = (16, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
 class Metrics:
@@ -60,6 +61,15 @@ class Metrics:
         self.proposer_s = Counter(p + "proposer_seconds", "Time spent drafting", registry=r)
         self.budget_s = Counter(p + "budget_seconds", "Time spent sizing draft budgets", registry=r)
         self.verifier_s = Counter(p + "verifier_seconds", "Time spent in forward passes and acceptance", registry=r)
+        self.prefilling = Gauge(p + "prefilling_requests", "Requests whose long prompt is being read in chunks",
+                                registry=r)
+        self.prefill_tokens = Histogram(p + "prefill_tokens_per_step", "Prompt tokens read by each engine step "
+                                        "that read any (bounded by --max-step-tokens)", buckets=PREFILL_BUCKETS,
+                                        registry=r)
+        self.prefill_chunks = Counter(p + "prefill_chunks", "Engine steps that read a chunk of a long prompt "
+                                      "(not yet its first token)", registry=r)
+        self.queue_s = Histogram(p + "queue_seconds", "Time from submission to admission into the batch",
+                                 buckets=LATENCY_BUCKETS, registry=r)
         self._drafted = self._accepted = 0
         self._rounds = self._plain = 0
 
@@ -92,9 +102,19 @@ class Metrics:
             if value > 0:
                 counter.inc(value)
 
+    def observe_prefill(self, *, prefilling: int, tokens: int, chunks: int) -> None:
+        """A step's prompt reading: requests read in chunks now, tokens and chunks it read."""
+        self.prefilling.set(prefilling)
+        if tokens:
+            self.prefill_tokens.observe(tokens)
+        if chunks:
+            self.prefill_chunks.inc(chunks)
+
     def observe_finished(self, reason: str, stats) -> None:
         """`stats`: the request's `RequestStats`."""
         self.finished.labels(reason=reason).inc()
+        if stats.rounds:  # admitted (a request cancelled while waiting never was)
+            self.queue_s.observe(stats.queue_s)
         self.prompt_tokens.inc(stats.prompt_tokens)
         self.completion_tokens.inc(stats.new_tokens)
         if stats.drafted:

@@ -199,6 +199,17 @@ def _token_ids(value, name: str, ctx: ModelContext) -> list[int]:
     return list(value)
 
 
+def _fits(ctx: ModelContext, text: str, param: str) -> None:
+    """Refuse text that cannot fit the model's context before tokenizing it: tokenizing a huge prompt
+    would hold this request's worker and memory only to refuse it after."""
+    if ctx.max_positions is None or not hasattr(ctx.tokenizer, "fewest_tokens"):
+        return
+    fewest = ctx.tokenizer.fewest_tokens(text)
+    if fewest >= int(ctx.max_positions):
+        raise bad(f"{param}: {len(text)} characters make at least {fewest} tokens, more than the model's context "
+                  f"of {ctx.max_positions} positions", param, "context_length_exceeded")
+
+
 def _prompt_ids(body: dict, ctx: ModelContext) -> list[int]:
     if "prompt" not in body or body["prompt"] is None:
         raise bad("prompt: required", "prompt", "missing_required_parameter")
@@ -213,10 +224,13 @@ def _prompt_ids(body: dict, ctx: ModelContext) -> list[int]:
             raise bad("prompt: with suffix (fill-in-the-middle), the prompt must be text", "prompt", "invalid_type")
         if ctx.fim_ids is None:
             raise bad(fim.missing_message(), "suffix", "fim_unsupported")
+        _fits(ctx, prompt, "prompt")
+        _fits(ctx, suffix, "suffix")
         return fim.fim_prompt(ctx.tokenizer, ctx.fim_ids, prompt, suffix)
     if isinstance(prompt, str):
         if not prompt:
             raise bad("prompt: the prompt is empty", "prompt")
+        _fits(ctx, prompt, "prompt")
         ids = list(ctx.tokenizer.encode(prompt))
         if not ids:
             raise bad("prompt: the prompt encodes to no tokens", "prompt")
@@ -250,6 +264,7 @@ def _chat_ids(body: dict, ctx: ModelContext) -> list[int]:
                       _text_content(content, f"messages[{i}].content")})
     if not any(t["content"] for t in turns):
         raise bad("messages: every message is empty", "messages")
+    _fits(ctx, "".join(t["content"] for t in turns), "messages")
     if ctx.chat is None:
         raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
                        param="messages", code="no_chat_template")
