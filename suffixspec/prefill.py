@@ -27,8 +27,9 @@ from .tree import DraftTree
 __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups"]
 
 # Chunks this long read a prompt within a few percent of one whole pass on a CPU, while a running
-# request waits at most one such chunk between two of its tokens.
-DEFAULT_MAX_STEP_TOKENS = 256
+# request waits at most one such chunk between two of its tokens; typical prompts (a file to edit, a
+# question) fit one step, so only long ones pay for the extra passes and the rounds between them.
+DEFAULT_MAX_STEP_TOKENS = 512
 
 
 def prefill_groups(requests: list[Request], waste: float = 0.25, max_tokens: int | None = None) -> list[list[Request]]:
