@@ -26,8 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct); "
                         "with --url the served model's name (default: the first of GET /v1/models)")
-    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
-    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable; default: none)")
+    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable; default: every document)")
     p.add_argument("--concurrency", default="1,4", metavar="C1,C2,...",
                    help="requests in flight: closed-loop clients, or with --qps the most decoded together "
                         "(continuous batching either way); default 1,4")
@@ -35,8 +35,8 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="output limit per request (default 64)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per request and round (default auto)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
-    p.add_argument("--top-p", type=float, default=None, metavar="P")
-    p.add_argument("--top-k", type=int, default=None, metavar="K")
+    p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: keep the smallest set of tokens whose probability reaches P (default: off)")
+    p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="sampling and arrival seed (default 0)")
     p.add_argument("--repeat", type=int, default=1, metavar="K", help="repeat every configuration K times (default 1)")
     p.add_argument("--num-prompts", type=int, default=4, metavar="N", help="first N prompts of the workload (default 4)")
@@ -52,7 +52,8 @@ def add_parser(sub) -> None:
                         "--grid, of the checkout suffixspec runs from, else of the current folder)")
     g = p.add_argument_group("an HTTP endpoint instead of a model loaded here")
     g.add_argument("--url", default=None, metavar="http://HOST:PORT",
-                   help="benchmark an OpenAI-compatible server (suffixspec serve, or another) through streaming requests")
+                   help="benchmark an OpenAI-compatible server (suffixspec serve, or another) through streaming requests "
+                        "(default: a model loaded in this process)")
     g.add_argument("--api-key", default=None, metavar="KEY",
                    help="sent as 'Authorization: Bearer KEY' (default: $SUFFIXSPEC_API_KEY, else none)")
     g.add_argument("--endpoint", default="completions", choices=("completions", "chat"),
@@ -68,9 +69,9 @@ def add_parser(sub) -> None:
     g.add_argument("--grid", action="store_true",
                    help="workloads x concurrency x max-new-tokens (default code_edit,chat,qa x 1,4,16 x 48,128; "
                         "plain and speculative only): one verdict per cell, grid.json, grid_speedup.png")
-    g.add_argument("--grid-workloads", default=None, metavar="W1,W2,...", help="the grid's workloads")
-    g.add_argument("--grid-concurrency", default=None, metavar="C1,C2,...", help="the grid's concurrencies")
-    g.add_argument("--grid-max-new-tokens", default=None, metavar="N1,N2,...", help="the grid's output limits")
+    g.add_argument("--grid-workloads", default=None, metavar="W1,W2,...", help="the grid's workloads (default code_edit,chat,qa)")
+    g.add_argument("--grid-concurrency", default=None, metavar="C1,C2,...", help="the grid's concurrencies (default 1,4,16)")
+    g.add_argument("--grid-max-new-tokens", default=None, metavar="N1,N2,...", help="the grid's output limits (default 48,128)")
     p.set_defaults(func=run)
 
 

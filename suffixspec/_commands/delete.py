@@ -12,11 +12,12 @@ def add_parser(subparsers):
                                           "deleted when its id is one of the --id values (if any) and it carries "
                                           "every --filter tag (if any). An unknown id, or a selection matching no "
                                           "document, is an error and changes nothing.")
-    p.add_argument("index", metavar="INDEX")
+    p.add_argument("index", metavar="INDEX", help="the corpus index to delete documents from")
     p.add_argument("--id", action="append", default=None, metavar="ID", dest="ids",
-                   help="id of the document(s) to delete (repeatable; every document with that id)")
+                   help="id of the document(s) to delete (repeatable; every document with that id; this or --filter is required)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
-                   help="delete documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
+                   help="delete documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id "
+                        "(this or --id is required)")
     p.add_argument("--dry-run", action="store_true", help="report what would be deleted, change nothing")
     p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                    help="wait up to SECONDS for another writer of INDEX to finish (default 0: fail at once)")

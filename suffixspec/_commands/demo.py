@@ -16,7 +16,7 @@ from importlib import resources
 
 def add_parser(sub) -> None:
     p = sub.add_parser("demo", help="index a shipped sample and replay shipped traces (embedded default)")
-    p.add_argument("--budget", type=int, default=16, help="draft-tree nodes per round")
+    p.add_argument("--budget", type=int, default=16, help="draft-tree nodes per round (default 16)")
     p.add_argument("--no-generate", action="store_true", help="skip generation with the embedded model")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="most tokens generated (default 128)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")

@@ -11,11 +11,12 @@ def add_parser(subparsers):
     p = subparsers.add_parser("info", help="validate an index fully (checksums included), describe it, optionally query it",
                               description="Validate an index (exit status 2 on any damage) and describe it. With "
                                           "--query, also print the longest match of TEXT's tokens, its count and top continuations.")
-    p.add_argument("index", metavar="INDEX")
+    p.add_argument("index", metavar="INDEX", help="the corpus index to describe")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
-    p.add_argument("--query", default=None, metavar="TEXT", help="text whose longest suffix is looked up")
+    p.add_argument("--query", default=None, metavar="TEXT", help="text whose longest suffix is looked up (default: none)")
     p.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE",
-                   help="restrict the query to documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id")
+                   help="restrict the query to documents tagged KEY=VALUE (repeatable: all must hold); id=NAME selects by document id "
+                        "(default: every document)")
     p.add_argument("--top", type=int, default=5, metavar="N", help="continuations shown (default 5)")
     p.add_argument("--verify", action=argparse.BooleanOptionalAction, default=True,
                    help="check every checksum (default); --no-verify: only the cheap checks every open makes")

@@ -37,7 +37,7 @@ def add_parser(sub) -> None:
     p = sub.add_parser("serve", help="serve an OpenAI-compatible HTTP API (completions, chat, FIM, predicted outputs)")
     p.add_argument("--model", default=None, metavar="PATH",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable; default: none)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port to listen on (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=int, default=8, metavar="N", help="most requests decoded together (default 8)")

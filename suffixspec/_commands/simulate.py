@@ -10,9 +10,9 @@ from .args import open_corpora, parse_filters
 
 def add_parser(sub) -> None:
     p = sub.add_parser("simulate", help="replay recorded traces through the proposer (no model needed)")
-    p.add_argument("traces", metavar="TRACES.jsonl")
-    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable)")
-    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable)")
+    p.add_argument("traces", metavar="TRACES.jsonl", help="recorded (prompt, output) traces, one JSON object a line")
+    p.add_argument("--corpus", action="append", default=[], metavar="INDEX", help="corpus index to draft from (repeatable; default: none)")
+    p.add_argument("--filter", action="append", default=[], metavar="K=V", help="restrict corpus documents by tag (repeatable; default: every document)")
     p.add_argument("--budget", type=int, default=16, metavar="N", help="draft-tree nodes per round (default 16)")
     p.add_argument("--tokenizer", default=None, metavar="TOK", help="tokenizer for text traces (default: embedded)")
     p.add_argument("--vocab-size", type=int, default=None, metavar="N",
