@@ -75,3 +75,27 @@ def view_i64_2d(addr, rows, cols):
 @njit(cache=True, nogil=True, inline="always")
 def view_f64(addr, n):
     return carray(as_pointer(addr), n, np.float64)
+
+
+@intrinsic
+def borrowed(typingctx, a):
+    """A view of array `a` that owns no reference (a null meminfo): passing it to inlined helpers
+    and reading it out of named tuples costs no reference counting (numba's atomic increments and
+    decrements per array per call, which it does not remove inside loops). The caller keeps `a`
+    alive while the view is used (`keep_alive` after the last use of a local array)."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        view = context.make_array(a)(context, builder, value=args[0])
+        view.meminfo = ir.Constant(view.meminfo.type, None)
+        view.parent = ir.Constant(view.parent.type, None)
+        return view._getvalue()
+
+    return a(a), codegen
+
+
+@njit(cache=True, nogil=True, inline="always")
+def keep_alive(a):
+    """A use of `a` at this point, so that numba releases it no earlier (see `borrowed`)."""
+    return a.shape[0]

@@ -34,6 +34,8 @@ frozen automata through `frozen.source_table` (read-only, safe to share across t
 best-first (a session's document-restricted corpus chains).
 """
 
+from collections import namedtuple
+
 import numpy as np
 from numba import njit
 
@@ -41,14 +43,13 @@ from . import learn
 from . import lct
 from . import sam as sk
 from .address import address, prefetch, view_f64, view_i32, view_i64
-from .frozen import REC_COLS, REC_COUNT, REC_LAST, REC_TO, REC_TOK, source_arrays, top_arrays, top_min_children
+from .children import (CHILD_BUF, DEEP_BUF, K_COUNT, K_LAST, K_STATE, K_TOK, KID_COLS, best_first, frozen_part, gather_frozen,
+                       gather_live, no_frozen_part)
+from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
  P_CAL_STRENGTH) = range(8)
 N_PARAMS = 8
-CHILD_BUF = 512  # children of one state read per expansion (the work per proposal is bounded by it)
-WALK_SPLAY = 24  # splay-tree depth past which a count read is followed by a splay (amortization)
-DEEP_BUF = 256  # such splays per expansion (past that, reads stay exact but are not splayed)
 
 
 @njit(cache=True, inline="always")
@@ -94,12 +95,23 @@ WS_CAP, WS_BUDGET, WS_SOURCES = 0, 1, 2
 # group (`learn.group`)
 C_TOK, C_PARENT, C_STATE, C_LEN, C_DEPTH, C_PART, C_GROUP = range(7)
 CAND_COLS = 7
-# rows of the children of one state: token, state, count, last end position
-K_TOK, K_STATE, K_COUNT, K_LAST = range(4)
-KID_COLS = 4
-# the tuple of `workspace_views`, by position
-(V_CAND, V_KEYS, V_VALS, V_KIDS, V_DEEP, V_FIRST_CHILD, V_NEXT_SIB, V_PART_SRC, V_PART_STATE,
- V_PART_LEN, V_CAND_P, V_CAND_SHARE, V_NODE_RANK) = range(13)
+
+# One thread's scratch (`workspace_views`), [rows] per array; `cap` candidates, `budget` nodes:
+#   cand        int32 [cap, CAND_COLS]  candidates (C_* columns): a child of (output node, part)
+#   heap_key    float64 [cap]   the max-heap of waiting candidates: their probabilities ...
+#   heap_val    int32 [cap]     ... and their candidate indexes
+#   kids        int64 [CHILD_BUF, KID_COLS]  the children of one state (`children.py`)
+#   deep        int32 [DEEP_BUF]  live states to splay once the tree is built
+#   first_child int32 [budget + 1]  each output node's most recent child (index budget: the context)
+#   next_sib    int32 [budget]  each output node's next older sibling (-1 ends)
+#   part_src    int32 [n_sources]  each part's source: a cursor row, -1 for the live automaton
+#   part_state  int32 [n_sources]  each part's matched state ...
+#   part_len    int32 [n_sources]  ... and matched length
+#   cand_p      float64 [cap]   each candidate's path probability before its rank factor
+#   cand_share  float64 [cap]   each candidate's share in its part (conf(L) times its count share)
+#   node_rank   int32 [budget]  each output node's rank (siblings created before it)
+Workspace = namedtuple("Workspace", "cand heap_key heap_val kids deep first_child next_sib part_src part_state "
+                                    "part_len cand_p cand_share node_rank")
 
 
 @njit(cache=True, nogil=True)
@@ -120,11 +132,7 @@ def workspace_buffers(budget, max_children, n_sources):
 
 @njit(cache=True, nogil=True, inline="always")
 def workspace_views(i32, f64, i64):
-    """The scratch arrays of one thread, carved out of `workspace_buffers`: candidates (CAND_COLS),
-    the heap of candidate probabilities and their candidate indexes, the children of one state
-    (token, state, count, last end), the states to splay after an expansion, the first child and
-    next sibling of output nodes (index budget: the context), and the parts (source, -1 for the
-    live automaton; state; matched length)."""
+    """The `Workspace` of one thread, carved out of `workspace_buffers`."""
     cap, budget, n_sources = i64[WS_CAP], i64[WS_BUDGET], i64[WS_SOURCES]
     cand = i32[: cap * CAND_COLS].reshape((cap, CAND_COLS))
     o = cap * CAND_COLS
@@ -144,8 +152,8 @@ def workspace_views(i32, f64, i64):
     cand_p = f64[cap : 2 * cap]
     cand_share = f64[2 * cap : 3 * cap]
     kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * KID_COLS].reshape((CHILD_BUF, KID_COLS))
-    return (cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
-            node_rank)
+    return Workspace(cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p,
+                     cand_share, node_rank)
 
 
 # A workspace frame (int64, see address.py): the addresses and lengths of the three buffers, then
@@ -177,106 +185,206 @@ def make_workspace(budget, max_children, n_sources):
     return workspace_views(i32, f64, i64)
 
 
+# -- The tree growth (`expand`), in phases. Every phase is inlined into the one compiled loop
+# (`inline="always"`): a call that passes arrays costs reference-count traffic per node, and the
+# phases run per node.
+
+# A session's own inputs to a proposal (propose.py builds it):
+#   S      int32 [states, sk.STATE_COLS]  the live automaton's states (HEAD, CNT, LAST, LINK, LEN)
+#   E      int32 [edges, sk.E_COLS]  its edges (TOK, TO, NEXT)
+#   L      int32 [states, sk.L_COLS]  its link-cut tree, which `expand` may restructure (lct.py)
+#   M      int64 [sk.META]  its counters and mode (counts through L once MODE_ONLINE)
+#   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length) in each frozen source
+#   local  float64 [N_CLASSES, N_BUCKETS, 2]  its learn stats (`learn.conf`)
+Session = namedtuple("Session", "S E L M cur local")
+
+# What the proposer's sessions share (read only here):
+#   frozen     int64 [rows, 2 N_SOURCE_ARRAYS]  the frozen sources (`frozen.source_table`)
+#   tops       int64 [rows, 2 N_TOP_ARRAYS]  their best children of big states (`frozen.top_table`)
+#   cls_rows   int64 [rows]  each source's class (`learn.CLS_*`)
+#   glob       float64 [N_CLASSES, N_BUCKETS, 2]  the proposer's learn stats
+#   cal        float64 [N_RANKS, N_SHARES, CAL_COLS]  the sibling calibration (`learn.rank_factor`)
+#   gcal       float64 [N_GROUPS, CAL_COLS]  the group calibration (`learn.group_factor`)
+#   params     float64 [N_PARAMS]  the knobs (P_* above)
+#   min_match  a part needs a match at least this long
+#   levels     parts per source: its match, then shorter ones along suffix links
+Shared = namedtuple("Shared", "frozen tops cls_rows glob cal gcal params min_match levels")
+
+# The output tree, views from its first node, parents local to it, [at least budget] each:
+#   tok int32, par int32 (-1: the context), depth int32, prob float64 (path probability),
+#   share float64 (the node's share in the part that created it), group int32 (`learn.group`),
+#   step float64 (its share times its rank factor: its step before the group factor)
+Tree = namedtuple("Tree", "tok par depth prob share group step")
+
+# `params` read once per proposal; cal_on: some rank-0 node was judged (else rank 0 is never
+# discounted and the rank factor of a first child is not computed)
+Knobs = namedtuple("Knobs", "match_prior recency min_prob max_depth max_children prior_strength "
+                            "session_strength cal_strength cal_on")
+
+# The expansion at hand: output node `node` (-1: the context) through part `part`, at its
+# automaton's `state` with matched length `length`, `depth` nodes below the context, with path
+# probability `prob`.
+Cursor = namedtuple("Cursor", "node part state length depth prob")
+
+
 @njit(cache=True, nogil=True, inline="always")
-def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_parts, budget, params, ws, out_tok,
-           out_par, out_depth, out_prob, out_share, out_group, out_step, at):
-    """The merged tree of the session's parts, best-first, into `out_*[at:]` (parents local to
-    the tree); returns (nodes written, link-cut stack). Part i (workspace `part_*`) is a matched
-    context in a source: the live automaton (source -1, counts through its link-cut tree, which
-    this may restructure) or row `source` of the `frozen` table (read only), of source class
-    `cls_rows[source]` (learn.CLS_OWN for the live one). A path's confidence per step is
-    `learn.conf` over the session's stats `local` and the proposer's `glob`.
-
-    One heap serves every part: a candidate is a child of (output node, part) scored by that
-    part's path probability. Popped, it becomes the output node of its path (found among the
-    node's children, or created next: pop order is best-first, so a node is created at its
-    highest probability over the parts, after its parent) and is expanded again through its part.
-    The tree is the `budget` most probable paths of the union of every part's own tree, a shared
-    path scoring the max over parts, and the work stops there: no part is expanded past what the
-    merged tree keeps. Every part's step into a node is calibrated at the node's rank (module
-    docstring; `cal` is the calibration table, `out_share` gets each node's share in the part that
-    created it). A part's step is also multiplied by `learn.group_factor` of the node's group in
-    `gcal` (its class, and at the root how many parts proposed the token: known once every part's
-    context is expanded, when the root candidates are re-scored: no candidate is popped and no
-    chain taken before), never above 1; `out_group` and `out_step` get each node's group and its step before that
-    factor (`learn.count_tree` judges both tables). `tops` (a `frozen.top_table`) gives the best
-    children of frozen states with many.
-
-    Written as one loop on purpose: passing arrays to helper functions costs reference-count
-    traffic per call, which dominated the per-node cost.
-    """
-    (cand, hkey, hval, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
-     node_rank) = ws
-    n_deep = 0  # children whose count read walked a long splay path: splayed at the end
-    budget = min(budget, out_tok.shape[0] - at, first_child.shape[0] - 1)
-    online = M[sk.MODE] == sk.MODE_ONLINE
-    max_children = int(params[P_MAX_CHILDREN])
-    max_depth = params[P_MAX_DEPTH]
-    rec = params[P_RECENCY]
-    prior = params[P_MATCH_PRIOR]
-    min_prob = params[P_MIN_PROB]
-    prior_strength = params[P_PRIOR_STRENGTH]
-    session_strength = params[P_SESSION_STRENGTH]
-    cal_strength = params[P_CAL_STRENGTH]
-    cal_on = False  # any judged rank-0 node (else rank 0 is never discounted)
+def knobs(params, cal):
+    """The `Knobs` of a proposal."""
+    cal_on = False
     for b in range(learn.N_SHARES):
         if cal[0, b, learn.CAL_TRIALS] > 0:
             cal_on = True
-    cls = learn.CLS_OWN
+    return Knobs(params[P_MATCH_PRIOR], params[P_RECENCY], params[P_MIN_PROB], params[P_MAX_DEPTH],
+                 int(params[P_MAX_CHILDREN]), params[P_PRIOR_STRENGTH], params[P_SESSION_STRENGTH],
+                 params[P_CAL_STRENGTH], cal_on)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _cursor(node, part, state, length, depth, prob):
+    return Cursor(np.int64(node), np.int64(part), np.int64(state), np.int64(length), np.int64(depth), np.float64(prob))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _conf(k, local, glob, cls, length):
+    """`learn.conf` with the proposal's knobs."""
+    return learn.conf(local, glob, cls, length, k.match_prior, k.prior_strength, k.session_strength)
+
+
+# The phases take the arrays they touch one by one (unpacked once from the named tuples in
+# `expand`): reading an array out of a tuple inside the loop costs a reference count per read.
+# Argument names, as in `Workspace` and `Tree`: cand, cand_p, cand_share (candidates),
+# heap_key, heap_val (the heap), first_child, next_sib, node_rank (the output nodes' links),
+# out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step (the `Tree`'s columns).
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _find_node(first_child, next_sib, node_rank, out_tok, slot, tok):
+    """(node, rank): the child with token `tok` of output node `slot` (the root slot: the
+    context), -1 if none, and its rank (if none: the rank a new one would get, its sibling count)."""
+    x = first_child[slot]
+    rank = 0
+    while x != -1 and out_tok[x] != tok:
+        x = next_sib[x]
+        rank += 1
+    if x != -1:
+        rank = node_rank[x]
+    return x, rank
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _link_node(first_child, next_sib, node_rank, x, slot, rank):
+    """Make output node x the newest child of `slot`, at `rank`."""
+    node_rank[x] = rank
+    next_sib[x] = first_child[slot]
+    first_child[slot] = x
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _write_node(out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, x, tok, parent, depth, prob,
+                share, group, step):
+    """Write output node x's columns."""
+    out_tok[x] = tok
+    out_par[x] = parent
+    out_depth[x] = depth
+    out_prob[x] = prob
+    out_share[x] = share
+    out_group[x] = group
+    out_step[x] = step
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _has_groups(part_src, n_parts, cls_rows):
+    """Whether some part's class has groups (root candidates then wait to be re-scored)."""
+    for i in range(n_parts):
+        if part_src[i] >= 0 and learn.group(cls_rows[part_src[i]], 1) >= 0:
+            return True
+    return False
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_rows, gcal, cal_strength):
+    """Every part's root candidates are in and nothing was popped: each candidate of a part with
+    groups gets its group, with the number of parts that proposed its token, and that group's
+    factor; returns the size of the heap, rebuilt over every candidate."""
+    n_heap = 0
+    for c in range(n_cand):
+        src = part_src[cand[c, C_PART]]
+        if src >= 0 and learn.group(cls_rows[src], 1) >= 0:
+            agree = 0
+            for c2 in range(n_cand):
+                if cand[c2, C_TOK] == cand[c, C_TOK]:
+                    agree += 1
+            g = learn.group(cls_rows[src], agree)
+            cand[c, C_GROUP] = g
+            cand_p[c] = min(1.0, cand_share[c] * learn.group_factor(gcal, g, cal_strength))
+        n_heap = _heap_push(heap_key, heap_val, n_heap, cand_p[c], c)
+    return n_heap
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _lone_frozen(offsets, records, n_states, n_edges, v):
+    """(token, state, count) of the only child of state v of a frozen part (`FrozenPart`'s
+    arrays), count 0 when v has not exactly one (or the arrays are damaged)."""
+    if not 0 <= v < n_states:
+        return 0, 0, 0
+    lo = offsets[v]
+    if offsets[v + 1] != lo + 1 or not 0 <= lo < n_edges:
+        return 0, 0, 0
+    w = records[REC_COLS * lo + REC_TO]
+    if w < 0 or w >= n_states:
+        return 0, 0, 0
+    return records[REC_COLS * lo + REC_TOK], w, records[REC_COLS * lo + REC_COUNT]
+
+
+@njit(cache=True, nogil=True, inline="always")
+def expand(session, shared, stack, n_parts, budget, ws, tree):
+    """The merged tree of the session's parts, best-first, into `tree` (a `Tree`); returns (nodes
+    written, link-cut stack). `session` (a `Session`) and `shared` (a `Shared`) are the inputs,
+    `ws` (a `Workspace`) the scratch whose first n_parts parts are set (propose.py), `stack` the
+    link-cut stack (`lct.splay` may grow it). Part i reads the live automaton (part_src -1,
+    counts through its link-cut tree, which this may restructure) or row part_src of `frozen`.
+
+    One heap serves every part: a candidate is a child of (output node, part) scored by that
+    part's path probability. Popped, it becomes the output node of its path (pop order is
+    best-first, so a node is created at its highest probability over the parts, after its parent)
+    and is expanded again through its part: the tree is the `budget` most probable paths of the
+    union of the parts' trees, a shared path scoring the max over parts. Steps are calibrated at
+    the node's rank and by its group (module docstring; root groups are known once every part's
+    context is expanded, `_reroot`); `tree.share`, `tree.group` and `tree.step` feed
+    `learn.count_tree`.
+    """
+    S, E, L = session.S, session.E, session.L
+    online = session.M[sk.MODE] == sk.MODE_ONLINE
+    cls_rows, glob, cal, gcal = shared.cls_rows, shared.glob, shared.cal, shared.gcal
+    (cand, heap_key, heap_val, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
+     node_rank) = ws
+    out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step = tree
+    k = knobs(shared.params, cal)
+    budget = min(budget, out_tok.shape[0], first_child.shape[0] - 1)  # also the context's slot
     for i in range(budget + 1):
         first_child[i] = -1
-    offsets = view_i32(0, 0)  # the arrays of the frozen part at hand
-    counts, lasts, erec = offsets, offsets, offsets  # (its children: through its edge records)
-    row_of, top_edges, top_totals = offsets, offsets, offsets  # its best children of big states
-    width = max_children + 1
+    width = k.max_children + 1
     min_row = top_min_children(width)  # states with no more children have no top row
-    n_frozen = 0
-    n_edges = 0
+    fp = no_frozen_part()  # the arrays of the frozen part at hand
+    f_offsets, f_records = fp.offsets, fp.records  # the two the chain and the children read
+    n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     n_cand = 0
     n_heap = 0
     n_out = 0
     seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
-    # the root candidates re-scored with their groups, once every part is seeded (only needed when
-    # some part has groups: until then nothing is popped and no chain is taken)
-    rooted = True
-    for i in range(n_parts):
-        if part_src[i] >= 0 and learn.group(cls_rows[part_src[i]], 1) >= 0:
-            rooted = False
-    gf = 1.0  # the group factor of inner nodes of the part at hand
+    rooted = not _has_groups(part_src, n_parts, cls_rows)  # see `_reroot`
     direct = -1  # a candidate to pop next without going through the heap
     direct_p = 0.0
-    here = -1  # the expansion at hand: output node `here` (-1: the context) through part q
-    q = 0
-    v = 0
-    length = 0
-    depth = 0
-    p = 1.0
+    cur = _cursor(-1, 0, 0, 0, 0, 1.0)
     while budget > 0:
         if seeded == n_parts and not rooted:
-            # every part's root candidates are in (nothing popped yet): each gets its group, with
-            # the number of parts that proposed its token, and its factor; the heap is rebuilt
             rooted = True
             direct = -1
-            n_heap = 0
-            for c in range(n_cand):
-                src = part_src[cand[c, C_PART]]
-                if src >= 0 and learn.group(cls_rows[src], 1) >= 0:  # only parts with groups
-                    agree = 0
-                    for c2 in range(n_cand):
-                        if cand[c2, C_TOK] == cand[c, C_TOK]:
-                            agree += 1
-                    g = learn.group(cls_rows[src], agree)
-                    cand[c, C_GROUP] = g
-                    cand_p[c] = min(1.0, cand_share[c] * learn.group_factor(gcal, g, cal_strength))
-                n_heap = _heap_push(hkey, hval, n_heap, cand_p[c], c)
+            n_heap = _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_rows, gcal,
+                             k.cal_strength)
         if seeded < n_parts:
-            q = seeded
+            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, 1.0)
             seeded += 1
-            here = -1
-            v = part_state[q]
-            length = part_len[q]
-            depth = 0
-            p = 1.0
         else:
             if direct >= 0:
                 c = direct
@@ -285,119 +393,74 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
             elif n_heap == 0:
                 break
             else:
-                p, c, n_heap = _heap_pop(hkey, hval, n_heap)
-            # the candidate's output node, found or created (written out again in the chain
-            # below: as an inline helper it made the batch kernel 2.7x slower)
+                p, c, n_heap = _heap_pop(heap_key, heap_val, n_heap)
+            # -- take: the candidate becomes its output node, found or created. Its step is
+            # calibrated for the node's rank; a key computed at a lower rank bounds it from above,
+            # so a discounted candidate is pushed back to wait for its turn
             parent = cand[c, C_PARENT]
-            tok = cand[c, C_TOK]
             slot = budget if parent < 0 else parent
-            x = first_child[slot]
-            rank = 0  # a new node's rank: the number of its siblings
-            while x != -1 and out_tok[at + x] != tok:
-                x = next_sib[x]
-                rank += 1
-            if x != -1:
-                rank = node_rank[x]
-            # the step is calibrated for the node's rank; a key computed at a lower rank bounds
-            # it from above, so a discounted candidate waits in the heap for its turn
+            x, rank = _find_node(first_child, next_sib, node_rank, out_tok, slot, cand[c, C_TOK])
             pc = cand_p[c]
             rf = 1.0
-            if rank > 0 or cal_on:
-                rf = learn.rank_factor(cal, rank, cand_share[c], cal_strength)
+            if rank > 0 or k.cal_on:
+                rf = learn.rank_factor(cal, rank, cand_share[c], k.cal_strength)
                 pc *= rf
             if pc < p:
-                if pc >= min_prob:
-                    n_heap = _heap_push(hkey, hval, n_heap, pc, c)
+                if pc >= k.min_prob:
+                    n_heap = _heap_push(heap_key, heap_val, n_heap, pc, c)
                 continue
             if x == -1:
                 x = n_out
-                out_tok[at + x] = tok
-                out_par[at + x] = parent
-                out_prob[at + x] = p
-                out_share[at + x] = cand_share[c]
-                out_group[at + x] = cand[c, C_GROUP]
-                out_step[at + x] = cand_share[c] * rf
-                node_rank[x] = rank
-                out_depth[at + x] = cand[c, C_DEPTH]
-                next_sib[x] = first_child[slot]
-                first_child[slot] = x
+                _write_node(out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, x, cand[c, C_TOK],
+                            parent, cand[c, C_DEPTH], p, cand_share[c], cand[c, C_GROUP], cand_share[c] * rf)
+                _link_node(first_child, next_sib, node_rank, x, slot, rank)
                 n_out += 1
                 if n_out >= budget:
                     break
-            here = x
-            v = cand[c, C_STATE]
-            length = cand[c, C_LEN]
-            depth = cand[c, C_DEPTH]
-            q = cand[c, C_PART]
-        live = part_src[q] < 0
-        cls = learn.CLS_OWN if live else cls_rows[part_src[q]]
-        gf = learn.group_factor(gcal, learn.group(cls, 0), cal_strength)
+            cur = _cursor(x, cand[c, C_PART], cand[c, C_STATE], cand[c, C_LEN], cand[c, C_DEPTH], p)
+        src = part_src[cur.part]
+        live = src < 0
+        cls = learn.CLS_OWN if live else cls_rows[src]
+        gf = learn.group_factor(gcal, learn.group(cls, 0), k.cal_strength)  # inner nodes' group factor
         if not live:
-            offsets, _etok, _eto, counts, lasts, _links, _lens, erec = source_arrays(frozen, part_src[q])
-            row_of, top_edges, top_totals = top_arrays(tops, part_src[q])
-            # every index read below is checked against these (a damaged source drafts nothing)
-            n_frozen = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
-            n_edges = erec.shape[0] // REC_COLS
-        # -- a chain: while v has one child, more probable than every waiting candidate, that
-        # child is the next pop whatever happens; it is taken without candidate, heap or
-        # child-selection bookkeeping (the usual case along a copied block). Same formula as
-        # below, where a lone child's share is (cnt + rec cnt) / (cnt (1 + rec)).
-        while seeded >= n_parts and rooted and not (max_depth > 0 and depth + 1 > max_depth):
+            fp = frozen_part(shared.frozen, shared.tops, src)
+            f_offsets, f_records = fp.offsets, fp.records
+        ready = seeded >= n_parts and rooted  # the heap holds every waiting candidate
+        # -- a chain: a lone child more probable than every waiting candidate is the next pop
+        # whatever happens: taken at once, no candidate or heap (the usual case along a copy)
+        here, v, length, depth, p = cur.node, cur.state, cur.length, cur.depth, cur.prob
+        while ready and not (k.max_depth > 0 and depth + 1 > k.max_depth):
             if live:
                 e = S[v, sk.HEAD]
                 if e == -1 or E[e, sk.NEXT] != -1:
                     break
-                tok = E[e, sk.TOK]
-                w = E[e, sk.TO]
-                cnt = 1  # a lone child's share is 1: no count read
+                tok, w, cnt = E[e, sk.TOK], E[e, sk.TO], 1  # a lone child's share is 1: no count read
             else:
-                if not 0 <= v < n_frozen:
-                    break
-                lo = offsets[v]
-                if offsets[v + 1] != lo + 1 or not 0 <= lo < n_edges:
-                    break
-                w = erec[REC_COLS * lo + REC_TO]
-                if w < 0 or w >= n_frozen:
-                    break
-                tok = erec[REC_COLS * lo + REC_TOK]
-                cnt = erec[REC_COLS * lo + REC_COUNT]
+                tok, w, cnt = _lone_frozen(f_offsets, f_records, fp.n_states, fp.n_edges, v)
             if cnt <= 0:
                 break
             total = float(cnt)
-            cf = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength)
-            prob = (cnt + rec * total) * (p * cf / (total * (1.0 + rec)))
+            cf = _conf(k, session.local, glob, cls, length)
+            prob = (cnt + k.recency * total) * (p * cf / (total * (1.0 + k.recency)))
             if gf < 1.0:
                 prob *= gf
-            if prob < min_prob or (n_heap > 0 and not prob > hkey[0]):
+            if prob < k.min_prob or (n_heap > 0 and not prob > heap_key[0]):
                 break
             slot = budget if here < 0 else here
-            x = first_child[slot]
-            rank = 0
-            while x != -1 and out_tok[at + x] != tok:
-                x = next_sib[x]
-                rank += 1
-            if x != -1:
-                rank = node_rank[x]
+            x, rank = _find_node(first_child, next_sib, node_rank, out_tok, slot, tok)
             rf = 1.0
-            if rank > 0 or cal_on:
-                rf = learn.rank_factor(cal, rank, cf, cal_strength)
+            if rank > 0 or k.cal_on:
+                rf = learn.rank_factor(cal, rank, cf, k.cal_strength)
                 pc = prob * rf
                 if pc < prob:  # discounted at its rank: still the next pop?
-                    if pc < min_prob or (n_heap > 0 and not pc > hkey[0]):
+                    if pc < k.min_prob or (n_heap > 0 and not pc > heap_key[0]):
                         break
                     prob = pc
             if x == -1:
                 x = n_out
-                out_tok[at + x] = tok
-                out_par[at + x] = here
-                out_prob[at + x] = prob
-                out_share[at + x] = cf
-                out_group[at + x] = learn.group(cls, 0)
-                out_step[at + x] = cf * rf
-                node_rank[x] = rank
-                out_depth[at + x] = depth + 1
-                next_sib[x] = first_child[slot]
-                first_child[slot] = x
+                _write_node(out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, x, tok, here,
+                            depth + 1, prob, cf, learn.group(cls, 0), cf * rf)
+                _link_node(first_child, next_sib, node_rank, x, slot, rank)
                 n_out += 1
                 if n_out >= budget:
                     break
@@ -408,149 +471,61 @@ def expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_
             p = prob
         if n_out >= budget:
             break
-        if max_depth > 0 and depth + 1 > max_depth:
+        cur = _cursor(here, cur.part, v, length, depth, p)
+        if k.max_depth > 0 and depth + 1 > k.max_depth:
             continue
-        # -- gather the children of state v in part q, their count total and the last end of the
-        # most recent one (ends of different children are distinct positions)
-        k = 0
-        total = 0.0
-        top = -1
+        # -- the children of the state at hand, scored; the best max_children become candidates
         if live:
-            e = S[v, sk.HEAD]
-            if e != -1 and E[e, sk.NEXT] == -1:
-                # one child: its share is 1 whatever its count, so no count read is needed
-                kids[0, K_TOK] = E[e, sk.TOK]
-                kids[0, K_STATE] = E[e, sk.TO]
-                kids[0, K_COUNT] = 1
-                kids[0, K_LAST] = 0
-                k = 1
-                total = 1.0
-                top = 0
-                e = -1
-            while e != -1 and k < CHILD_BUF:
-                w = E[e, sk.TO]
-                cnt = S[w, sk.CNT]
-                lst = S[w, sk.LAST]
-                if online:
-                    # true values without restructuring: add the pending tags of w's strict
-                    # ancestors in its splay tree (lct.py); a long path is splayed after the
-                    # loop (splaying here would rebind `stack` in the loop, which made the
-                    # whole loop ~3x slower), paying for this walk as the amortization needs
-                    x = w
-                    steps = 0
-                    while True:
-                        y = L[x, lct.PAR]
-                        if y == -1 or (L[y, lct.CH0] != x and L[y, lct.CH1] != x):
-                            break
-                        x = y
-                        cnt += L[x, lct.TADD]
-                        if L[x, lct.TLAST] > lst:
-                            lst = L[x, lct.TLAST]
-                        steps += 1
-                    if steps > WALK_SPLAY and n_deep < deep.shape[0]:
-                        deep[n_deep] = w
-                        n_deep += 1
-                kids[k, K_TOK] = E[e, sk.TOK]
-                kids[k, K_STATE] = w
-                kids[k, K_COUNT] = cnt
-                kids[k, K_LAST] = lst
-                total += cnt
-                if k == 0 or lst > top:
-                    top = lst
-                k += 1
-                e = E[e, sk.NEXT]
-        elif 0 <= v < n_frozen:
-            lo = offsets[v]
-            hi = offsets[v + 1]
-            r = row_of[v] if hi - lo > min_row and v < row_of.shape[0] else -1
-            if r >= 0 and 0 <= lo <= hi <= n_edges and (r + 1) * width <= top_edges.shape[0] and r < top_totals.shape[0]:
-                # a state with many children: its best ones and their count total, precomputed
-                # (`frozen.top_children`), instead of a scan of them all
-                for i in range(width):
-                    e = top_edges[r * width + i]
-                    if e < 0:
-                        break
-                    w = erec[REC_COLS * e + REC_TO] if lo <= e < hi else -1
-                    if w < 0 or w >= n_frozen:
-                        k = 0  # damaged arrays: draft nothing from here
-                        break
-                    lst = erec[REC_COLS * e + REC_LAST]
-                    kids[k, K_TOK] = erec[REC_COLS * e + REC_TOK]
-                    kids[k, K_STATE] = w
-                    kids[k, K_COUNT] = erec[REC_COLS * e + REC_COUNT]
-                    kids[k, K_LAST] = lst
-                    if k == 0 or lst > top:
-                        top = lst
-                    k += 1
-                total = float(top_totals[r])
-            elif 0 <= lo <= hi <= n_edges:
-                for e in range(lo, min(hi, lo + CHILD_BUF)):
-                    w = erec[REC_COLS * e + REC_TO]
-                    if w < 0 or w >= n_frozen:
-                        k = 0  # damaged arrays: draft nothing from here
-                        break
-                    cnt = erec[REC_COLS * e + REC_COUNT]
-                    lst = erec[REC_COLS * e + REC_LAST]
-                    kids[k, K_TOK] = erec[REC_COLS * e + REC_TOK]
-                    kids[k, K_STATE] = w
-                    kids[k, K_COUNT] = cnt
-                    kids[k, K_LAST] = lst
-                    total += cnt
-                    if k == 0 or lst > top:
-                        top = lst
-                    k += 1
-                if hi - lo > CHILD_BUF and counts[v] > total:
-                    total = float(counts[v])  # children past the bound still hold their share
-        # -- score them and push the best max_children
-        if k == 0 or total <= 0:
+            n_kids, total, top, n_deep = gather_live(S, E, L, online, v, kids, deep, n_deep)
+        else:
+            n_kids, total, top = gather_frozen(fp, v, width, min_row, kids)
+        if n_kids == 0 or total <= 0:
             continue
-        step = learn.conf(local, glob, cls, length, prior, prior_strength, session_strength) / (total * (1.0 + rec))
-        scale = p * step * (gf if here >= 0 else 1.0)  # a root's factor waits for its agreement
-        bonus = rec * total  # the most recent child's (kids[i, K_LAST] == top)
-        # the best m children into rows 0..m-1, by weight (count, plus the bonus of the most
-        # recent one), ties in gather order: one pass over the k children, inserting into the
-        # top m (a state may have thousands of children; most are not compared twice)
-        m = min(max_children, k)
-        for i in range(1, k):
-            wi = kids[i, K_COUNT] + (bonus if kids[i, K_LAST] == top else 0.0)
-            j = i
-            if i >= m:
-                if not wi > kids[m - 1, K_COUNT] + (bonus if kids[m - 1, K_LAST] == top else 0.0):
-                    continue
-                for col in range(KID_COLS):
-                    kids[i, col], kids[m - 1, col] = kids[m - 1, col], kids[i, col]
-                j = m - 1
-            while j > 0 and wi > kids[j - 1, K_COUNT] + (bonus if kids[j - 1, K_LAST] == top else 0.0):
-                for col in range(KID_COLS):
-                    kids[j, col], kids[j - 1, col] = kids[j - 1, col], kids[j, col]
-                j -= 1
-        for taken in range(m):
-            best_w = kids[taken, K_COUNT] + (bonus if kids[taken, K_LAST] == top else 0.0)
-            prob = best_w * scale
-            if prob < min_prob or n_cand >= cand.shape[0]:
-                break
-            cand_p[n_cand] = prob
-            cand_share[n_cand] = best_w * step
-            cand[n_cand, C_TOK] = kids[taken, K_TOK]
-            cand[n_cand, C_PARENT] = here
-            cand[n_cand, C_STATE] = kids[taken, K_STATE]
-            cand[n_cand, C_LEN] = length + 1
-            cand[n_cand, C_DEPTH] = depth + 1
-            cand[n_cand, C_PART] = q
-            cand[n_cand, C_GROUP] = learn.group(cls, 0)
-            if not live:
-                prefetch(offsets, kids[taken, K_STATE])  # read when the candidate is expanded
-            if taken == 0 and seeded >= n_parts and rooted and (n_heap == 0 or prob > hkey[0]):
-                # the best child, more probable than every waiting candidate, is the next pop:
-                # it skips the heap (its siblings score no higher)
-                direct = n_cand
-                direct_p = prob
-            else:
-                n_heap = _heap_push(hkey, hval, n_heap, prob, n_cand)
-            n_cand += 1
+        n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
+                                                          cls, gf, k, session.local, glob, cur, n_kids, total, top,
+                                                          ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur, n_kids,
+                   total, top, may_direct, n_cand, n_heap):
+    """Score the n_kids gathered children of the state at hand (count `total`, most recent end
+    `top`) and make the best max_children of them candidates. The best one skips the heap when
+    `may_direct` and it beats every waiting candidate (its siblings score no higher): returns
+    (n_cand, n_heap, direct, direct_p), direct the candidate to pop next (-1: none)."""
+    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + k.recency))
+    scale = cur.prob * step * (gf if cur.node >= 0 else 1.0)  # a root's factor waits for its agreement
+    bonus = k.recency * total  # the most recent child's (kids[i, K_LAST] == top)
+    m = min(k.max_children, n_kids)
+    best_first(kids, n_kids, m, bonus, top)
+    direct = -1
+    direct_p = 0.0
+    for taken in range(m):
+        best_w = kids[taken, K_COUNT] + (bonus if kids[taken, K_LAST] == top else 0.0)
+        prob = best_w * scale
+        if prob < k.min_prob or n_cand >= cand.shape[0]:
+            break
+        cand_p[n_cand] = prob
+        cand_share[n_cand] = best_w * step
+        cand[n_cand, C_TOK] = kids[taken, K_TOK]
+        cand[n_cand, C_PARENT] = cur.node
+        cand[n_cand, C_STATE] = kids[taken, K_STATE]
+        cand[n_cand, C_LEN] = cur.length + 1
+        cand[n_cand, C_DEPTH] = cur.depth + 1
+        cand[n_cand, C_PART] = cur.part
+        cand[n_cand, C_GROUP] = learn.group(cls, 0)
+        if not live:
+            prefetch(f_offsets, kids[taken, K_STATE])  # read when the candidate is expanded
+        if taken == 0 and may_direct and (n_heap == 0 or prob > heap_key[0]):
+            direct = n_cand
+            direct_p = prob
+        else:
+            n_heap = _heap_push(heap_key, heap_val, n_heap, prob, n_cand)
+        n_cand += 1
+    return n_cand, n_heap, direct, direct_p
 
 
 @njit(cache=True, nogil=True)

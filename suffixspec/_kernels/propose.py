@@ -13,8 +13,10 @@ A session's parts (matched contexts), in this order:
 A step's confidence is `learn.conf` over the session's and the proposer's learned counts (read
 only here; `learn.count_*` write them when tokens are committed).
 
-`draft.expand` grows the merged tree of all parts best-first with one heap, written into `out_*`
-from index `at` with parents local to the tree (0-based), at most `budget` nodes.
+`draft.expand` grows the merged tree of all parts best-first with one heap, written into a
+`draft.Tree` (views of the output arrays from the tree's first node) with parents local to the
+tree (0-based), at most `budget` nodes. The kernels hand each other named tuples (`draft.Session`,
+`draft.Shared`, `draft.Workspace`, `draft.Tree`), built once from the frames or the batch's arrays.
 
 The batch kernels give each thread a strided share of the sessions, its own workspace and its own
 link-cut stack; one thread runs no parallel region at all. Expanding a live automaton restructures
@@ -28,7 +30,7 @@ from numba import njit, prange, typed, types
 from . import draft as dk
 from . import learn
 from . import sam as sk
-from .address import address, prefetch, view_f64, view_i32, view_i64, view_i64_2d
+from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, REC_COLS, source_arrays
 from ..errors import InternalError
 
@@ -79,15 +81,12 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
 
 
 @njit(cache=True, nogil=True, inline="always")
-def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal, gcal, budget, params, min_match,
-                levels, ws, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at):
-    """One session's tree into `out_*[at:]`; returns (nodes written, link-cut stack).
-
-    Row j of `frozen` (a `source_table`) holds the source of cursor row j, of class cls_rows[j];
-    `local` and `glob` are the session's and the proposer's learn stats, `cal` and `gcal` the
-    proposer's calibration and group tables; `out_share`, `out_group` and `out_step` get each node's
-    share, group and step (`learn.count_tree` reads them)."""
-    part_src, part_state, part_len = ws[dk.V_PART_SRC], ws[dk.V_PART_STATE], ws[dk.V_PART_LEN]
+def _set_parts(session, shared, ws):
+    """The session's parts into the workspace's `part_*` (module docstring); returns their number.
+    Every frozen part's first reads are prefetched, to be in flight together."""
+    S, M, cur, frozen = session.S, session.M, session.cur, shared.frozen
+    levels, min_match = shared.levels, shared.min_match
+    part_src, part_state, part_len = ws.part_src, ws.part_state, ws.part_len
     n_parts = 0
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
@@ -114,28 +113,66 @@ def propose_one(S, E, L, M, stack, cur, frozen, tops, cls_rows, local, glob, cal
             part_state[n_parts] = state
             part_len[n_parts] = length
             n_parts += 1
-            prefetch(offsets, state)  # every part's first reads, in flight together (below too)
+            prefetch(offsets, state)
             if not 0 <= state < links.shape[0]:
                 break
             state = links[state]
             if not 0 <= state < lens.shape[0]:
                 break  # damaged arrays: no shorter match
             length = lens[state] if state > 0 else 0
-    if n_parts == 0:
-        return 0, stack
     for i in range(n_parts):
         if part_src[i] >= 0:
             offsets, _etok, _eto, _counts, _lasts, _links, _lens, rec = source_arrays(frozen, part_src[i])
             v = part_state[i]
             if 0 <= v < offsets.shape[0]:
                 prefetch(rec, REC_COLS * offsets[v])
-    return dk.expand(S, E, L, M, stack, frozen, tops, cls_rows, local, glob, cal, gcal, n_parts, budget, params, ws,
-                     out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at)
+    return n_parts
+
+
+@njit(cache=True, nogil=True, inline="always")
+def propose_one(session, shared, stack, budget, ws, tree):
+    """One session's tree into `tree` (a `dk.Tree`, views from the tree's first node); returns
+    (nodes written, link-cut stack). `session` is a `dk.Session`, `shared` a `dk.Shared`: row j
+    of `shared.frozen` holds the source of cursor row j of `session.cur`; `ws` is the thread's
+    `dk.Workspace`, `stack` its link-cut stack (`dk.expand`)."""
+    n_parts = _set_parts(session, shared, ws)
+    if n_parts == 0:
+        return 0, stack
+    return dk.expand(session, shared, stack, n_parts, budget, ws, tree)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _tree_at(out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, at):
+    """The `dk.Tree` of the output arrays from node `at` on."""
+    return dk.Tree(out_tok[at:], out_par[at:], out_depth[at:], out_prob[at:], out_share[at:], out_group[at:],
+                   out_step[at:])
 
 
 # propose_framed's result: the tree's first arena node above TREE_SHIFT bits, its node count below
 TREE_SHIFT = 32
 TREE_COUNT_MASK = (1 << TREE_SHIFT) - 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _framed_session(frame):
+    """(`dk.Session`, link-cut stack) of the session a `session_frame` names."""
+    S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
+    cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
+    local = view_f64(frame[F_LOCAL], STATS_LEN).reshape((learn.N_CLASSES, learn.N_BUCKETS, 2))
+    return dk.Session(S, E, L, M, cur, local), stack
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _framed_shared(frame):
+    """The `dk.Shared` a `session_frame` names."""
+    table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
+    tops = view_i64_2d(frame[F_TOPS], frame[F_TABLE_ROWS], 2 * N_TOP_ARRAYS)
+    params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
+    cls_rows = view_i64(frame[F_CLS], frame[F_CUR_ROWS])
+    glob = view_f64(frame[F_GLOBAL], STATS_LEN).reshape((learn.N_CLASSES, learn.N_BUCKETS, 2))
+    cal = view_f64(frame[F_CAL], learn.CAL_LEN).reshape((learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS))
+    gcal = view_f64(frame[F_GCAL], learn.N_GROUPS * learn.CAL_COLS).reshape((learn.N_GROUPS, learn.CAL_COLS))
+    return dk.Shared(table, tops, cls_rows, glob, cal, gcal, params, frame[F_MIN_MATCH], frame[F_LEVELS])
 
 
 def tree_span(r: int) -> tuple[int, int]:
@@ -177,22 +214,11 @@ def propose_framed(frame_addr, wsf_addr, budget):
     if budget < 1 or budget > header[dk.WS_BUDGET] or n_parts > header[dk.WS_SOURCES] or off + budget > cap:
         return -1
     out = view_i32(wsf[dk.WS_OUT_I32], 4 * cap)
-    S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
-    cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
-    table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
-    tops = view_i64_2d(frame[F_TOPS], frame[F_TABLE_ROWS], 2 * N_TOP_ARRAYS)
-    params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
-    cls_rows = view_i64(frame[F_CLS], frame[F_CUR_ROWS])
-    shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
-    local = view_f64(frame[F_LOCAL], STATS_LEN).reshape(shape)
-    glob = view_f64(frame[F_GLOBAL], STATS_LEN).reshape(shape)
-    cal = view_f64(frame[F_CAL], learn.CAL_LEN).reshape((learn.N_RANKS, learn.N_SHARES, learn.CAL_COLS))
-    gcal = view_f64(frame[F_GCAL], learn.N_GROUPS * learn.CAL_COLS).reshape((learn.N_GROUPS, learn.CAL_COLS))
+    session, stack = _framed_session(frame)
     out_f64 = view_f64(wsf[dk.WS_OUT_F64], 3 * cap)
-    k, stack = propose_one(S, E, L, M, stack, cur, table, tops, cls_rows, local, glob, cal, gcal, budget, params,
-                           frame[F_MIN_MATCH], frame[F_LEVELS], dk.framed_workspace(wsf), out[:cap], out[cap : 2 * cap],
-                           out[2 * cap : 3 * cap], out_f64[:cap], out_f64[cap : 2 * cap], out[3 * cap :],
-                           out_f64[2 * cap :], off)
+    tree = _tree_at(out[:cap], out[cap : 2 * cap], out[2 * cap : 3 * cap], out_f64[:cap], out_f64[cap : 2 * cap],
+                    out[3 * cap :], out_f64[2 * cap :], off)
+    k, stack = propose_one(session, _framed_shared(frame), stack, budget, dk.framed_workspace(wsf), tree)
     wsf[dk.WS_OUT_OFF] = off + k
     return (off << TREE_SHIFT) | k
 
@@ -202,19 +228,26 @@ def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, 
                  c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
-    loops (some trees differed from the serial kernel's); a call per share costs nothing."""
+    loops (some trees differed from the serial kernel's); a call per share costs nothing.
+    The expansion sees `borrowed` views only (as `propose_framed` does): the arrays it passes to
+    its inlined phases then cost no reference counting (the batch ran 7-18% slower without)."""
     n = slots.shape[0]
     bmax = 64
     for i in range(n):
         bmax = max(bmax, budgets[i])
-    ws = dk.make_workspace(bmax, int(params[dk.P_MAX_CHILDREN]), max((1 + curs.shape[1]) * levels, 4))
+    i32, f64, i64 = dk.workspace_buffers(bmax, int(params[dk.P_MAX_CHILDREN]), max((1 + curs.shape[1]) * levels, 4))
+    ws = dk.workspace_views(borrowed(i32), borrowed(f64), borrowed(i64))
     stack = np.empty(64, np.int32)
+    shared = dk.Shared(borrowed(frozen), borrowed(tops), borrowed(cls_rows), borrowed(glob), borrowed(cal),
+                       borrowed(gcal), borrowed(params), min_match, levels)
     for i in range(c, n, n_chunks):
-        S, E, L, M = live[slots[i]]
-        k, stack = propose_one(S, E, L, M, stack, curs[i], frozen, tops, cls_rows, locals_[i], glob, cal, gcal,
-                               budgets[i], params, min_match, levels, ws, out_tok, out_par, out_depth, out_prob, out_share,
-                               out_group, out_step, starts[i])
+        S, E, L, M = live[slots[i]]  # the list keeps them alive
+        session = dk.Session(borrowed(S), borrowed(E), borrowed(L), borrowed(M), borrowed(curs[i]), borrowed(locals_[i]))
+        tree = _tree_at(borrowed(out_tok), borrowed(out_par), borrowed(out_depth), borrowed(out_prob),
+                        borrowed(out_share), borrowed(out_group), borrowed(out_step), starts[i])
+        k, stack = propose_one(session, shared, stack, budgets[i], ws, tree)
         counts[i] = k
+    keep_alive(i32) + keep_alive(f64) + keep_alive(i64)  # the workspace's views are borrowed
 
 
 @njit(cache=True, nogil=True)
@@ -251,7 +284,7 @@ def normalize_frozen(links, lens, state, length):
 
 
 # The batch kernels' typed list of live automata: built and filled through these cached functions,
-# because typed List's own methods are compiled afresh in every process on first use (~0.5 s on a
+# because typed List's own methods are compiled afresh in every process on first use (a delay on a
 # first request).
 LIVE_ITEM = types.Tuple((types.int32[:, ::1], types.int32[:, ::1], types.int32[:, ::1], types.int64[::1]))  # S, E, L, M
 
