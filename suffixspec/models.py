@@ -16,11 +16,9 @@ Contract:
   linear layers by `PackedLinear` layers whose weights are laid out once in oneDNN's blocked
   layout for linear layers (`prepack_linear_layers`); a dense multi-token pass (a draft tree)
   re-packs every weight matrix on every call. The tied output projection gets a packed copy of
-  its own (+113 MB for SmolLM2-135M). Measured on SmolLM2-135M, two threads, 256-token past:
-  dense layers one-token step 38.5 ms, 4 tokens 49.3 ms; blocked layout 18-22 ms for a step, and
-  passes of 2 / 4 / 16 / 64 tokens 1.05x / 1.1x / 1.7x / 3.9x a step (`CostModel.measure`, 4 runs;
-  plain oneDNN layout 1.22x / 1.25x / 1.69x / 3.66x); logits equal to the dense layers' within
-  float32 rounding.
+  its own (one more vocabulary x hidden matrix). The blocked layout makes both one-token steps and
+  small multi-token passes cheaper than dense layers or oneDNN's plain layout; logits equal the
+  dense layers' within float32 rounding.
 * A model on the CPU with ``"sdpa"`` attention and grouped key/value heads is switched to
   `suffixspec.attention.NAME` (same kernel, the grouped heads fed as they are; see that module).
 """
@@ -93,9 +91,8 @@ def prepack_linear_layers(model) -> int:
     """Replace `model`'s float32 CPU ``nn.Linear`` layers by oneDNN layers with pre-packed weights,
     in place, for inference; returns how many were replaced (0 when oneDNN is unavailable).
     A tied output projection (its weight shared with the input embedding) gets a packed copy of
-    its own: one more vocabulary x hidden matrix in memory (113 MB for SmolLM2-135M), for a
-    3x cheaper projection (one-token step 7.2 -> 2.2 ms, two tokens 16.4 -> 4.5 ms); the input
-    embedding keeps the original. Other shared weights are left as they are."""
+    its own: one more vocabulary x hidden matrix in memory, for a several times cheaper projection;
+    the input embedding keeps the original. Other shared weights are left as they are."""
     import torch
 
     if not torch.backends.mkldnn.is_available() or not hasattr(torch.ops.mkldnn, "_linear_pointwise"):
