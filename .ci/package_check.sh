@@ -29,7 +29,7 @@ import os
 names = [m.name for m in pkgutil.walk_packages(suffixspec.__path__, "suffixspec.")]
 missing = sorted(set(os.environ["SOURCE_MODULES"].split()) - set(names) - {"suffixspec"})
 assert not missing, f"modules of the source tree missing from the installed package (list them in pyproject.toml): {missing}"
-optional = {"suffixspec.integrations.vllm"}  # imports vllm only when vLLM calls it; checked in .ci/vllm.sh
+optional = {"suffixspec.integrations.vllm", "suffixspec.integrations.vllm_speculator"}  # import vllm (when vLLM calls them); checked in .ci/vllm.sh
 failed = []
 for name in names:
     try:
@@ -41,5 +41,7 @@ from importlib.resources import files
 data = files("suffixspec.corpora")
 assert any(p.name.endswith(".jsonl") for p in data.iterdir()), "shipped corpora missing"
 assert not failed, "modules that do not import from the installed package:\n" + "\n".join(failed)
+import suffixspec_vllm  # the vLLM entry point ships beside the package and imports nothing heavy
+assert suffixspec_vllm.__file__.startswith(sys.prefix), f"imported {suffixspec_vllm.__file__}, not the installed copy"
 print(f"package check: {len(names)} modules import from a non-editable install")
 PY
