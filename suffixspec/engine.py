@@ -6,19 +6,21 @@ short request is refilled at once instead of idling until the batch's slowest re
 Contract of one `step()`:
 
 1. Cancelled requests leave (`cancel`).
-2. Either admission or a round. Admission, when slots are free (`max_batch`) and requests wait,
-   unless the previous step admitted while other requests were running (running rows wait for at
-   most one admission between two of their rounds): waiting requests (FIFO) fill the free slots.
+2. Either admission or a round. Admission, when slots are free (`max_batch`) and requests wait, or
+   a long prompt is being read, unless the previous step admitted while other requests were running
+   (running rows wait for at most one admission between two of their rounds): waiting requests
+   (FIFO) fill the free slots within the step's `max_step_tokens` (`prefill`: a longer prompt is read
+   chunk by chunk over several admissions, in its own cache, its last chunk being its first round).
    Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
    is also their first round; grouped by prompt length so left padding stays small); their cache
    rows then join the running batch (`KVState.add_rows`). Automatic rows of a prefill that could not
    carry a single draft node within the policy's slack (`BudgetPolicy.prefill_may_draft`) open their
    proposer sessions at their first drafting round instead (`SessionState.DEFERRED`), so the set-up is not
    on their time to first token; a request that finishes before it drafts opens and closes its
-   session then, so its output still joins the past responses. A newcomer's first tokens thus end the
-   step that admits it: its time to first token is its queueing and its prefill, never a round of
-   the running batch, whichever way the step's events reach it (events' times, or the end of the
-   step for a caller that publishes them then).
+   session then, so its output still joins the past responses. A newcomer whose prompt fits one step
+   thus has its first tokens at the end of the step that admits it: its time to first token is its
+   queueing and its prefill, never a round of the running batch, whichever way the step's events
+   reach it (events' times, or the end of the step for a caller that publishes them then).
 3. Otherwise one round for every running request, in named steps that read top-down in `_round`:
    draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
    them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
