@@ -9,7 +9,6 @@ automaton's children in its edge-list order (the order the kernel gathers them: 
 
 import random
 
-import numpy as np
 import pytest
 
 import naive
