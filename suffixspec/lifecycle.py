@@ -75,6 +75,7 @@ class Request:
     prediction: Prediction | None = None
     trust: RequestTrust = field(default_factory=RequestTrust)
     cancelled: bool = False
+    family: int | None = None  # the first request's index among samples of one prompt (None: alone)
 
     @property
     def auto(self) -> bool:

@@ -47,6 +47,7 @@ import torch
 
 from .batch import RoundBatch
 from .errors import InternalError
+from .logprobs import of_rows
 from .tree import DraftTree
 
 __all__ = [
@@ -97,12 +98,16 @@ def argmax_rows(scores: torch.Tensor) -> list[int]:
 class Sampler:
     """Turns target logits into tokens exactly as plain decoding does.
 
-    Order (as in transformers' `generate`): user logits processors, then temperature, top-k, top-p
-    (transformers' own warpers), then argmax (greedy) or sampling from the softmax.
+    Order (as in transformers' `generate`): logits processors (the user's, then penalties, the least
+    length, the grammar), then temperature, top-k, top-p, min-p (transformers' own warpers), then
+    argmax (greedy) or sampling from the softmax. `logprobs` (None, or 0..20 top alternatives): the
+    walk reports each chosen token's log probability under the raw logits (before any processing).
     """
 
-    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None):
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None,
+                 min_p=None, logprobs=None):
+        from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                  TopPLogitsWarper)
 
         self.do_sample = bool(do_sample)
         self.processors = LogitsProcessorList(list(logits_processor or []))
@@ -114,6 +119,9 @@ class Sampler:
                 warpers.append(TopKLogitsWarper(top_k=int(top_k)))
             if top_p is not None and float(top_p) < 1.0:
                 warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+            if min_p is not None and float(min_p) > 0.0:
+                warpers.append(MinPLogitsWarper(min_p=float(min_p)))
+        self.logprobs = None if logprobs is None else int(logprobs)
         self.warpers = LogitsProcessorList(warpers)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if self.do_sample else 0
@@ -598,6 +606,7 @@ class RowResult:
     tokens: list[int] = field(default_factory=list)  # committed this round (accepted drafts, then the bonus)
     accepted_nodes: list[int] = field(default_factory=list)  # draft nodes whose tokens were committed
     stopped_on_eos: bool = False
+    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when its sampler asks for them
 
 
 def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> list[RowResult]:
@@ -618,7 +627,7 @@ def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> l
     if any(s is None for s in row_samplers):
         raise InternalError("accept: expected a Sampler for every row of the batch, got None")
     first = row_samplers[0] if b else None
-    if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors)
+    if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors) and first.logprobs is None
             and all(s is first for s in row_samplers) and not any(len(tr) for tr in trees)):
         # greedy without drafts, logits [b, 1, vocab] (the root's): one argmax per row
         chosen = argmax_rows(logits[:, 0])
@@ -640,11 +649,18 @@ def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> l
             sampler = row_samplers[active[js[0]]]
             rows_g = [active[j] for j in js]
             group_scores = scores if len(js) == len(active) else scores[torch.tensor(js, device=scores.device)]
+            raw = group_scores
             ctx = [contexts[r] + results[r].tokens for r in rows_g] if len(sampler.processors) else []
             group_scores = sampler.process(ctx, group_scores)
             keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in rows_g]
-            for j, tok in zip(js, sampler.choose(group_scores, keys)):
+            picked = sampler.choose(group_scores, keys)
+            for j, tok in zip(js, picked):
                 chosen[j] = tok
+            if sampler.logprobs is not None:  # the hook every per-position report reads: the raw logits
+                for r, entry in zip(rows_g, of_rows(raw, picked, sampler.logprobs)):
+                    if results[r].logprobs is None:
+                        results[r].logprobs = []
+                    results[r].logprobs.append(entry)
         still = []
         for r, tok in zip(active, chosen):
             res = results[r]
