@@ -36,7 +36,7 @@ def of_rows(raw, chosen: list[int], n: int) -> list[TokenLogprob]:
     """raw: [m, V] logits; chosen: m token ids; n: alternatives per row (0..20)."""
     import torch
 
-    logp = torch.log_softmax(raw.float(), dim=-1)
+    logp = torch.log_softmax(raw.double(), dim=-1)
     picked = logp.gather(1, torch.tensor(chosen, device=logp.device).view(-1, 1))[:, 0].tolist()
     tops: list[tuple[Alternative, ...]] = [()] * len(chosen)
     if n > 0:

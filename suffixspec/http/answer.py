@@ -60,13 +60,19 @@ class Answer:
     # ---------------------------------------------------------------- token text
 
     def token_text(self, tok: int) -> str:
-        return self.ctx.tokenizer.decode([tok])
+        """A token as text; one that is not whole UTF-8 alone (part of a character) as OpenAI writes
+        it, `bytes:\\xNN...`, so distinct tokens stay distinct keys of a top-logprobs dictionary."""
+        data = self.token_bytes(tok)
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError:
+            return "bytes:" + "".join(f"\\x{b:02x}" for b in data)
 
     def token_bytes(self, tok: int) -> bytes:
         try:
             return self.ctx.tokenizer.token_bytes(tok)
         except (ValueError, AttributeError):
-            return self.token_text(tok).encode()
+            return self.ctx.tokenizer.decode([tok]).encode()
 
     def decode(self, ids: list[int]) -> str:
         return self.ctx.tokenizer.decode(ids)
