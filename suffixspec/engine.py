@@ -58,7 +58,7 @@ from .fallback import plain_generate
 from .lifecycle import PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
 from .prediction import Prediction, prediction_counts, with_path
-from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups
+from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from .tree import DraftTree, prune_tree
 
@@ -115,26 +115,6 @@ def model_vocab_size(model) -> int | None:
     except (AttributeError, TypeError, NotImplementedError):
         size = getattr(getattr(model, "config", None), "vocab_size", None)
         return int(size) if size else None
-
-
-def _families(newcomers: list[Request]) -> tuple[list[list[Request]], list[Request]]:
-    """Newcomers split into families (two or more samples of one prompt of at least two tokens,
-    admitted together) and the others, each in arrival order."""
-    by_family: dict[int, list[Request]] = {}
-    singles: list[Request] = []
-    for rq in newcomers:
-        if rq.family is None and not any(o.family == rq.index for o in newcomers):
-            singles.append(rq)
-        else:
-            by_family.setdefault(rq.index if rq.family is None else rq.family, []).append(rq)
-    families = []
-    for members in by_family.values():
-        if len(members) > 1 and len(members[0].pending) > 1:
-            families.append(members)
-        else:
-            singles.extend(members)
-    singles.sort(key=lambda rq: rq.index)
-    return families, singles
 
 
 def _close_logged(close, *args) -> None:
@@ -386,7 +366,7 @@ class Server:
         stay at the head of the queue, in their order."""
         budget, spent, back = self.max_step_tokens, 0, []
         newcomers = [self._waiting.popleft() for _ in range(free)]
-        families, singles = _families(newcomers)
+        families, singles = sample_families(newcomers)
         for family in families:
             tokens = len(family[0].pending) - 1 + len(family)
             if spent + tokens <= budget:
