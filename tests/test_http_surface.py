@@ -324,3 +324,17 @@ def test_schema_constrained_answers_always_parse_and_validate(served):
                                          "response_format": {"type": "json_object"}})
     text = r.json()["choices"][0]
     assert text["finish_reason"] == "length" or isinstance(json.loads(text["text"]), dict)
+
+
+def test_serving_doc_lists_every_field():
+    """docs/serving.md names every field the server implements, ignores or refuses."""
+    from pathlib import Path
+
+    from suffixspec.http import protocol
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "serving.md").read_text()
+    fields = (protocol.COMMON_FIELDS | protocol.COMPLETION_FIELDS | protocol.CHAT_FIELDS | protocol.IGNORED
+              | set(protocol.REFUSED)) - {"suffixspec"}
+    missing = sorted(f for f in fields if f"`{f}`" not in doc)
+    assert not missing, f"docs/serving.md does not name {missing}"
+    assert "`suffixspec.budget`" in doc and "`suffixspec.filter`" in doc

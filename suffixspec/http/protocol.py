@@ -47,6 +47,7 @@ MAX_STOPS = 4
 MAX_N = 16
 MAX_LOGPROBS = 20
 MAX_PROMPTS = 64
+MAX_CHOICES = 128  # engine requests one HTTP request may make: prompts x best_of
 DEFAULT_COMPLETION_TOKENS = 16
 ROLES = ("system", "user", "assistant", "tool", "developer")
 # the fields each endpoint implements (OpenAI's, then the extensions as vLLM names them, then ours)
@@ -567,6 +568,10 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
         if echo and logprobs is not None and body.get("suffix") is not None:
             raise bad("echo: prompt logprobs of a fill-in-the-middle prompt are not supported (drop echo or "
                       "logprobs)", "echo")
+    if len(prompts) * best_of > MAX_CHOICES:
+        name = "best_of" if best_of > n else "n"
+        raise bad(f"{name}: {len(prompts)} prompts x {best_of} samples make {len(prompts) * best_of} generations, more "
+                  f"than the {MAX_CHOICES} one request may ask for", name)
     max_tokens = _max_tokens(body, kind, ctx, prompts)
     prediction_ids = _prediction(body, ctx)
     flt, budget = _extension(body, ctx)
