@@ -55,10 +55,13 @@ def prefill_groups(requests: list[Request], waste: float = 0.25, max_tokens: int
 def sample_families(newcomers: list[Request]) -> tuple[list[list[Request]], list[Request]]:
     """Newcomers split into families (two or more samples of one prompt of at least two tokens,
     admitted together) and the others, each in arrival order."""
+    heads = {rq.family for rq in newcomers if rq.family is not None}
+    if not heads:
+        return [], list(newcomers)
     by_family: dict[int, list[Request]] = {}
     singles: list[Request] = []
     for rq in newcomers:
-        if rq.family is None and not any(o.family == rq.index for o in newcomers):
+        if rq.family is None and rq.index not in heads:
             singles.append(rq)
         else:
             by_family.setdefault(rq.index if rq.family is None else rq.family, []).append(rq)
