@@ -38,9 +38,15 @@ COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator":
 
 @dataclass(frozen=True)
 class Structure:
-    """A JSON constraint: `schema` None means any JSON object."""
+    """A constraint: a JSON schema (`schema_text`; None with no `lark` means any JSON object), or a
+    grammar in llguidance's Lark dialect (`lark`: tool calls)."""
 
     schema_text: str | None = None
+    lark: str | None = None
+
+    @classmethod
+    def from_lark(cls, grammar: str) -> Structure:
+        return cls(None, grammar)
 
     @classmethod
     def json_object(cls) -> Structure:
@@ -58,7 +64,10 @@ class Structure:
 
         schema = {"type": "object"} if self.schema_text is None else json.loads(self.schema_text)
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT)
+            if self.lark is not None:
+                grammar = llguidance.LLMatcher.grammar_from_lark(self.lark)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=COMPACT)
         except (ValueError, TypeError) as exc:
             raise BadInputError(f"{PARAM}: the JSON schema cannot be compiled: {exc}", param=PARAM) from None
         problem = llguidance.LLMatcher.validate_grammar(grammar, ll_tokenizer(tokenizer))

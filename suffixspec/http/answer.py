@@ -29,6 +29,7 @@ from .choices import ChoiceText, chat_logprobs, completion_logprobs, merge_stats
 from .engine_loop import Final, Handle, Tokens
 from .protocol import APIError, GenerationRequest, ModelContext
 from .text import TextAssembler
+from .tools import ToolStream, parse_calls
 
 __all__ = ["Answer", "sse", "DONE", "ABORT", "error_response"]
 
@@ -169,8 +170,14 @@ class Answer:
         text, reason = self.texts[i], protocol.finish_reason(self.finals[i].reason)
         kept = text.kept_logprobs()
         if self.req.kind == "chat":
-            return {"index": index, "message": {"role": "assistant", "content": text.asm.text()},
-                    "logprobs": self._logprobs(i, kept, False, 0), "finish_reason": reason}
+            message = {"role": "assistant", "content": text.asm.text()}
+            if self.req.tools is not None:
+                message["content"], calls = parse_calls(text.asm.text(), self.req.tools)
+                if calls:
+                    message["tool_calls"] = [c.as_openai() for c in calls]
+                    reason = "tool_calls" if reason == "stop" else reason
+            return {"index": index, "message": message, "logprobs": self._logprobs(i, kept, False, 0),
+                    "finish_reason": reason}
         echo = self._echo_text(i) if self.req.echo else ""
         return {"index": index, "text": echo + text.asm.text(),
                 "logprobs": self._logprobs(i, kept, self.req.echo, 0), "finish_reason": reason}
@@ -179,6 +186,7 @@ class Answer:
 
     async def chunks(self) -> AsyncIterator[bytes]:
         req = self.req
+        self.tool_streams = [ToolStream(req.tools) for _ in self.handles] if req.tools is not None else None
         for i, handle in enumerate(self.handles):  # (streams have best_of == n: output index == position)
             if req.kind == "chat":
                 yield self._chunk(i, {"role": "assistant", "content": ""})
@@ -189,7 +197,10 @@ class Answer:
             before = len(text.asm.text())
             if isinstance(event, Tokens):
                 piece = text.feed(event.ids, event.logprobs)
-                if piece:
+                if self.tool_streams is not None:
+                    for chunk in self._tool_chunks(i, *self.tool_streams[i].feed(text.asm.text())):
+                        yield chunk
+                elif piece:
                     yield self._chunk(i, piece, logprobs=self._stream_logprobs(i, text.unreported(), before))
                 continue
             final: Final = event
@@ -200,9 +211,16 @@ class Answer:
                     yield chunk
                 return
             rest = text.finish(final.reason, final.tokens, final.logprobs)
+            reason = protocol.finish_reason(final.reason)
+            if self.tool_streams is not None:
+                piece, fragments, calls = self.tool_streams[i].finish(text.asm.text())
+                for chunk in self._tool_chunks(i, piece, fragments):
+                    yield chunk
+                rest = None
+                reason = "tool_calls" if calls and reason == "stop" else reason
             last = all(f is not None for f in self.finals)
             use = self._usage() if last else None
-            yield self._chunk(i, rest, protocol.finish_reason(final.reason),
+            yield self._chunk(i, rest, reason,
                               None if req.include_usage else use,
                               logprobs=self._stream_logprobs(i, text.unreported(final=True), before))
             if last:
@@ -220,6 +238,11 @@ class Answer:
                     yield self._chunk(i, None, ABORT)  # (text held back, a partial character, stays unsent)
         yield sse(err.body())
         yield DONE
+
+    def _tool_chunks(self, i: int, content: str, fragments: list[dict]) -> list[bytes]:
+        out = [self._chunk(i, content)] if content else []
+        out.extend(self._chunk(i, {"tool_calls": [fragment]}) for fragment in fragments)
+        return out
 
     def _stream_logprobs(self, i: int, entries: list, before: int) -> dict | None:
         """The logprobs of a chunk's tokens; `before`: the choice's characters sent before the chunk."""

@@ -49,19 +49,18 @@ MAX_LOGPROBS = 20
 MAX_PROMPTS = 64
 MAX_CHOICES = 128  # engine requests one HTTP request may make: prompts x best_of
 DEFAULT_COMPLETION_TOKENS = 16
-ROLES = ("system", "user", "assistant", "tool", "developer")
 # the fields each endpoint implements (OpenAI's, then the extensions as vLLM names them, then ours)
 COMMON_FIELDS = frozenset({
     "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
     "frequency_penalty", "logit_bias", "logprobs", "seed", "response_format", "prediction",
     "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "suffixspec"})
 COMPLETION_FIELDS = frozenset({"prompt", "suffix", "echo", "best_of"})
-CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs"})
+CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                         "parallel_tool_calls", "continue_final_message", "add_generation_prompt"})
 # bookkeeping fields that change nothing about the answer: accepted and ignored (docs/serving.md)
 IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
 # fields a client may send that this server does not implement yet: refused by name unless empty
-REFUSED = ("tools", "tool_choice", "functions", "function_call", "parallel_tool_calls", "continue_final_message",
-           "add_generation_prompt", "audio", "modalities", "reasoning_effort", "web_search_options")
+REFUSED = ("functions", "function_call", "audio", "modalities", "reasoning_effort", "web_search_options")
 
 
 class APIError(Exception):
@@ -143,6 +142,7 @@ class GenerationRequest:
     best_of: int = 1  # samples drawn per prompt (>= n; the n with the highest cumulative logprob are answered)
     echo: bool = False  # completions: the prompt's text in front of each choice's
     logprobs: int | None = None  # top alternatives per position to report; None: no logprobs
+    tools: Any = None  # chat: the `tools.ToolSpec` whose calls are parsed from the answer (None: no tools)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -286,42 +286,6 @@ def _one_prompt(prompt, suffix: str | None, ctx: ModelContext, name: str) -> Pro
         ids = _token_ids(prompt, name, ctx)
         return PromptInput(ids, None)
     raise bad(f"{name}: expected a string or a list of token ids, got {type(prompt).__name__}", name, "invalid_type")
-
-
-def _chat_ids(body: dict, ctx: ModelContext) -> list[int]:
-    from .chat import ChatTemplateError
-
-    messages = body.get("messages")
-    if messages is None:
-        raise bad("messages: required", "messages", "missing_required_parameter")
-    if not isinstance(messages, list):
-        raise bad(f"messages: expected a list of messages, got {type(messages).__name__}", "messages", "invalid_type")
-    if not messages:
-        raise bad("messages: the conversation is empty", "messages")
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}]: expected an object with role and content", f"messages[{i}]", "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
-        content = m.get("content")
-        turns.append({"role": role, "content": "" if content is None else
-                      _text_content(content, f"messages[{i}].content")})
-    if not any(t["content"] for t in turns):
-        raise bad("messages: every message is empty", "messages")
-    _fits(ctx, "".join(t["content"] for t in turns), "messages")
-    if ctx.chat is None:
-        raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
-                       param="messages", code="no_chat_template")
-    try:
-        text = ctx.chat.render(turns)
-    except ChatTemplateError as exc:
-        raise bad(str(exc), "messages") from None
-    ids = list(ctx.tokenizer.encode(text))
-    if not ids:
-        raise bad("messages: the conversation encodes to no tokens", "messages")
-    return ids
 
 
 def _prediction(body: dict, ctx: ModelContext) -> list[int] | None:
@@ -561,8 +525,12 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("user: expected a string", "user", "invalid_type")
+    tools = None
     if kind == "chat":
-        prompts = [PromptInput(_chat_ids(body, ctx), None)]
+        from .conversation import chat_prompt, check_tools
+
+        tools = check_tools(body)
+        prompts = [PromptInput(chat_prompt(body, ctx, tools), None)]
     else:
         prompts = _prompts(body, ctx)
         if echo and logprobs is not None and body.get("suffix") is not None:
@@ -576,9 +544,16 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
     prediction_ids = _prediction(body, ctx)
     flt, budget = _extension(body, ctx)
     options = _decode_options(body, ctx, max_tokens, budget, stops, logprobs, best_of, n)
+    if tools is not None and tools.forced:
+        if options.structure is not None:
+            raise bad("response_format: cannot be combined with a forced tool call (tool_choice)", "response_format")
+        from ..structured import Structure
+
+        options = options.replace(structure=Structure.from_lark(tools.grammar()))
     return GenerationRequest(kind, model, prompts, max_tokens, options, stream, include_usage, stops,
                              prediction_ids, flt, options.seed is not None, ctx.corpus_documents(flt),
-                             n=n, best_of=best_of, echo=echo, logprobs=logprobs)
+                             n=n, best_of=best_of, echo=echo, logprobs=logprobs,
+                             tools=tools if tools is not None and tools.choice != "none" else None)
 
 
 # ----------------------------------------------------------------------------------- responses

@@ -200,6 +200,9 @@ def parse_calls(text: str, spec: ToolSpec) -> tuple[str | None, list[ToolCall]]:
             if call is not None:
                 return None, [call]
         return (text or None), []
+    tail = rest[-1]
+    if OPEN in tail:  # a last call cut short (the answer ran out of tokens) is not content
+        rest[-1] = tail[: tail.index(OPEN)]
     content = "".join(rest).strip()
     return (content or None), calls
 
@@ -210,6 +213,7 @@ class _Open:
     id: str
     name: str
     start: int  # where its arguments begin in the text
+    opened: int  # where its <tool_call> tag is
     sent: int = 0  # argument characters sent
 
 
@@ -226,9 +230,10 @@ class CallStream:
         out = []
         names = {t.name for t in self.spec.tools}
         for m in CALL_HEAD.finditer(text):
-            if any(c.start == m.end() for c in self.calls) or m.group(1) not in names:
+            # a head counts once its arguments have begun (the blanks before them are all in)
+            if m.end() >= len(text) or any(c.opened == m.start() for c in self.calls) or m.group(1) not in names:
                 continue
-            call = _Open(len(self.calls), _call_id(), m.group(1), m.end())
+            call = _Open(len(self.calls), _call_id(), m.group(1), m.end(), m.start())
             self.calls.append(call)
             out.append({"index": call.index, "id": call.id, "type": "function",
                         "function": {"name": call.name, "arguments": ""}})
@@ -256,3 +261,45 @@ class CallStream:
             out.append({"index": i, "id": call.id, "type": "function",
                         "function": {"name": call.name, "arguments": call.arguments}})
         return out
+
+
+def _content_safe(text: str, forced: bool) -> str:
+    """The part of a streamed output that is surely content, not a call: none of a forced call's, and
+    none of an output that opens like a JSON call; else the text before the first call tag, less a
+    tail that may be the start of one."""
+    head = text.lstrip()
+    if forced or head.startswith("{") or head.startswith("<|python_tag|>"):
+        return ""
+    at = text.find(OPEN)
+    if at >= 0:
+        return text[:at]
+    for k in range(min(len(OPEN) - 1, len(text)), 0, -1):
+        if text.endswith(OPEN[:k]):
+            return text[:-k]
+    return text
+
+
+@dataclass
+class ToolStream:
+    """One streamed choice of a request with tools: content pieces and call fragments as its text grows."""
+
+    spec: ToolSpec
+    calls: CallStream = None
+    sent: str = ""  # content sent
+
+    def __post_init__(self):
+        self.calls = CallStream(self.spec)
+
+    def _content(self, final: str) -> str:
+        piece = final[len(self.sent):] if final.startswith(self.sent) else ""
+        self.sent += piece
+        return piece
+
+    def feed(self, text: str) -> tuple[str, list[dict]]:
+        fragments = self.calls.feed(text)
+        return self._content(_content_safe(text, self.spec.forced)), fragments
+
+    def finish(self, text: str) -> tuple[str, list[dict], list[ToolCall]]:
+        content, calls = parse_calls(text, self.spec)
+        fragments = self.calls.finish(calls)
+        return self._content((content or "") if calls else text), fragments, calls
