@@ -183,3 +183,76 @@ def test_calls_written_by_a_model_are_parsed_and_streamed():
         rebuilt[f["index"]]["arguments"] += f["function"]["arguments"]
     assert [(v["name"], v["arguments"]) for _, v in sorted(rebuilt.items())] == [(c.name, c.arguments) for c in final]
     assert content_sent.strip() == "Reading both."
+
+
+# ----------------------------------------------------------------------------------- the Responses API
+
+
+def test_responses_whole_and_streamed(served):
+    oai = client(served)
+    kw = dict(model="tiny", input="def g(x):\n    return x + 1\n", instructions="Be brief.", max_output_tokens=10,
+              temperature=0)
+    whole = oai.responses.create(**kw)
+    assert whole.object == "response" and whole.status in ("completed", "incomplete")
+    if whole.status == "incomplete":
+        assert whole.incomplete_details.reason == "max_output_tokens"
+    assert whole.usage.output_tokens <= 10 and whole.usage.total_tokens == whole.usage.input_tokens + \
+        whole.usage.output_tokens
+    kinds, texts = [], []
+    with httpx.stream("POST", served.url + "/v1/responses", json=dict(kw, stream=True), timeout=120) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                event = json.loads(line[6:])
+                assert event["sequence_number"] == len(kinds)
+                kinds.append(event["type"])
+                texts += [event["delta"]] if event["type"] == "response.output_text.delta" else []
+                last = event
+    assert "".join(texts) == whole.output_text and last["response"]["status"] == whole.status
+    assert kinds[:2] == ["response.created", "response.in_progress"]
+    assert kinds[-1] == f"response.{whole.status}"
+    assert kinds.index("response.output_item.added") < kinds.index("response.content_part.added") < kinds.index(
+        "response.output_text.delta") < kinds.index("response.output_text.done") < kinds.index(
+        "response.content_part.done") < kinds.index("response.output_item.done")
+    history = oai.responses.create(model="tiny", max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "hi"}]},
+        {"type": "function_call", "call_id": "call_1", "name": "tool_0", "arguments": '{"a0": 1}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "2"}],
+        tools=[{"type": "function", "name": "tool_0", "parameters": {"type": "object"}}])
+    assert history.status in ("completed", "incomplete")
+
+
+def test_responses_json_and_forced_calls(served):
+    oai = client(served)
+    schema = {"type": "object", "properties": {"k": {"type": "integer", "minimum": 0, "maximum": 9}},
+              "required": ["k"], "additionalProperties": False}
+    fmt = dict(model="tiny", input="a number", max_output_tokens=40, temperature=0,
+               text={"format": {"type": "json_schema", "name": "n", "schema": schema, "strict": True}})
+    r = oai.responses.create(**fmt)
+    assert r.status == "completed" and json.loads(r.output_text)["k"] in range(10)
+    with oai.responses.stream(**fmt) as stream:  # the official client's helper accepts our events
+        deltas = [event.delta for event in stream if event.type == "response.output_text.delta"]
+        final = stream.get_final_response()
+    assert final.output_text == "".join(deltas) == r.output_text
+    tool = random_tools(np.random.default_rng(5), 1)[0]["function"]
+    kw = dict(model="tiny", input="call it", max_output_tokens=120, temperature=0, parallel_tool_calls=False,
+              tools=[{"type": "function", **tool}], tool_choice="required")
+    r = oai.responses.create(**kw)
+    (call,) = [item for item in r.output if item.type == "function_call"]
+    assert call.name == tool["name"]
+    jsonschema.validate(json.loads(call.arguments), tool["parameters"])
+    with oai.responses.stream(**kw) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    (streamed,) = [item for item in final.output if item.type == "function_call"]
+    assert (streamed.name, streamed.arguments) == (call.name, call.arguments)
+
+
+def test_responses_bad_values_name_the_parameter(served):
+    base = {"model": "tiny", "input": "x"}
+    for extra, param in (({"previous_response_id": "resp_1"}, "previous_response_id"), ({"store": True}, "store"),
+                         ({"background": True}, "background"), ({"reasoning": {"effort": "low"}}, "reasoning"),
+                         ({"tools": [{"type": "function", "name": "a"}], "tool_choice": {"type": "function",
+                                                                                      "name": "b"}}, "tool_choice")):
+        r = httpx.post(served.url + "/v1/responses", json={**base, **extra}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)

@@ -149,20 +149,26 @@ class Answer:
 
     # ---------------------------------------------------------------- whole answers
 
-    async def collect(self) -> Response:
+    async def whole(self) -> dict:
+        """The whole response object, once every choice has finished (`APIError` if one failed)."""
         async for i, event in self._events():
             if isinstance(event, Tokens):
                 self.texts[i].feed(event.ids, event.logprobs)
         failed = next((f for f in self.finals if f.reason in ("error", "cancelled")), None)
         if failed is not None:
-            err = self._failure(failed)
-            self.metrics.http_request(self.path, err.status)
-            return error_response(err)
+            raise self._failure(failed)
         for text, final in zip(self.texts, self.finals):
             text.finish(final.reason, final.tokens, final.logprobs)
         choices = [self._choice(i, index) for i, index in self._answered()]
-        body = {"id": self.rid, "object": "chat.completion" if self.req.kind == "chat" else "text_completion",
+        return {"id": self.rid, "object": "chat.completion" if self.req.kind == "chat" else "text_completion",
                 "created": self.created, "model": self.req.model, "choices": choices, "usage": self._usage()}
+
+    async def collect(self) -> Response:
+        try:
+            body = await self.whole()
+        except APIError as err:
+            self.metrics.http_request(self.path, err.status)
+            return error_response(err)
         self.metrics.http_request(self.path, 200)
         return JSONResponse(body)
 

@@ -45,6 +45,8 @@ from .engine_loop import EngineLoop, Handle
 from .limits import ClientGone, Limits, read_json
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ModelContext
+from .responses import ResponseStream, response_object, to_chat
+from ..errors import BadInputError
 
 __all__ = ["AppState", "create_app"]
 
@@ -136,6 +138,7 @@ def create_app(state: AppState) -> Starlette:
         Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/responses", routes.responses, methods=["POST"]),
     ], exception_handlers={HTTPException: http_error, Exception: server_error})
     app.add_middleware(AuthMiddleware, state=state)
     return app
@@ -186,10 +189,13 @@ class Routes:
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, "chat")
 
-    async def generate(self, request: Request, kind: str) -> Response:
+    async def responses(self, request: Request) -> Response:
+        return await self.generate(request, "chat", responses=True)
+
+    async def generate(self, request: Request, kind: str, responses: bool = False) -> Response:
         path = request.url.path
         try:
-            engine, ctx, req, handles, sink = await self._submit(request, kind)
+            engine, ctx, req, handles, sink, body = await self._submit(request, kind, responses)
         except APIError as err:
             self.metrics.http_request(path, err.status)
             return error_response(err)
@@ -215,21 +221,35 @@ class Routes:
         answer = Answer(req, handles, sink, ctx, path, self.metrics, aborted=lambda: engine.aborted)
         if req.stream:
             self.metrics.http_request(path, 200)
-            return EventStream(answer.chunks(), inflight.close)
+            chunks = ResponseStream(answer, body).events() if responses else answer.chunks()
+            return EventStream(chunks, inflight.close)
         try:
-            return await answer.collect()
+            if not responses:
+                return await answer.collect()
+            try:
+                chat = await answer.whole()
+            except APIError as err:
+                self.metrics.http_request(path, err.status)
+                return error_response(err)
+            self.metrics.http_request(path, 200)
+            return JSONResponse(response_object(chat, body))
         finally:
             inflight.close()
 
-    async def _submit(self, request: Request, kind: str):
+    async def _submit(self, request: Request, kind: str, responses: bool = False):
         """Read, check and submit one request: one engine request per prompt and sample (`APIError`
-        when the server or the request refuses it; what was submitted of it is then cancelled)."""
+        when the server or the request refuses it; what was submitted of it is then cancelled).
+        `responses`: a Responses API body, checked as the chat request it becomes."""
         engine, ctx = self.state.ready()
         engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
         handles: list[Handle] = []
         try:
             body = await read_json(request, self.state.limits)
-            req = protocol.parse_request(body, kind, ctx)
+            try:
+                chat = to_chat(body) if responses else body
+            except BadInputError as exc:
+                raise protocol.bad(str(exc), exc.param) from None
+            req = protocol.parse_request(chat, kind, ctx)
             sink: asyncio.Queue = asyncio.Queue()
             scored = req.logprobs if req.echo and req.logprobs is not None else None
             for p, prompt in enumerate(req.prompts):
@@ -247,7 +267,7 @@ class Routes:
             raise
         finally:
             engine.arrived()
-        return engine, ctx, req, handles, sink
+        return engine, ctx, req, handles, sink, body
 
 
 class Inflight:
