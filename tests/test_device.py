@@ -156,3 +156,16 @@ def test_host_walk_equals_the_stepwise_walk(monkeypatch):
         once = accept(logits, root_index, batch)
         assert [(r.tokens, r.accepted_nodes, r.stopped_on_eos) for r in once] == \
             [(r.tokens, r.accepted_nodes, r.stopped_on_eos) for r in stepwise]
+
+
+def test_cpu_only_layers_stay_off_other_devices():
+    """`prepare_model` packs linear layers and switches to the grouped attention on the CPU only."""
+    from suffixspec.models import prepare_model
+
+    on_meta = meta_model("llama").float()
+    assert prepare_model(on_meta) == {"device": "meta", "packed_layers": 0, "grouped_attention": False}
+    assert on_meta.config._attn_implementation == "sdpa"
+    on_cpu = tiny_model("llama").float()
+    done = prepare_model(on_cpu)
+    assert done["device"] == "cpu" and done["grouped_attention"]
+    assert done["packed_layers"] == (7 * 2 + 1 if torch.backends.mkldnn.is_available() else 0)
