@@ -29,9 +29,9 @@ kept, and a one-token step uses the model's own causal mask. The prefix is never
 
 Devices: every tensor of a pass lives on the model's device. The host sends one int64 buffer per pass
 or commit (tokens, positions, each input's parent, pads; on CUDA pinned and copied without waiting),
-and the mask is built from it on the device (`ancestor_closure`); the pass and the commit never wait
+and the mask is built from it on the device (`treemask.ancestor_closure`); the pass and the commit never wait
 for the device (a `meta`-device model runs them). On CUDA a masked pass runs scaled-dot-product
-attention on the memory-efficient kernel (`TREE_SDPA_BACKENDS`); the oneDNN layers and the grouped
+attention on the memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`); the oneDNN layers and the grouped
 attention of `suffixspec.attention` are CPU-only. Greedy acceptance off the CPU copies every
 position's choice to the host once per round (`greedy_choices`): the round's one device-to-host copy.
 
@@ -57,6 +57,7 @@ from .batch import RoundBatch
 from .errors import InternalError
 from .logprobs import of_rows
 from .tree import DraftTree
+from .treemask import ancestor_closure, tree_sdpa
 
 __all__ = [
     "KVState",
@@ -64,7 +65,6 @@ __all__ = [
     "Sampler",
     "RowResult",
     "accept",
-    "ancestor_closure",
     "argmax_rows",
     "greedy_choices",
     "tree_attention_support",
@@ -286,34 +286,6 @@ def _growing_layer_class():
     return _GrowingLayer
 
 
-def ancestor_closure(parents: torch.Tensor, longest: int) -> torch.Tensor:
-    """bool [b, W, W]: [r, i, j] when input j of row r is input i or one of its ancestors, given each
-    input's parent `parents` [b, W] (-1: none) and `longest`, the most inputs on one chain. Built on
-    the device by pointer doubling: ceil(log2(longest)) rounds of two gathers, no host work."""
-    b, W = parents.shape
-    col = torch.arange(W, device=parents.device)  # [W]
-    jump = torch.where(parents < 0, col[None, :], parents)  # [b, W]: the parent (a root: itself)
-    closure = (col[:, None] == col[None, :]).expand(b, W, W).contiguous()  # [b, W, W]: within distance 0
-    reach = 1
-    while reach < longest:  # closure: ancestors within distance < reach; jump: the reach-th (or the root)
-        closure |= torch.gather(closure, 1, jump[:, :, None].expand(b, W, W))
-        jump = torch.gather(jump, 1, jump)
-        reach *= 2
-    return closure
-
-
-# Backends of scaled-dot-product attention for a pass with an explicit float mask on CUDA: flash
-# attention takes no arbitrary mask, the memory-efficient kernel does (math: the fallback for what it
-# refuses, e.g. float64).
-TREE_SDPA_BACKENDS = ("EFFICIENT_ATTENTION", "MATH")
-
-
-def _tree_sdpa():
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    return sdpa_kernel([getattr(SDPBackend, name) for name in TREE_SDPA_BACKENDS])
-
-
 @dataclass(frozen=True)
 class PassLayout:
     """Where each row's inputs sit in the last pass (`KVState.forward`), for `KVState.commit`."""
@@ -494,7 +466,7 @@ class KVState:
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
         if attention_mask is not None and self.device.type == "cuda":
-            with _tree_sdpa():  # flash attention takes no explicit mask: the memory-efficient kernel does
+            with tree_sdpa():  # flash attention takes no explicit mask: the memory-efficient kernel does
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         else:
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)

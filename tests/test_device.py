@@ -13,7 +13,8 @@ from torch.overrides import TorchFunctionMode
 import suffixspec.verify as verify
 from suffixspec.batch import RoundBatch
 from suffixspec.tree import DraftTree
-from suffixspec.verify import KVState, Sampler, accept, ancestor_closure
+from suffixspec.treemask import ancestor_closure
+from suffixspec.verify import KVState, Sampler, accept
 
 from tiny_models import tiny_model
 
@@ -169,3 +170,18 @@ def test_cpu_only_layers_stay_off_other_devices():
     done = prepare_model(on_cpu)
     assert done["device"] == "cpu" and done["grouped_attention"]
     assert done["packed_layers"] == (7 * 2 + 1 if torch.backends.mkldnn.is_available() else 0)
+
+
+def test_masked_passes_on_cuda_use_a_kernel_that_takes_the_mask():
+    """`tree_sdpa` leaves out flash attention (no arbitrary mask); under it a masked attention still
+    runs (here on the CPU through the math kernel) and gives the unrestricted result."""
+    from suffixspec.treemask import TREE_SDPA_BACKENDS, tree_sdpa
+
+    assert "FLASH_ATTENTION" not in TREE_SDPA_BACKENDS and "EFFICIENT_ATTENTION" in TREE_SDPA_BACKENDS
+    q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 4, 9, 16)
+    mask = torch.zeros(2, 1, 5, 9)
+    mask[..., ::3] = torch.finfo(torch.float32).min
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    with tree_sdpa():
+        got = torch.nn.functional.scaled_dot_product_attention(q, k, k, attn_mask=mask)
+    assert torch.allclose(got, want, atol=1e-5)
