@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 
 from ..errors import BadInputError
+from .fields import APIError, bad, fits, text_content
 from .tools import ToolSpec, call_text, system_prompt
 
 __all__ = ["chat_prompt"]
@@ -28,15 +29,11 @@ ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
 def _bad(message: str, param: str, code: str = "invalid_value"):
-    from .protocol import bad
-
     return bad(message, param, code)
 
 
 def _content(content, name: str) -> str:
-    from .protocol import _text_content
-
-    return _text_content(content, name)
+    return text_content(content, name)
 
 
 def _tool_calls(raw, i: int) -> list[dict]:
@@ -126,13 +123,12 @@ def _flags(body: dict) -> bool:
 
 def chat_prompt(body: dict, ctx, tools: ToolSpec | None) -> list[int]:
     from .chat import ChatTemplateError
-    from .protocol import APIError, _fits
 
     turns = _turns(body.get("messages"))
     prefill = _flags(body)
     if prefill and (turns[-1]["role"] != "assistant" or not turns[-1]["content"]):
         raise _bad("continue_final_message: the final message must be the assistant's, with text", "messages")
-    _fits(ctx, "".join(t["content"] for t in turns), "messages")
+    fits(ctx, "".join(t["content"] for t in turns), "messages")
     if ctx.chat is None:
         raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
                        param="messages", code="no_chat_template")

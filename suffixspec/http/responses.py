@@ -14,7 +14,8 @@ Contract:
   a 400 naming it.
 * `response_object(chat, body)`: the response (`id`, `object: "response"`, `created_at`, `model`,
   `status` "completed", or "incomplete" with `incomplete_details.reason: "max_output_tokens"`,
-  `output` message and function-call items, `usage` with input/output/total tokens).
+  `output` message and function-call items, `usage` with input/output/total tokens and, as in chat,
+  the engine's statistics under `usage.suffixspec`).
 * `ResponseStream(answer, body).events()`: `response.created`, `response.in_progress`, then per output
   item `response.output_item.added`, for a message `response.content_part.added`,
   `response.output_text.delta`..., `response.output_text.done`, `response.content_part.done`, for a
@@ -159,7 +160,7 @@ def to_chat(body) -> dict:
 def _usage(chat_usage: dict) -> dict:
     return {"input_tokens": chat_usage["prompt_tokens"], "output_tokens": chat_usage["completion_tokens"],
             "total_tokens": chat_usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0}}
+            "output_tokens_details": {"reasoning_tokens": 0}, "suffixspec": chat_usage.get("suffixspec")}
 
 
 def _shell(rid: str, created: int, body: dict, status: str) -> dict:
