@@ -50,7 +50,10 @@ def main(argv=None) -> int:
     rows = [json.loads(line) for line in (common.CORPORA / "code_edit_traces.jsonl").read_text().splitlines()]
     prompts = [tokenizer.encode(template.render([{"role": "user", "content": r["prompt"]}]))[: args.prompt_tokens]
                for r in rows[: args.prompts]]
-    gen = SpeculativeGenerator(model, tokenizer)
+    from suffixspec.proposer import Proposer
+
+    # no cache of past responses: every setting runs the same prompts, and greedy answers repeat
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False))
     gen.policy.ensure_cost_model(model)
     warm_kernels()
     opts = DecodeOptions(max_new_tokens=args.max_new_tokens, do_sample=True, temperature=args.temperature, seed=7)

@@ -60,6 +60,7 @@ from .options import DecodeOptions, check_int
 from .prediction import Prediction, prediction_counts, with_path
 from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
+from .structured import escaped_view
 from .tree import DraftTree, prune_tree
 
 __all__ = ["Server", "Event", "Step"]
@@ -250,7 +251,8 @@ class Server:
         rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
                      stats=RequestStats(prompt_tokens=len(ids)), added_s=self.now(),
                      filter=self.filter if filter is None else filter,
-                     request_id=request_id, prediction=predicted, family=family)
+                     request_id=request_id, prediction=predicted, family=family,
+                     draft_view=escaped_view(self.tokenizer, ids) if decoding.grammar is not None else None)
         self._requests[q] = rq
         self.stats.requests.append(rq.stats)
         if limit == 0:

@@ -16,6 +16,10 @@ Contract:
 * `GrammarProcessor.prune(tree, output)`: the closed subtree of a draft tree whose paths the grammar
   allows after `output` (nodes it forbids could never be accepted, so they are never verified).
 * The llguidance tokenizer is built once per `Tokenizer` (by its fingerprint) and shared.
+* `escaped_view(tokenizer, prompt)`: the prompt's text as it reads inside a JSON string, tokenized (None
+  when escaping changes nothing). The engine opens a structured request's proposer session over the
+  prompt followed by it, so an answer that quotes the prompt in a JSON field (code in `{"code": ...}`,
+  a file in a tool call's arguments) drafts from text it actually repeats.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ import numpy as np
 from .errors import BadInputError
 from .tree import DraftTree, subtree
 
-__all__ = ["Structure", "GrammarProcessor", "ll_tokenizer"]
+__all__ = ["Structure", "GrammarProcessor", "ll_tokenizer", "escaped_view"]
 
 PARAM = "response_format"
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
@@ -169,3 +173,11 @@ class GrammarProcessor:
             ok = self.matcher.validate_tokens([int(t) for t in tree.tokens[path]])
             keep[path[:ok]] = True
         return tree if keep.all() else subtree(tree, keep)
+
+
+def escaped_view(tokenizer, prompt: list[int]) -> list[int] | None:
+    if tokenizer is None:
+        return None
+    text = tokenizer.decode(prompt)
+    escaped = json.dumps(text, ensure_ascii=False)[1:-1]
+    return list(tokenizer.encode(escaped)) if escaped != text else None

@@ -256,3 +256,17 @@ def test_responses_bad_values_name_the_parameter(served):
                                                                                       "name": "b"}}, "tool_choice")):
         r = httpx.post(served.url + "/v1/responses", json={**base, **extra}, timeout=30)
         assert r.status_code == 400 and r.json()["error"]["param"] == param, (extra, r.text)
+
+
+def test_agent_workload_renders_its_turns():
+    """`suffixspec bench --workload agent`: each prompt is the conversation its messages render, ending
+    with the tool result (the function) and an open assistant turn."""
+    from suffixspec.bench.workloads import load_workload
+    from suffixspec.http.chat import ChatTemplate, chatml_template
+
+    workload = load_workload("agent")
+    assert len(workload.requests) >= 10
+    for req in workload.requests:
+        assert req.prompt == ChatTemplate(chatml_template()).render(req.messages)
+        assert req.messages[-1]["role"] == "tool" and "def " in req.messages[-1]["content"]
+        assert '"name":"read_file"' in req.messages[2]["content"]
