@@ -270,3 +270,35 @@ def test_agent_workload_renders_its_turns():
         assert req.prompt == ChatTemplate(chatml_template()).render(req.messages)
         assert req.messages[-1]["role"] == "tool" and "def " in req.messages[-1]["content"]
         assert '"name":"read_file"' in req.messages[2]["content"]
+
+
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools><|im_end|>\n"
+    "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content %}{{ m.content }}{% endif %}"
+    "{% for c in m.tool_calls or [] %}<tool_call>{{ c.function.name }} {{ c.function.arguments | tojson }}</tool_call>"
+    "{% endfor %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_templates_that_take_tools_get_them_and_the_history():
+    """A template rendering `tools` (Hermes style) gets the tools and the calls as sent; one that does
+    not gets the generic tools prompt and the calls written out."""
+    from types import SimpleNamespace
+
+    from suffixspec.http.chat import ChatTemplate, chatml_template
+    from suffixspec.http.conversation import chat_prompt
+    from suffixspec.http.tools import parse_tools
+
+    class Chars:  # a tokenizer whose ids are characters: the prompt text is visible in the ids
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+    body = {"messages": USER + [{"role": "assistant", "content": None, "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "tool_0", "arguments": '{"a0": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "42"}],
+        "tools": [{"type": "function", "function": {"name": "tool_0"}}]}
+    spec = parse_tools(body)
+    for source, expect in ((HERMES_TEMPLATE, '<tools>tool_0;</tools>'), (chatml_template(), "<tools>\n{")):
+        ctx = SimpleNamespace(chat=ChatTemplate(source), tokenizer=Chars(), max_positions=None)
+        text = "".join(chr(i) for i in chat_prompt(body, ctx, spec))
+        assert expect in text and "42" in text and text.endswith("<|im_start|>assistant\n")
+        assert '"a0"' in text and "tool_0" in text
