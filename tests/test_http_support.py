@@ -217,7 +217,7 @@ def test_parse_request_errors_name_the_parameter():
              ({**good, "prompt": ""}, "prompt"), ({**good, "prompt": [1, 99]}, "prompt"),
              ({**good, "max_tokens": 60}, "max_tokens"), ({**good, "max_tokens": "8"}, "max_tokens"),
              ({**good, "temperature": -0.5}, "temperature"), ({**good, "top_p": 0}, "top_p"),
-             ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 2}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
+             ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 17}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
              ({**good, "suffix": "x"}, "suffix"), ({**good, "logit_bias": {"77": 1}}, "logit_bias"),
              ({**good, "suffixspec": {"budget": -1}}, "suffixspec.budget"), ("[1]", None),
              ({**good, "suffixspec": {"filter": {"repo": "x"}}}, "suffixspec.filter")]
