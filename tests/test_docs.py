@@ -152,6 +152,12 @@ def test_links_between_documents_resolve():
                 assert anchor in anchors(path), f"{doc.name}: no anchor #{anchor} in {path.name}"
 
 
+def test_benchmarks_doc_names_every_bench_script():
+    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
+    scripts = [p.name for p in (ROOT / "bench").glob("*.py") if not p.name.startswith("_")]
+    assert [s for s in scripts if f"`{s}`" not in text] == []
+
+
 def test_docs_exist():
     for name in ("architecture.md", "serving.md", "corpus.md", "benchmarks.md", "cli.md"):
         assert (DOCS / name).stat().st_size > 1000, name
