@@ -212,6 +212,8 @@ def _load(args, budget, template, state, log, plan) -> None:
                        eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora), corpora=tuple(corpora))
     _warm_up(server, tokenizer, proposer)
+    if corpora:
+        state.metrics.sources(proposer)  # counted from here: the warm-up's drafts are not a client's
     _freeze_heap()
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
     engine.start()
