@@ -3,7 +3,8 @@
 For each contention level (0, 1, 2 competing processes: ``python -c "while True: pass"``, started
 here, bounded by ``timeout`` and killed at the end of the level) and each thread setting (``1`` ..
 the cores: ``--threads N``, which leaves OpenMP's wait policy unset: ``--threads <cores>`` is what the
-commands did before, torch's own count; ``N:POLICY``: the same with ``OMP_WAIT_POLICY=POLICY``;
+commands did before, torch's own count; ``N:POLICY``: the same with ``OMP_WAIT_POLICY=POLICY``
+(``N:SPIN<k>``: with ``GOMP_SPINCOUNT=k``);
 ``default``: no flag, `suffixspec.threads` chooses at start-up), two cases:
 
 - ``generate``: a fresh ``suffixspec generate --json`` per measurement (its start-up included, as a
@@ -48,11 +49,13 @@ def cli(*args: str) -> list[str]:
 
 def setting_args(setting: str, env: dict) -> tuple[list[str], dict]:
     """(extra CLI flags, environment) of a setting: ``default``, ``N`` or ``N:POLICY``."""
-    env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY")}
+    env = {k: v for k, v in env.items() if k not in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     if setting == "default":
         return [], env
     count, _, policy = setting.partition(":")
-    if policy:
+    if policy.startswith("SPIN"):  # libgomp's spins before a waiting thread sleeps (its default: 300000)
+        env["GOMP_SPINCOUNT"] = policy[4:]
+    elif policy:
         env["OMP_WAIT_POLICY"] = policy
     return ["--threads", count], env
 
@@ -226,7 +229,7 @@ def main() -> None:
     cores = len(os.sched_getaffinity(0))
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--settings", default=",".join([str(n) for n in range(1, cores + 1)] + ["default"]),
-                    help="thread settings: N, N:POLICY or default (default: 1..cores and default)")
+                    help="thread settings: N, N:POLICY, N:SPIN<k> or default (default: 1..cores and default)")
     ap.add_argument("--levels", default="0,1,2", help="competing CPU-bound processes per level (default 0,1,2)")
     ap.add_argument("--cases", default="generate,serve", help="generate and/or serve (default both)")
     ap.add_argument("--reps", type=int, default=3, help="measurements per cell (default 3)")
