@@ -179,7 +179,7 @@ def measure_level(level: int, args, prompt: str, prompt_file: Path, root: Path, 
                     else:
                         row = run_serve(servers.servers[s][1], budget, prompt, args.tokens, args.timeout_s)
                         row.update(servers.chosen(s))
-                    row.update(case=case, setting=s, mode=mode, level=level, rep=rep)
+                    row.update(case=case, setting=s, mode=mode, level=level, rep=rep, loadavg=loadavg())
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr)
         finally:
@@ -191,6 +191,18 @@ def measure_level(level: int, args, prompt: str, prompt_file: Path, root: Path, 
     for row in rows:
         row["loadavg_before"], row["loadavg_after"] = before, after
     return rows
+
+
+def earlier_rows(path: str, args) -> list[dict]:
+    """The complete levels of an earlier run's rows (a level this run measures again is dropped)."""
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.startswith("{")]
+    measured = set(args.levels)
+    for level in sorted({r["level"] for r in rows}):
+        if level not in args.levels:
+            args.levels.append(level)
+    args.levels.sort()
+    return [dict({"loadavg_before": "not recorded", "loadavg_after": "not recorded"}, **r) for r in rows
+            if r["level"] not in measured]
 
 
 def summarize(rows: list[dict], args) -> list[dict]:
@@ -238,6 +250,9 @@ def main() -> None:
     ap.add_argument("--level-limit-s", type=float, default=1800.0,
                     help="the competing processes' own time limit (default 1800; they are killed after the level)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the interleaved order (default 0)")
+    ap.add_argument("--rows-from", default=None, metavar="FILE",
+                    help="also summarise the rows of an earlier run (its stderr, one JSON row a line), e.g. levels "
+                         "measured before it was stopped (default: none)")
     common.add_record_flag(ap)
     args = ap.parse_args()
     args.settings = args.settings.split(",")
@@ -245,12 +260,13 @@ def main() -> None:
     args.cases = args.cases.split(",")
     rec = json.loads((common.CORPORA / "copy_edit_prompts.jsonl").read_text().splitlines()[0])
     rnd = random.Random(args.seed)
-    rows = []
+    measure = list(args.levels)
+    rows = earlier_rows(args.rows_from, args) if args.rows_from else []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="suffixspec-threads-") as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
         prompt_file.write_text(rec["chatml"])
-        for level in args.levels:
+        for level in measure:
             rows += measure_level(level, args, rec["chatml"], prompt_file, Path(tmp), rnd)
     cells = summarize(rows, args)
     print(f"{'case':9} {'mode':5} {'procs':>5} {'setting':>10} {'threads':>7} {'median':>7} {'min..max':>13} "
