@@ -1,28 +1,30 @@
-"""The CPU threads of the model's forward passes: how many, chosen from the cores other work leaves.
+"""The CPU threads of the model's forward passes: one per usable core, and idle OpenMP threads that
+sleep instead of spinning.
 
-Why it matters: a forward pass on CPU is hundreds of small parallel regions, each ending at a barrier
-that waits for the pool's slowest thread. When another process keeps a core busy, one of our threads
-is often descheduled and every region waits a scheduler time slice for it: on a 2-core host torch's
-default (one thread per core) decoded 0.35x as fast as one thread with two competing processes, and
-about 35x slower at a load of 3 to 6 (issue 44; `bench/bench_threads.py` measures it). One thread
-per core left free avoids the barrier stalls; on an idle host it is every core.
+Why: a forward pass on CPU is hundreds of small OpenMP parallel regions, each ending at a barrier.
+With libgomp's default wait policy a thread that reaches the barrier first spins (about 300,000
+rounds) for the others. When other processes keep the cores busy, that spinning burns the time slice
+a descheduled partner thread needs, and every region waits a scheduler slice: on a 2-core host with
+other work running, torch's default (2 threads, the policy unset) decoded 0.25-1.2 tokens/s where one
+thread did 4-10 (issue 44). With ``OMP_WAIT_POLICY=PASSIVE`` a waiting thread sleeps at once, and the
+scheduler runs a woken thread ahead of a CPU-bound competitor: 2 threads then decoded as fast as one
+thread or faster at every load measured (they also get a larger share of contended cores), so the
+count stays one per core and the load at start-up does not need to be guessed
+(`bench/bench_threads.py`; the figures are in `bench/results/threads.jsonl`).
 
 Contract
 --------
-- `ThreadPlan.start(requested, env=os.environ)` runs before torch is imported: it leaves OpenMP's
-  wait policy as the user set it, else sets ``OMP_WAIT_POLICY=PASSIVE`` when the count is chosen
-  here (idle pool threads sleep instead of spinning on a core another thread needs; libgomp reads the
-  variable once, when torch loads it) and starts measuring the CPU time other processes take on this
-  process's cores. `finish()` (after the model has loaded: the load is the measuring window, topped
-  up by a sleep to `MIN_WINDOW_S`) chooses, calls `torch.set_num_threads` and returns a
-  `ThreadChoice`, whose `describe()` is the start-up log line.
-- `choose(requested, cores, others_busy, env)` is the pure rule: ``--threads N`` wins, then
-  ``OMP_NUM_THREADS``; otherwise the cores this process may use (affinity and a cgroup CPU quota)
-  less the cores other processes kept busy, rounded, at least 1.
-- The choice is made once, at start-up: torch takes a thread's count when the thread first runs a
-  parallel op, so a later change in load is not followed (``--threads`` pins it).
+- `ThreadPlan.start(requested, env=os.environ)` runs before torch is imported (libgomp reads its
+  environment once, when torch loads it). Unless ``--threads`` or ``OMP_NUM_THREADS`` gives the
+  count, it sets `WAIT_ENV` in the environment, each variable only where the user has not set it.
+  `finish()` (once the model has loaded) calls `torch.set_num_threads` and returns a `ThreadChoice`,
+  whose `describe()` is the start-up log line: the count, why, and the wait policy in force.
+- `choose(requested, cores, env)`: ``--threads N`` wins, then ``OMP_NUM_THREADS``, then the cores this
+  process may use (`usable_cores`: its affinity mask, capped by a cgroup CPU quota).
+- A count given by ``--threads`` or ``OMP_NUM_THREADS`` leaves OpenMP's environment as it is: the
+  user's setting is taken literally.
 - torch's inter-op pool is left alone: it starts only for `torch.jit.fork`-style work, which no model
-  path here uses.
+  path here uses. The proposer's numba kernels run on one thread (`ProposerConfig.threads`).
 """
 
 from __future__ import annotations
@@ -30,26 +32,23 @@ from __future__ import annotations
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ThreadChoice", "ThreadPlan", "choose", "usable_cores"]
+__all__ = ["WAIT_ENV", "ThreadChoice", "ThreadPlan", "choose", "usable_cores"]
 
-MIN_WINDOW_S = 0.3  # shortest window over which other processes' CPU time is measured
-WAIT_POLICY = "PASSIVE"
+WAIT_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 @dataclass(frozen=True)
 class ThreadChoice:
     threads: int
     reason: str  # why this count, for the log
-    wait_policy: str  # OMP_WAIT_POLICY as the process runs with it ("" when unset: libgomp's default)
+    wait_policy: str  # OMP_WAIT_POLICY as the process runs with it ("" when unset: the runtime's default)
     cores: int  # cores this process may use
-    others_busy: float | None  # cores other processes kept busy during the window (None: not measured)
 
     def describe(self) -> str:
-        policy = self.wait_policy or "unset (libgomp's default)"
+        policy = self.wait_policy or "unset (the runtime's default)"
         return f"torch threads: {self.threads} ({self.reason}); OpenMP wait policy {policy}"
 
 
@@ -69,7 +68,7 @@ def _cgroup_quota() -> float | None:
         text = Path("/sys/fs/cgroup/cpu.max").read_text().split()
         if text and text[0] != "max":
             return int(text[0]) / int(text[1])
-    except (OSError, ValueError, IndexError):
+    except (OSError, ValueError, IndexError, ZeroDivisionError):
         pass
     try:
         quota = int(Path("/sys/fs/cgroup/cpu/cpu.cfs_quota_us").read_text())
@@ -79,44 +78,19 @@ def _cgroup_quota() -> float | None:
         return None
 
 
-def choose(requested: int | None, cores: int, others_busy: float | None, env=os.environ) -> tuple[int, str]:
-    """(threads, reason): `requested` (``--threads``), else ``OMP_NUM_THREADS``, else one thread per
-    core not kept busy by other processes (`others_busy` cores of `cores`; None: not measured)."""
+def _omp_count(env) -> int | None:
+    value = env.get("OMP_NUM_THREADS", "").strip()
+    return int(value) if value.isdigit() and int(value) >= 1 else None
+
+
+def choose(requested: int | None, cores: int, env=os.environ) -> tuple[int, str]:
+    """(threads, reason): `requested` (``--threads``), else ``OMP_NUM_THREADS``, else `cores`."""
     if requested is not None:
         return requested, "--threads"
-    omp = env.get("OMP_NUM_THREADS", "").strip()
-    if omp.isdigit() and int(omp) >= 1:
-        return int(omp), "OMP_NUM_THREADS"
-    if others_busy is None:
-        return cores, f"{cores} usable cores; the load of other processes could not be read"
-    free = cores - others_busy
-    threads = max(1, min(cores, math.floor(free + 0.5)))
-    return threads, (f"{cores} usable cores, other processes kept {others_busy:.1f} busy at start-up: "
-                     f"one thread per free core")
-
-
-class _CpuTimes:
-    """Busy and total CPU time on `cpus` (from /proc/stat, in seconds) and this process's CPU time."""
-
-    def __init__(self, cpus):
-        self.cpus = {f"cpu{c}" for c in cpus}
-        self.tick = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    def read(self) -> tuple[float, float] | None:
-        """(busy seconds of all processes on the cpus, this process's CPU seconds); None off Linux."""
-        try:
-            lines = Path("/proc/stat").read_text().splitlines()
-        except OSError:
-            return None
-        busy = 0
-        for line in lines:
-            name, _, rest = line.partition(" ")
-            if name in self.cpus:
-                # user nice system idle iowait irq softirq steal ...: steal is time the host gave away
-                f = [int(x) for x in rest.split()]
-                busy += f[0] + f[1] + f[2] + f[5] + f[6] + (f[7] if len(f) > 7 else 0)
-        t = os.times()
-        return busy / self.tick, t.user + t.system
+    omp = _omp_count(env)
+    if omp is not None:
+        return omp, "OMP_NUM_THREADS"
+    return cores, f"one per usable core, {cores}; --threads N to change"
 
 
 class ThreadPlan:
@@ -125,47 +99,23 @@ class ThreadPlan:
     def __init__(self, requested: int | None, env=None):
         self.requested = requested
         self.env = os.environ if env is None else env
-        self.cores = usable_cores()
-        try:
-            cpus = sorted(os.sched_getaffinity(0))
-        except (AttributeError, OSError):
-            cpus = list(range(self.cores))
-        self._times = _CpuTimes(cpus)
-        self._t0 = time.monotonic()
-        self._start = self._times.read()
         self.torch_loaded = "torch" in sys.modules
-        automatic = requested is None and not self.env.get("OMP_NUM_THREADS", "").strip()
-        if automatic and not self.env.get("OMP_WAIT_POLICY") and not self.torch_loaded:
-            self.env["OMP_WAIT_POLICY"] = WAIT_POLICY
+        self.automatic = requested is None and _omp_count(self.env) is None
+        if self.automatic and not self.torch_loaded:
+            for name, value in WAIT_ENV.items():
+                self.env.setdefault(name, value)
 
     @classmethod
     def start(cls, requested: int | None, env=None) -> "ThreadPlan":
         return cls(requested, env)
 
-    def others_busy(self) -> float | None:
-        """Cores that other processes kept busy since `start` (waits until `MIN_WINDOW_S` has passed)."""
-        if self._start is None:
-            return None
-        left = MIN_WINDOW_S - (time.monotonic() - self._t0)
-        if left > 0:
-            time.sleep(left)
-        end = self._times.read()
-        window = time.monotonic() - self._t0
-        if end is None or window <= 0:
-            return None
-        others = (end[0] - self._start[0]) - (end[1] - self._start[1])
-        return min(float(self.cores), max(0.0, others / window))
-
     def finish(self) -> ThreadChoice:
-        """Choose (measuring only when the count is not given), set torch's count, return the choice."""
+        """Set torch's count and return the choice."""
         import torch
 
-        measured = None
-        if self.requested is None and not self.env.get("OMP_NUM_THREADS", "").strip().isdigit():
-            measured = self.others_busy()
-        threads, reason = choose(self.requested, self.cores, measured, self.env)
+        cores = usable_cores()
+        threads, reason = choose(self.requested, cores, self.env)
         torch.set_num_threads(threads)
-        policy = self.env.get("OMP_WAIT_POLICY", "")
-        if self.torch_loaded and self.requested is None:
+        if self.automatic and self.torch_loaded:
             reason += "; torch was loaded before the wait policy could be set"
-        return ThreadChoice(threads, reason, policy, self.cores, measured)
+        return ThreadChoice(threads, reason, self.env.get("OMP_WAIT_POLICY", ""), cores)

@@ -44,8 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="run the modes of a concurrency back to back (default here: together, their engines "
                         "taking turns step by step, each timed only during its own steps)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads of a model loaded here (default: one per core not kept busy by other "
-                        "processes at start-up, at least 1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads of a model loaded here (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--out", default="bench_out", metavar="DIR", help="report directory (default ./bench_out)")
     p.add_argument("--record", nargs="?", const="", default=None, metavar="PATH",
                    help="also append the JSON line printed last, with the date, host, git revision and command line, "

@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
     p.add_argument("--no-generate", action="store_true", help="skip generation with the embedded model")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="most tokens generated (default 128)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: one per core not kept busy by other processes at start-up, at least 1)")
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
 

@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: a random one)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per round (0: plain decoding; default auto)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: one per core not kept busy by other processes at start-up, at least 1)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--stats", action="store_true", help="print generation statistics")
     p.add_argument("--compare", action="store_true", help="also run plain greedy decoding (transformers) and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object with the statistics as the last line")

@@ -59,8 +59,8 @@ def add_parser(sub) -> None:
                    help="do not draft from earlier requests' outputs (by default finished outputs join a cache every "
                         "later request drafts from)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
-                   help="torch CPU threads (default: one per core not kept busy by other processes at start-up, "
-                        "at least 1; the log says what was chosen and why)")
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_LIMITS.max_body_bytes, metavar="N",
