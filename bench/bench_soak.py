@@ -33,6 +33,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +142,12 @@ def rss_kb(pid: int) -> int:
         return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
 
 
+def _sample_rss(pid: int, out: list, done: threading.Event, t0: float, every_s: float = 5.0) -> None:
+    """[seconds, MB] of the server's RSS every `every_s` seconds until `done`."""
+    while not done.wait(every_s):
+        out.append([round(time.monotonic() - t0, 1), round(rss_kb(pid) / 1024, 1)])
+
+
 def cancelled_count(url: str, headers: dict | None = None) -> float:
     import httpx
 
@@ -159,8 +166,13 @@ def soak(url: str, pid: int, model: str, n: int = 5000, concurrency: int = 32, w
     first = asyncio.run(run_jobs(url, model, jobs[:warmup], concurrency, deadline))
     rss_start = rss_kb(pid)
     t1 = time.monotonic()
+    timeline, done_event = [], threading.Event()
+    sampler = threading.Thread(target=_sample_rss, args=(pid, timeline, done_event, t1), daemon=True)
+    sampler.start()
     rest = asyncio.run(run_jobs(url, model, jobs[warmup:], concurrency, deadline))
     t2 = time.monotonic()
+    done_event.set()
+    sampler.join()
     results = first + rest
     drops = sum(r is not None and r["outcome"] == "cancelled" for r in results)
     server_cancelled = cancelled_count(url) - cancelled_before
@@ -182,6 +194,7 @@ def soak(url: str, pid: int, model: str, n: int = 5000, concurrency: int = 32, w
             "streams": sum(j.stream and not j.cancel for j in jobs), "chat": sum(j.chat for j in jobs),
             "rss_kb_after_warmup": rss_start, "rss_kb_end": rss_end,
             "rss_growth": round(rss_end / rss_start - 1, 4) if rss_start else None,
+            "rss_mb_timeline": timeline,
             "sample": len(picks), "sample_mismatched": mismatched,
             "latency_s_p50": round(statistics.median(seconds), 4) if seconds else None,
             "latency_s_max": round(max(seconds), 4) if seconds else None,
@@ -249,7 +262,7 @@ def main() -> None:
                    model="tests' tiny random Qwen2" if not args.model else args.model, max_batch=args.max_batch,
                    loadavg=Path("/proc/loadavg").read_text().strip())
     for key in ("requests", "started", "completed", "cancelled", "server_cancelled", "errors", "streams", "chat",
-                "rss_kb_after_warmup", "rss_kb_end", "rss_growth", "sample", "sample_mismatched", "latency_s_p50",
+                "rss_kb_after_warmup", "rss_kb_end", "rss_growth", "rss_mb_timeline", "sample", "sample_mismatched", "latency_s_p50",
                 "latency_s_max", "warmup_s", "soak_s", "requests_per_s", "healthy_after", "exit_status",
                 "log_tracebacks", "log_errors"):
         print(f"{key:22} {out[key]}")
