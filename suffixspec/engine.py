@@ -58,8 +58,9 @@ from .fallback import plain_generate
 from .lifecycle import PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
 from .prediction import Prediction, prediction_counts, with_path
-from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups
+from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
+from .structured import escaped_view
 from .tree import DraftTree, prune_tree
 
 __all__ = ["Server", "Event", "Step"]
@@ -77,6 +78,7 @@ class Event:
     time_s: float
     finish_reason: str = ""
     error: str = ""
+    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when the request asked for them
 
 
 @dataclass
@@ -98,6 +100,7 @@ class RowRound:
     path: list[int] = field(default_factory=list)  # the prediction's path merged into the tree
     tokens: list[int] = field(default_factory=list)  # committed
     accepted_nodes: list[int] = field(default_factory=list)  # tree nodes whose tokens were committed
+    logprobs: list | None = None  # per committed token, when its sampler reports them
     reason: str = ""  # finish reason, "" while the request goes on
 
 
@@ -203,12 +206,14 @@ class Server:
         return not self._rows and not self._waiting and self._job is None
 
     def add(self, prompt, *, max_new_tokens: int | None = None, key: int | None = None, filter=None,
-            request_id=None, options: DecodeOptions | None = None, prediction=None) -> int:
+            request_id=None, options: DecodeOptions | None = None, prediction=None, sibling: int | None = None) -> int:
         """Queue one request (token ids, or a string with a tokenizer); returns its index.
 
         `options`: its own `DecodeOptions` (default: the server's); `max_new_tokens` caps it further.
         `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
         `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
+        `sibling`: the index of a request with the same prompt (one of `n` samples): admitted together
+        while that one still waits, their prompt is read once and its cache shared.
         Everything is checked here against the model: a bad request never reaches a round."""
         ids = self.gen.encode_one(prompt, "prompt")
         bad = None if self.vocab_size is None else next((t for t in ids if t >= self.vocab_size), None)
@@ -216,7 +221,10 @@ class Server:
             raise BadInputError(f"prompt: expected token ids in [0, {self.vocab_size}) (the model's vocabulary), got {bad}",
                                   param="prompt")
         opts = self.options if options is None else options
-        decoding = self.decoding if options is None else options.resolve(self.model, self.tokenizer)
+        if opts.per_request:
+            decoding = opts.resolve(self.model, self.tokenizer, prompt_len=len(ids))
+        else:
+            decoding = self.decoding if options is None else options.resolve(self.model, self.tokenizer)
         limit = int(opts.max_new_tokens)
         if max_new_tokens is not None:
             limit = min(limit, check_int(max_new_tokens, "max_new_tokens", low=0))
@@ -230,12 +238,21 @@ class Server:
         predicted = None
         if prediction is not None:
             predicted = Prediction(self.gen.encode_one(prediction, "prediction") if len(prediction) else [])
+        family = None
+        if sibling is not None:
+            first = self._requests.get(sibling)
+            if first is not None and first.prompt != list(ids):
+                raise BadInputError(f"sibling: expected a request with the same prompt, request {sibling} has "
+                                    "another", param="sibling")
+            if first is not None and first.stage is Stage.WAITING:  # (one admitted already reads alone)
+                family = first.family if first.family is not None else first.index
         q = self._next
         self._next += 1
         rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
                      stats=RequestStats(prompt_tokens=len(ids)), added_s=self.now(),
                      filter=self.filter if filter is None else filter,
-                     request_id=request_id, prediction=predicted)
+                     request_id=request_id, prediction=predicted, family=family,
+                     draft_view=escaped_view(self.tokenizer, ids) if decoding.grammar is not None else None)
         self._requests[q] = rq
         self.stats.requests.append(rq.stats)
         if limit == 0:
@@ -256,6 +273,22 @@ class Server:
 
     def output(self, index: int) -> list[int]:
         return list(self._requests[index].output)
+
+    def finished(self, index: int) -> bool:
+        """Whether request `index` has finished (a request with nothing to generate finishes at `add`)."""
+        return self._requests[index].stage is Stage.FINISHED
+
+    def score_prompt(self, ids: list[int], top: int) -> list:
+        """The log probability of each prompt token after the ones before it, with `top` alternatives
+        (`logprobs.score_prompt`; the first entry is None): one pass over the prompt, on the verifier's
+        time."""
+        from .logprobs import score_prompt
+
+        t = self._clock()
+        try:
+            return score_prompt(self.model, list(ids), int(top))
+        finally:
+            self.stats.verifier_s += self._clock() - t
 
     def request_stats(self, index: int) -> RequestStats:
         return self._requests[index].stats
@@ -335,7 +368,14 @@ class Server:
         stay at the head of the queue, in their order."""
         budget, spent, back = self.max_step_tokens, 0, []
         newcomers = [self._waiting.popleft() for _ in range(free)]
-        for group in prefill_groups(newcomers, max_tokens=budget):
+        families, singles = sample_families(newcomers)
+        for family in families:
+            tokens = len(family[0].pending) - 1 + len(family)
+            if spent + tokens <= budget:
+                spent += self._start_family(family, step)
+            else:
+                singles.extend(family)
+        for group in prefill_groups(singles, max_tokens=budget):
             tokens = len(group) * max(len(rq.pending) for rq in group)
             if spent + tokens <= budget:
                 self._start(group)
@@ -356,6 +396,27 @@ class Server:
             self.stats.prefill_steps += 1
             self.stats.prefill_tokens += spent
         self._cadence.wake()  # a newcomer may draft well: the next round looks
+
+    def _start_family(self, family: list[Request], step: Step) -> int:
+        """Samples of one prompt: the prompt but its last token read once in one row, that row's cache
+        copied for each sample, then their first round (each from the last prompt token). Returns the
+        prompt tokens fed."""
+        self._start(family)
+        prompt = family[0].pending
+        state = self._new_state(1)
+        t = self._clock()
+        try:
+            state.forward([prompt[:-1]], [DraftTree.empty()])
+            state.commit([[]])
+            state.select_rows([0] * len(family))
+        except Exception as exc:  # noqa: BLE001 - these requests' own failure
+            self._rows.extend(self._isolate(family, exc, step.events))
+            return len(prompt) - 1
+        self.stats.verifier_s += self._clock() - t
+        for rq in family:
+            rq.pending = [prompt[-1]]
+        self._first_round(family, state, step)
+        return len(prompt) - 1 + len(family)
 
     def _start(self, group: list[Request]) -> None:
         for rq in group:
@@ -480,6 +541,9 @@ class Server:
                     r.proposed = with_path(r.proposed, r.path, scores)
             if len(r.proposed):
                 r.proposed = prune_tree(r.proposed, b, r.limit - 1)
+            grammar = r.request.decoding.grammar
+            if grammar is not None and len(r.proposed):  # nodes the grammar forbids can never be accepted
+                r.proposed = grammar.prune(r.proposed, r.request.output)
             r.tree = r.proposed
         return closes_s
 
@@ -525,6 +589,7 @@ class Server:
         for r, res in zip(rows, results):
             r.tokens = res.tokens
             r.accepted_nodes = res.accepted_nodes
+            r.logprobs = res.logprobs
 
     def _settle(self, rows: list[RowRound], events: list[Event]) -> None:
         """Commit each row's tokens up to where `Decoding.take` ends its output; statistics; events."""
@@ -558,7 +623,8 @@ class Server:
                 rq.move(Stage.FINISHED)
             if self.stream is not None and tokens:
                 self.stream(rq.index, list(tokens))
-            events.append(Event(rq.index, list(tokens), now, r.reason))
+            logprobs = None if r.logprobs is None else r.logprobs[: len(tokens)]
+            events.append(Event(rq.index, list(tokens), now, r.reason, logprobs=logprobs))
 
     def _advance_prediction(self, r: RowRound, n_acc: int) -> None:
         pred = r.request.prediction

@@ -28,7 +28,7 @@ def plain_generate(model, prompt: list[int], decoding, key: int, max_new: int) -
     if opts.do_sample:
         torch.manual_seed(sampler.seed + key)
         kwargs.update(temperature=opts.temperature, top_k=opts.top_k or 0,
-                      top_p=opts.top_p if opts.top_p is not None else 1.0)
+                      top_p=opts.top_p if opts.top_p is not None else 1.0, min_p=opts.min_p)
     with torch.inference_mode():
         ids = torch.tensor([prompt], device=device)
         seq = model.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)[0, len(prompt):].tolist()

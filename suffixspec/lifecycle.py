@@ -75,6 +75,8 @@ class Request:
     prediction: Prediction | None = None
     trust: RequestTrust = field(default_factory=RequestTrust)
     cancelled: bool = False
+    family: int | None = None  # the first request's index among samples of one prompt (None: alone)
+    draft_view: list[int] | None = None  # tokens its session sees after the prompt, for drafting only
 
     @property
     def auto(self) -> bool:
@@ -87,6 +89,11 @@ class Request:
     @property
     def prompt(self) -> list[int]:
         return self.context[: len(self.context) - len(self.output)]
+
+    @property
+    def drafted_prompt(self) -> list[int]:
+        """What its proposer session opens over: the prompt, then the `draft_view` if any."""
+        return self.prompt + self.draft_view if self.draft_view else self.prompt
 
     def move(self, stage: Stage) -> None:
         if (self.stage, stage) not in _MOVES:
@@ -102,7 +109,7 @@ class Request:
         """Its proposer session over its prompt (a request that does not speculate has none); tokens
         it committed before (a deferred session's, a retried request's) wait in `unfed`."""
         if self.session_state is not SessionState.OPEN and self.speculates:
-            self.session = proposer.start(self.prompt, request_id=self.request_id, filter=self.filter)
+            self.session = proposer.start(self.drafted_prompt, request_id=self.request_id, filter=self.filter)
             self.session_state = SessionState.OPEN
             self.unfed = list(self.output)
         elif self.session_state is SessionState.DEFERRED:
@@ -118,7 +125,7 @@ class Request:
         """Leave its session: what must still close it (over the whole output), or None."""
         pending = None
         if self.session_state is SessionState.DEFERRED:
-            pending = PendingClose(list(self.output), prompt=self.prompt, request_id=self.request_id,
+            pending = PendingClose(list(self.output), prompt=self.drafted_prompt, request_id=self.request_id,
                                    filter=self.filter)
         elif self.session_state is SessionState.OPEN:
             pending = PendingClose(self.unfed, session=self.session)

@@ -21,6 +21,8 @@ Contract:
   dense layers' within float32 rounding.
 * A model on the CPU with ``"sdpa"`` attention and grouped key/value heads is switched to
   `suffixspec.attention.NAME` (same kernel, the grouped heads fed as they are; see that module).
+* Both are CPU-only (`prepare_model`, also for models built elsewhere): on another device (``device``
+  given, e.g. ``"cuda"``) the model keeps its dense layers and transformers' ``"sdpa"``.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from .errors import BadInputError
 from .fileio import cache_dir
 from .tokenizer import DEFAULT_SPECS, default_gguf_path, gguf_model_name, load_tokenizer
 
-__all__ = ["load_model", "default_model_dir", "prepack_linear_layers"]
+__all__ = ["load_model", "default_model_dir", "prepare_model", "prepack_linear_layers"]
 
 log = logging.getLogger(__name__)
 
@@ -77,14 +79,27 @@ def load_model(spec=None, dtype=None, device=None, prepack=None):
     model.eval()
     if device is not None:
         model.to(device)
-    if prepack is None:
-        prepack = dtype == torch.float32 and next(model.parameters()).device.type == "cpu"
-    if prepack:
-        prepack_linear_layers(model)
-    use_grouped_sdpa(model)  # CPU only; tree passes stop copying keys/values per head group
+    prepare_model(model, prepack)
     if tokenizer is not None and getattr(model.generation_config, "eos_token_id", None) is None:
         model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model, tokenizer
+
+
+def prepare_model(model, prepack=None) -> dict:
+    """What `load_model` does to a loaded model for the verifier, in place: on the CPU only, the oneDNN
+    packing of float32 linear layers (`prepack`: None = on for a float32 CPU model) and the grouped
+    attention kernel (`suffixspec.attention`); a model on another device is left as it is (CUDA
+    passes use transformers' "sdpa" with an explicit mask). Returns what was done:
+    ``{"device", "packed_layers", "grouped_attention"}``."""
+    import torch
+
+    param = next(model.parameters())
+    on_cpu = param.device.type == "cpu"
+    if prepack is None:
+        prepack = param.dtype == torch.float32 and on_cpu
+    packed = prepack_linear_layers(model) if prepack and on_cpu else 0
+    grouped = use_grouped_sdpa(model)  # CPU only; tree passes stop copying keys/values per head group
+    return {"device": param.device.type, "packed_layers": packed, "grouped_attention": grouped}
 
 
 def prepack_linear_layers(model) -> int:

@@ -59,10 +59,17 @@ def _range(low, high) -> str:
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """`temperature`, `top_k` (0 or None: off) and `top_p` apply when `do_sample`; `seed` keys the
-    sampling draws (None: a random one per run). `eos_token_id`: an id or ids (None: the model's
+    """`temperature`, `top_k` (0 or None: off), `top_p` and `min_p` apply when `do_sample`; `seed` keys
+    the sampling draws (None: a random one per run). `eos_token_id`: an id or ids (None: the model's
     generation config). `stop`: a string, a token-id list, or a list of either. `budget`: "auto" or
-    the draft nodes per request and round (0: plain decoding)."""
+    the draft nodes per request and round (0: plain decoding).
+
+    Penalties (`processors`): `frequency_penalty` and `presence_penalty` in [-2, 2] over the output,
+    `repetition_penalty` > 0 over the whole context. `min_tokens`: the output's least length (its
+    end tokens are forbidden before). `ignore_eos`: the end-of-sequence token does not end the output.
+    `stop_token_ids`: more tokens that end it. `logprobs`: None, or report each output token's log
+    probability under the model's raw logits with this many top alternatives (0..20).
+    `structure`: a `structured.Structure` the output must follow."""
 
     max_new_tokens: int = 128
     do_sample: bool = False
@@ -74,6 +81,15 @@ class DecodeOptions:
     stop: Any = None
     logits_processor: Any = None
     budget: Any = "auto"
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple = ()
+    logprobs: int | None = None
+    structure: Any = None
 
     def __post_init__(self):
         check_int(self.max_new_tokens, "max_new_tokens", low=0)
@@ -88,6 +104,19 @@ class DecodeOptions:
                                       or self.budget < 0):
             raise BadInputError(f"budget: expected 'auto' or an integer >= 0, got {self.budget!r}",
                                 param="budget")
+        for name in ("frequency_penalty", "presence_penalty"):
+            _check_float(getattr(self, name), name, lambda v: -2.0 <= v <= 2.0, "a number in [-2, 2]")
+        _check_float(self.repetition_penalty, "repetition_penalty", lambda v: v > 0, "a number > 0")
+        _check_float(self.min_p, "min_p", lambda p: 0.0 <= p <= 1.0, "a number in [0, 1]", none_ok=True)
+        check_int(self.min_tokens, "min_tokens", low=0)
+        check_int(self.logprobs, "logprobs", low=0, high=20, none_ok=True)
+        if not isinstance(self.ignore_eos, (bool, np.bool_)):
+            raise BadInputTypeError(f"ignore_eos: expected True or False, got {self.ignore_eos!r}", param="ignore_eos")
+        if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, (list, tuple)):
+            raise BadInputTypeError(f"stop_token_ids: expected a list of token ids, got {self.stop_token_ids!r}",
+                                    param="stop_token_ids")
+        for t in self.stop_token_ids:
+            check_int(t, "stop_token_ids", low=0)
         if self.eos_token_id is not None:
             ids = [self.eos_token_id] if isinstance(self.eos_token_id, (int, np.integer)) else self.eos_token_id
             for t in ids:
@@ -113,13 +142,45 @@ class DecodeOptions:
     def speculative(self) -> bool:
         return self.budget == "auto" or int(self.budget) > 0
 
-    def resolve(self, model, tokenizer=None) -> Decoding:
+    @property
+    def per_request(self) -> bool:
+        """Whether resolving needs the request's prompt length (penalties over the output, a least
+        length, a grammar): such options are resolved once per request, never shared."""
+        return bool(self.frequency_penalty or self.presence_penalty or self.min_tokens or self.structure is not None)
+
+    def resolve(self, model, tokenizer=None, prompt_len: int = 0) -> Decoding:
         """The sampler, EOS set and stop matchers of these options for `model` (and `tokenizer`,
-        needed for string stop sequences)."""
+        needed for string stop sequences and structured output) and a prompt of `prompt_len` tokens."""
+        from .processors import MinTokens, OutputPenalties
         from .verify import Sampler
 
-        sampler = Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, self.seed, self.logits_processor)
-        return Decoding(self, sampler, _eos_set(self.eos_token_id, model), _stop_matchers(self.stop, tokenizer))
+        eos = _eos_set(self.eos_token_id, model)
+        ends = eos | frozenset(int(t) for t in self.stop_token_ids)
+        processors = list(self.logits_processor or [])
+        if self.frequency_penalty or self.presence_penalty or self.repetition_penalty != 1.0:
+            processors.append(OutputPenalties(prompt_len, self.frequency_penalty, self.presence_penalty,
+                                              self.repetition_penalty))
+        if self.min_tokens:
+            processors.append(MinTokens(prompt_len, self.min_tokens, ends))
+        grammar = None
+        if self.structure is not None:
+            from .structured import GrammarProcessor
+
+            if tokenizer is None:
+                raise BadInputError("structure: structured output needs a tokenizer", param="structure")
+            grammar = GrammarProcessor(self.structure.compile(tokenizer), tokenizer, prompt_len, _vocab(model))
+            processors.append(grammar)
+        sampler = Sampler(self.do_sample, self.temperature, self.top_k, self.top_p, self.seed, processors,
+                          min_p=self.min_p, logprobs=self.logprobs)
+        ends = frozenset(int(t) for t in self.stop_token_ids) if self.ignore_eos else ends
+        return Decoding(self, sampler, ends, _stop_matchers(self.stop, tokenizer), grammar)
+
+
+def _vocab(model) -> int | None:
+    try:
+        return int(model.get_input_embeddings().weight.shape[0])
+    except (AttributeError, TypeError, NotImplementedError):
+        return None
 
 
 def _stop_list(stop) -> list:
@@ -159,12 +220,14 @@ def _stop_matchers(stop, tokenizer) -> list[Callable[[list[int]], bool]]:
 
 @dataclass(frozen=True)
 class Decoding:
-    """Resolved `DecodeOptions`: `sampler` (a `verify.Sampler`), `eos` ids, stop matchers."""
+    """Resolved `DecodeOptions`: `sampler` (a `verify.Sampler`), the ids that end the output (`eos`:
+    end-of-sequence unless ignored, and the stop token ids), stop matchers, the grammar."""
 
     options: DecodeOptions
     sampler: Any
     eos: frozenset
     stops: list
+    grammar: Any = None  # its `structured.GrammarProcessor` (also among the sampler's processors)
 
     @property
     def max_new_tokens(self) -> int:

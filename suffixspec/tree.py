@@ -176,3 +176,15 @@ def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
     idx, parents = prune_keep(tree.scores, tree.parents, tree.depths, int(size), int(max_depth))
     # a subset closed under parents, in the original order: still topological, siblings distinct and sorted
     return DraftTree.unchecked(tree.tokens[idx], parents, tree.depths[idx], tree.scores[idx])
+
+
+def subtree(tree: DraftTree, keep: np.ndarray) -> DraftTree:
+    """The nodes of `tree` where `keep` (bool[n], closed under parents: a kept node's parent is kept)."""
+    idx = np.flatnonzero(keep)
+    remap = np.full(len(tree), -1, np.int64)
+    remap[idx] = np.arange(len(idx))
+    old = tree.parents[idx]
+    parents = np.where(old < 0, -1, remap[np.maximum(old, 0)]).astype(np.int32)
+    if np.any((old >= 0) & (parents < 0)):
+        raise BadInputError("subtree: expected a node set closed under parents")
+    return DraftTree.unchecked(tree.tokens[idx], parents, tree.depths[idx], tree.scores[idx])

@@ -27,6 +27,14 @@ kept fewer slots than others) are masked, and squeezed out when they exceed a qu
 While no row has a hole the cache is dense (slot i of every row holds position i): no slot tensor is
 kept, and a one-token step uses the model's own causal mask. The prefix is never recomputed.
 
+Devices: every tensor of a pass lives on the model's device. The host sends one int64 buffer per pass
+or commit (tokens, positions, each input's parent, pads; on CUDA pinned and copied without waiting),
+and the mask is built from it on the device (`treemask.ancestor_closure`); the pass and the commit never wait
+for the device (a `meta`-device model runs them). On CUDA a masked pass runs scaled-dot-product
+attention on the memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`); the oneDNN layers and the grouped
+attention of `suffixspec.attention` are CPU-only. Greedy acceptance off the CPU copies every
+position's choice to the host once per round (`greedy_choices`): the round's one device-to-host copy.
+
 Acceptance (`accept`) walks each tree from its root: at each node the target's logits are processed
 exactly as plain decoding would (user `LogitsProcessor`s with that node's full token context, then
 temperature, top-k, top-p), a token is chosen (argmax, or inverse-CDF sampling with a uniform drawn
@@ -47,7 +55,9 @@ import torch
 
 from .batch import RoundBatch
 from .errors import InternalError
+from .logprobs import of_rows
 from .tree import DraftTree
+from .treemask import ancestor_closure, tree_sdpa
 
 __all__ = [
     "KVState",
@@ -56,6 +66,7 @@ __all__ = [
     "RowResult",
     "accept",
     "argmax_rows",
+    "greedy_choices",
     "tree_attention_support",
     "uniform_draw",
 ]
@@ -97,12 +108,16 @@ def argmax_rows(scores: torch.Tensor) -> list[int]:
 class Sampler:
     """Turns target logits into tokens exactly as plain decoding does.
 
-    Order (as in transformers' `generate`): user logits processors, then temperature, top-k, top-p
-    (transformers' own warpers), then argmax (greedy) or sampling from the softmax.
+    Order (as in transformers' `generate`): logits processors (the user's, then penalties, the least
+    length, the grammar), then temperature, top-k, top-p, min-p (transformers' own warpers), then
+    argmax (greedy) or sampling from the softmax. `logprobs` (None, or 0..20 top alternatives): the
+    walk reports each chosen token's log probability under the raw logits (before any processing).
     """
 
-    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None):
-        from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None,
+                 min_p=None, logprobs=None):
+        from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
+                                  TopPLogitsWarper)
 
         self.do_sample = bool(do_sample)
         self.processors = LogitsProcessorList(list(logits_processor or []))
@@ -114,6 +129,9 @@ class Sampler:
                 warpers.append(TopKLogitsWarper(top_k=int(top_k)))
             if top_p is not None and float(top_p) < 1.0:
                 warpers.append(TopPLogitsWarper(top_p=float(top_p)))
+            if min_p is not None and float(min_p) > 0.0:
+                warpers.append(MinPLogitsWarper(min_p=float(min_p)))
+        self.logprobs = None if logprobs is None else int(logprobs)
         self.warpers = LogitsProcessorList(warpers)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (1,)).item()) if self.do_sample else 0
@@ -366,34 +384,33 @@ class KVState:
         L = self.cache_len
         tokens = np.zeros((b, W), np.int64)  # [b, W]
         positions = np.zeros((b, W), np.int64)  # [b, W]
-        new_key_pos = np.full((b, W), -1, np.int64)  # [b, W] logical position of each new slot, -1: pad
-        allowed_new = np.zeros((b, W, W), bool)  # [b, W(query), W(key)]
-        is_pad = np.zeros((b, W), bool)  # [b, W]
+        parents = np.full((b, W), -1, np.int64)  # [b, W] the input each input follows (-1: none)
         offsets = W - p - n
+        longest = 1  # inputs on the longest chain of parents
         for r in range(b):
             off, pr, nr, base = int(offsets[r]), int(p[r]), int(n[r]), int(self.n_cached[r])
             tokens[r, off : off + pr] = pending[r]
             positions[r, :off] = base
             positions[r, off : off + pr] = base + np.arange(pr)
-            is_pad[r, :off] = True
-            allowed_new[r, off : off + pr, off : off + pr] = np.tri(pr, dtype=bool)
+            parents[r, off + 1 : off + pr] = np.arange(off, off + pr - 1)  # pending tokens: a chain
+            longest = max(longest, pr)
             if nr:
                 tree = trees[r]
                 tokens[r, off + pr :] = tree.tokens
                 positions[r, off + pr :] = base + pr - 1 + tree.depths
-                allowed_new[r, off + pr :, off : off + pr] = True
-                allowed_new[r, off + pr :, off + pr :] = tree.ancestor_mask()
-            new_key_pos[r, off:] = positions[r, off:]
+                parents[r, off + pr :] = np.where(tree.parents < 0, off + pr - 1, off + pr + tree.parents)
+                longest = max(longest, pr + int(tree.depths.max()))
         dev = self.device
-        q_pos = torch.from_numpy(positions).to(dev)  # [b, W]
-        pad = torch.from_numpy(is_pad).to(dev)  # [b, W]
-        slot_pos, new_pos = self.slot_pos, torch.from_numpy(new_key_pos).to(dev)  # [b, L], [b, W]
+        # the pass's one host-to-device copy; everything below is built on the device
+        tokens_t, q_pos, parents_t, offsets_t = self._to_device(tokens, positions, parents, offsets)  # [b, W] x3, [b]
+        diag = torch.arange(W, device=dev)  # [W]
+        pad = diag[None, :] < offsets_t[:, None]  # [b, W]
+        slot_pos, new_pos = self.slot_pos, q_pos.masked_fill(pad, -1)  # [b, L], [b, W]
         key_pos = torch.cat([slot_pos, new_pos], dim=1)  # [b, L+W]
         allowed = torch.cat(
-            [(slot_pos >= 0)[:, None, :].expand(b, W, L), torch.from_numpy(allowed_new).to(dev)], dim=2
-        )  # [b, W, L+W]
+            [(slot_pos >= 0)[:, None, :].expand(b, W, L), ancestor_closure(parents_t, longest)], dim=2
+        )  # [b, W, L+W]: a pad (a root of its own) sees itself only
         allowed[:, :, :L] &= ~pad[:, :, None]
-        diag = torch.arange(W, device=dev)
         masks = {"full_attention": self._additive(allowed, pad, diag, L)}
         if self._types is not None and "sliding_attention" in self._types:
             in_window = key_pos[:, None, :] > (q_pos[:, :, None] - int(self._window))  # [b, W, L+W]
@@ -404,7 +421,7 @@ class KVState:
             attention_mask = masks["sliding_attention"]
         else:
             attention_mask = {t: masks[t] for t in set(self._types)}
-        logits = self._run(torch.from_numpy(tokens).to(dev), attention_mask, q_pos, K)
+        logits = self._run(tokens_t, attention_mask, q_pos, K)
         self.slot_pos = key_pos
         self._last = PassLayout.of(W, offsets, p, n)
         root_index = K - 1 - n
@@ -419,7 +436,8 @@ class KVState:
         zeros = np.zeros(b, np.int64)
         layout = PassLayout(width, zeros, np.full(b, width, np.int64), zeros, True)
         positions = torch.arange(L, L + width, device=dev).expand(b, width).contiguous()  # [b, width]
-        logits = self._run(torch.tensor(pending, dtype=torch.long, device=dev), None, positions, 1)
+        (tokens,) = self._to_device(np.array(pending, np.int64).reshape(b, width))  # [b, width]
+        logits = self._run(tokens, None, positions, 1)
         self._len = L + width
         self._last = layout
         return logits, np.full(b, 0, np.int64)
@@ -436,7 +454,8 @@ class KVState:
             zeros.flags.writeable = ones.flags.writeable = False
             layout = self._step_layout = PassLayout(1, zeros, ones, zeros, True)
         positions = torch.full((b, 1), L, dtype=torch.long, device=dev)
-        logits = self._run(torch.tensor(tokens, dtype=torch.long, device=dev).view(b, 1), None, positions, 1)
+        (tokens_t,) = self._to_device(np.array(tokens, np.int64).reshape(b, 1))  # [b, 1]
+        logits = self._run(tokens_t, None, positions, 1)
         self._len = L + 1
         self._last = layout
         return logits, layout.offsets
@@ -446,8 +465,28 @@ class KVState:
         kwargs = {self._cache_arg: self.cache, "use_cache": True}
         if self._logits_to_keep:
             kwargs["logits_to_keep"] = keep
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        if attention_mask is not None and self.device.type == "cuda":
+            with tree_sdpa():  # flash attention takes no explicit mask: the memory-efficient kernel does
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
+        else:
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, **kwargs)
         return out.logits[:, -keep:, :].float()
+
+    def _to_device(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        """int64 copies of `arrays` on the model's device, by one host-to-device copy of them all:
+        on CUDA from pinned memory without waiting for the device (the caching host allocator keeps
+        the pinned block until the copy has run), on the CPU the arrays themselves (no copy)."""
+        if self.device.type == "cpu":
+            return [torch.from_numpy(np.ascontiguousarray(a, np.int64)) for a in arrays]
+        host = torch.from_numpy(np.concatenate([np.asarray(a, np.int64).ravel() for a in arrays]))
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        flat = host.to(self.device, non_blocking=True)
+        out, start = [], 0
+        for a in arrays:
+            out.append(flat[start : start + a.size].view(a.shape))
+            start += a.size
+        return out
 
     def _additive(self, allowed, pad, diag, L) -> torch.Tensor:
         allowed = allowed.clone()
@@ -477,16 +516,15 @@ class KVState:
         keep = [np.concatenate([offsets[r] + np.arange(p[r]), offsets[r] + p[r] + np.asarray(kept_nodes[r], np.int64)])
                 for r in range(b)]
         T = max(len(k) for k in keep)
-        index = np.zeros((b, T), np.int64)
-        valid = np.zeros((b, T), bool)
+        index = np.zeros((b, T), np.int64)  # [b, T] the slot each kept slot comes from
+        kept = np.array([len(k) for k in keep], np.int64)  # [b]
         for r, k in enumerate(keep):
             index[r, : len(k)] = L + k
             index[r, len(k) :] = L + offsets[r]  # any slot of this row; marked as a hole below
-            valid[r, : len(k)] = True
-            self.n_cached[r] += len(k)
-        index_t = torch.from_numpy(index).to(self.device)  # [b, T]
-        tail_pos = torch.gather(self.slot_pos, 1, index_t)
-        tail_pos[~torch.from_numpy(valid).to(self.device)] = -1
+        self.n_cached += kept
+        index_t, kept_t = self._to_device(index, kept)  # [b, T], [b]
+        tail_pos = torch.gather(self.slot_pos, 1, index_t)  # [b, T]
+        tail_pos.masked_fill_(torch.arange(T, device=self.device)[None, :] >= kept_t[:, None], -1)
         if not np.array_equal(index, np.broadcast_to(L + np.arange(T), (b, T))):
             self._rewrite_tail(L, index_t)
         self._crop(L + T)
@@ -503,7 +541,7 @@ class KVState:
         """Squeeze holes out: each row's valid slots move to the front, in order."""
         valid = self.slot_pos >= 0
         order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)  # valid slots first
-        keep = int(valid.sum(dim=1).max())
+        keep = int(self.n_cached.max(initial=0))  # each row's valid slots, counted on the host
         index = order[:, :keep]
         self._rewrite(index)
         self.slot_pos = torch.gather(self.slot_pos, 1, index)
@@ -512,12 +550,13 @@ class KVState:
     @torch.inference_mode()
     def select_rows(self, rows) -> None:
         """Keep only batch rows `rows` (finished requests cost nothing more)."""
-        rows_t = torch.as_tensor(list(rows), dtype=torch.long, device=self.device)
+        rows = np.asarray(list(rows), np.int64)
+        (rows_t,) = self._to_device(rows)  # [b']
         for layer in self.cache.layers:
             if getattr(layer, "keys", None) is not None and layer.keys.numel():
                 layer.keys = layer.keys.index_select(0, rows_t)
                 layer.values = layer.values.index_select(0, rows_t)
-        self.n_cached = self.n_cached[np.asarray(list(rows), np.int64)]
+        self.n_cached = self.n_cached[rows]
         if self._pos is not None:  # (the rows of a dense cache stay dense)
             self._pos = self._pos.index_select(0, rows_t)
             if self.batch_size and self.cache_len:
@@ -598,6 +637,7 @@ class RowResult:
     tokens: list[int] = field(default_factory=list)  # committed this round (accepted drafts, then the bonus)
     accepted_nodes: list[int] = field(default_factory=list)  # draft nodes whose tokens were committed
     stopped_on_eos: bool = False
+    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when its sampler asks for them
 
 
 def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> list[RowResult]:
@@ -618,11 +658,10 @@ def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> l
     if any(s is None for s in row_samplers):
         raise InternalError("accept: expected a Sampler for every row of the batch, got None")
     first = row_samplers[0] if b else None
-    if (logits.shape[1] == 1 and b and not first.do_sample and not len(first.processors)
-            and all(s is first for s in row_samplers) and not any(len(tr) for tr in trees)):
-        # greedy without drafts, logits [b, 1, vocab] (the root's): one argmax per row
-        chosen = argmax_rows(logits[:, 0])
-        return [RowResult([tok], [], tok in row_eos[r]) if limits[r] > 0 else RowResult() for r, tok in enumerate(chosen)]
+    if (b and not first.do_sample and not len(first.processors) and first.logprobs is None
+            and all(s is first for s in row_samplers)
+            and (logits.shape[1] == 1 or logits.device.type not in STEPWISE_DEVICES)):
+        return _accept_greedy(greedy_choices(logits), root_index, trees, limits, row_eos)
     results = [RowResult() for _ in range(b)]
     children = [{(int(pa), int(t)): i for i, (pa, t) in enumerate(zip(tr.parents, tr.tokens))} for tr in trees]
     current = [-1] * b
@@ -640,11 +679,18 @@ def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> l
             sampler = row_samplers[active[js[0]]]
             rows_g = [active[j] for j in js]
             group_scores = scores if len(js) == len(active) else scores[torch.tensor(js, device=scores.device)]
+            raw = group_scores
             ctx = [contexts[r] + results[r].tokens for r in rows_g] if len(sampler.processors) else []
             group_scores = sampler.process(ctx, group_scores)
             keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in rows_g]
-            for j, tok in zip(js, sampler.choose(group_scores, keys)):
+            picked = sampler.choose(group_scores, keys)
+            for j, tok in zip(js, picked):
                 chosen[j] = tok
+            if sampler.logprobs is not None:  # the hook every per-position report reads: the raw logits
+                for r, entry in zip(rows_g, of_rows(raw, picked, sampler.logprobs)):
+                    if results[r].logprobs is None:
+                        results[r].logprobs = []
+                    results[r].logprobs.append(entry)
         still = []
         for r, tok in zip(active, chosen):
             res = results[r]
@@ -663,6 +709,51 @@ def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> l
         active = still
     for r in range(b):
         results[r].accepted_nodes = path_nodes[r][: len(results[r].tokens) - 1]
+    return results
+
+
+# Devices where greedy acceptance takes the argmax along the walk, one tree level at a time: host
+# syncs cost nothing there, and the positions off the accepted path are never read. Elsewhere every
+# position's argmax is taken on the device and copied to the host once (`greedy_choices`).
+STEPWISE_DEVICES = frozenset({"cpu"})
+
+
+def greedy_choices(logits: torch.Tensor) -> list[list[int]]:
+    """The argmax of every position of `logits` [b, K, vocab], as `argmax_rows`: on the device, then
+    the round's one device-to-host copy ([b, K] int64)."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
+        return logits.numpy().argmax(-1).tolist()
+    return logits.argmax(dim=-1).cpu().tolist()
+
+
+def _accept_greedy(chosen: list[list[int]], root_index: np.ndarray, trees: list[DraftTree], limits: list[int],
+                   row_eos) -> list[RowResult]:
+    """`accept` of greedy rows without logits processors, from the target's choice at every
+    position (`chosen` [b][K]): the same walk, on the host."""
+    results = []
+    for r, tree in enumerate(trees):
+        limit, eos, at = limits[r], row_eos[r], int(root_index[r]) + 1
+        if limit <= 0:
+            results.append(RowResult())
+            continue
+        tok = chosen[r][at - 1]
+        if not len(tree):  # no drafts: the root's choice
+            results.append(RowResult([tok], [], tok in eos))
+            continue
+        children = dict(zip(zip(tree.parents.tolist(), tree.tokens.tolist()), range(len(tree))))
+        res, node, path = RowResult(), -1, []
+        while True:
+            tok = chosen[r][at + node]
+            res.tokens.append(tok)
+            if tok in eos:
+                res.stopped_on_eos = True
+                break
+            node = children.get((node, tok)) if len(res.tokens) < limit else None
+            if node is None:
+                break
+            path.append(node)
+        res.accepted_nodes = path[: len(res.tokens) - 1]
+        results.append(res)
     return results
 
 

@@ -103,6 +103,9 @@ class FakeServer:
     def step(self):
         return self.on_step()
 
+    def finished(self, index):
+        return False
+
     def upkeep(self):
         pass
 
@@ -111,10 +114,10 @@ class FakeServer:
 
 
 def _request():
-    from suffixspec.http.protocol import GenerationRequest
+    from suffixspec.http.protocol import GenerationRequest, PromptInput
     from suffixspec.options import DecodeOptions
 
-    return GenerationRequest("completion", "m", [1, 2], 4, DecodeOptions(max_new_tokens=4))
+    return GenerationRequest("completion", "m", [PromptInput([1, 2], None)], 4, DecodeOptions(max_new_tokens=4))
 
 
 def test_a_dead_engine_thread_fails_its_requests_and_health():

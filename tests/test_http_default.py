@@ -112,3 +112,32 @@ def test_kernels_are_ready_before_the_first_request(default):
     log = server.log()
     assert "kernels ready in" in log
     assert log.index("kernels ready in") < log.index("ready: serving")
+
+
+def test_logprobs_penalties_and_json_on_the_default_model(default):
+    """On the real model: chat logprobs through speculation equal plain decoding's (within 1e-4) and a
+    forward pass's; penalties keep greedy output identical to plain; a code edit asked for as
+    `{"code": ...}` under a JSON schema parses."""
+    import numpy as np
+
+    server, gen, model, tokenizer = default
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": edit_prompt()}]
+    kw = dict(model="SmolLM2-135M-Instruct", messages=messages, max_tokens=MAX_NEW, logprobs=True, top_logprobs=2)
+    for sampling in ({"temperature": 0}, {"temperature": 0.8, "seed": 3}):
+        spec = c.chat.completions.create(**kw, **sampling, extra_body={"frequency_penalty": 0.5})
+        plain = c.chat.completions.create(**kw, **sampling, extra_body={"frequency_penalty": 0.5,
+                                                                        "suffixspec": {"budget": 0}})
+        assert spec.choices[0].message.content == plain.choices[0].message.content
+        a = [t.logprob for t in spec.choices[0].logprobs.content]
+        b = [t.logprob for t in plain.choices[0].logprobs.content]
+        assert len(a) == len(b) and np.max(np.abs(np.array(a) - np.array(b))) < 1e-4
+    assert spec.usage.model_extra["suffixspec"]["accepted"] > 0  # it did speculate
+    schema = {"type": "object", "properties": {"code": {"type": "string"}}, "required": ["code"],
+              "additionalProperties": False}
+    ask = [{"role": "user", "content": edit_prompt() + '\n\nAnswer with a JSON object {"code": "..."}.'}]
+    r = c.chat.completions.create(model="SmolLM2-135M-Instruct", messages=ask, max_tokens=400, temperature=0,
+                                  response_format={"type": "json_schema",
+                                                   "json_schema": {"name": "edit", "schema": schema, "strict": True}})
+    assert r.choices[0].finish_reason == "stop", r.choices[0].message.content
+    assert isinstance(json.loads(r.choices[0].message.content)["code"], str)  # (a 135M model's edit: any text)

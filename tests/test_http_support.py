@@ -51,7 +51,7 @@ def tokenizer_corpus() -> list[str]:
     return docs
 
 
-def make_tiny_model_dir(path: Path, fim: bool = True) -> Path:
+def make_tiny_model_dir(path: Path, fim: bool = True, positions: int = 512) -> Path:
     """A byte-level BPE tokenizer (Qwen-style FIM tokens when `fim`) and a tiny random Qwen2 model."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
@@ -68,7 +68,7 @@ def make_tiny_model_dir(path: Path, fim: bool = True) -> Path:
     tok.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                             "chat_template": TINY_TEMPLATE}))
-    model = tiny_model("qwen2", vocab=tok.get_vocab_size(), sharpen=8.0)
+    model = tiny_model("qwen2", vocab=tok.get_vocab_size(), sharpen=8.0, positions=positions)
     model.save_pretrained(str(path))
     return path
 
@@ -217,7 +217,7 @@ def test_parse_request_errors_name_the_parameter():
              ({**good, "prompt": ""}, "prompt"), ({**good, "prompt": [1, 99]}, "prompt"),
              ({**good, "max_tokens": 60}, "max_tokens"), ({**good, "max_tokens": "8"}, "max_tokens"),
              ({**good, "temperature": -0.5}, "temperature"), ({**good, "top_p": 0}, "top_p"),
-             ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 2}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
+             ({**good, "top_p": 1.5}, "top_p"), ({**good, "n": 17}, "n"), ({**good, "stop": ["a"] * 5}, "stop"),
              ({**good, "suffix": "x"}, "suffix"), ({**good, "logit_bias": {"77": 1}}, "logit_bias"),
              ({**good, "suffixspec": {"budget": -1}}, "suffixspec.budget"), ("[1]", None),
              ({**good, "suffixspec": {"filter": {"repo": "x"}}}, "suffixspec.filter")]

@@ -195,7 +195,16 @@ BAD = [
     ({"model": "tiny", "prompt": "x", "top_p": 1.01}, "invalid_value", "top_p"),
     ({"model": "tiny", "prompt": "x", "max_tokens": "5"}, "invalid_type", "max_tokens"),
     ({"model": "tiny", "prompt": "x", "stream": "yes"}, "invalid_type", "stream"),
-    ({"model": "tiny", "prompt": "x", "n": 3}, "unsupported_value", "n"),
+    ({"model": "tiny", "prompt": "x", "n": 0}, "invalid_value", "n"),
+    ({"model": "tiny", "prompt": "x", "n": 17}, "invalid_value", "n"),
+    ({"model": "tiny", "prompt": "x", "logprobs": 21}, "invalid_value", "logprobs"),
+    ({"model": "tiny", "prompt": "x", "n": 3, "best_of": 2}, "invalid_value", "best_of"),
+    ({"model": "tiny", "prompt": "x", "frequency_penalty": 2.5}, "invalid_value", "frequency_penalty"),
+    ({"model": "tiny", "prompt": "x", "tools": [{"type": "function"}]}, "unsupported_parameter", "tools"),
+    ({"model": "tiny", "prompt": "x", "no_such_field": 1}, "unsupported_parameter", "no_such_field"),
+    ({"model": "tiny", "prompt": "x", "response_format": {"type": "json_schema",
+                                                           "json_schema": {"name": "a", "schema": {"type": "nope"}}}},
+     "invalid_value", "response_format"),
     ({"model": "tiny", "prompt": "x", "seed": -4}, "invalid_value", "seed"),
     ([1, 2], "invalid_type", None),
 ]
@@ -217,7 +226,11 @@ def test_bad_requests_answer_400_with_an_error_object(tiny):
         chat_bad = [({"model": "tiny", "messages": []}, "messages"), ({"model": "tiny", "messages": "hi"}, "messages"),
                     ({"model": "tiny", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
                     ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0},
-                     "max_completion_tokens")]
+                     "max_completion_tokens"),
+                    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "top_logprobs": 2},
+                     "top_logprobs"),
+                    ({"model": "tiny", "messages": [{"role": "user", "content": "x"}], "logprobs": True,
+                      "top_logprobs": 21}, "top_logprobs")]
         for body, param in chat_bad:
             r = http.post("/v1/chat/completions", json=body)
             assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text

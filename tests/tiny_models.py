@@ -13,7 +13,7 @@ torch.set_num_threads(1)
 FAMILIES = ("llama", "qwen2", "gpt2")
 
 
-def tiny_model(kind="llama", attn="sdpa", vocab=97, seed=0, sharpen=1.0, window=4):
+def tiny_model(kind="llama", attn="sdpa", vocab=97, seed=0, sharpen=1.0, window=4, positions=512):
     """A 2-3 layer model of family `kind` in float64 with attention implementation `attn`.
 
     `sharpen` scales the output head so next-token distributions are far from uniform.
@@ -24,11 +24,11 @@ def tiny_model(kind="llama", attn="sdpa", vocab=97, seed=0, sharpen=1.0, window=
     common = dict(vocab_size=vocab, bos_token_id=0, eos_token_id=None, pad_token_id=0)
     if kind == "llama":
         cfg = tf.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=512, **common)
+                             num_key_value_heads=2, max_position_embeddings=positions, **common)
         model = tf.LlamaForCausalLM(cfg)
     elif kind == "qwen2":
         cfg = tf.Qwen2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                             num_key_value_heads=2, max_position_embeddings=512, **common)
+                             num_key_value_heads=2, max_position_embeddings=positions, **common)
         model = tf.Qwen2ForCausalLM(cfg)
     elif kind == "gpt2":
         cfg = tf.GPT2Config(n_embd=32, n_layer=2, n_head=4, n_positions=512, vocab_size=vocab,

@@ -22,7 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="code_edit", metavar="FILE|NAME",
                    help="a JSONL file or one of code_edit, code_completion, chat, qa, mtbench, mtbench_turn2 (second "
                         "turns over the model's own first answers), math, math_reasoning, summarization, "
-                        "long_context (default code_edit)")
+                        "long_context, agent (a tool-using agent writing back the code it read) (default code_edit)")
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct); "
                         "with --url the served model's name (default: the first of GET /v1/models)")

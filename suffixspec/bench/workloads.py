@@ -249,7 +249,37 @@ def _mtbench_turn2() -> Workload:
                     "tokens, made before the timed runs), then the second question; categories interleaved")
 
 
+AGENT_TOOLS = (("read_file", "Read a function from a file.", {"path": {"type": "string"}, "function": {"type": "string"}}),
+               ("write_file", "Replace a function in a file.", {"path": {"type": "string"}, "content": {"type": "string"}}))
+
+
+def _agent() -> Workload:
+    """A tool-using agent's edit turn: the tools described in the system prompt (the generic tools
+    prompt of `suffixspec serve`), the task, the agent's `read_file` call and its result (a shipped
+    function); the timed answer is the agent's next step, a `write_file` call that repeats the code."""
+    import re
+
+    from ..http.tools import Tool, call_text, system_prompt
+
+    tools = tuple(Tool(name, text, {"type": "object", "properties": props, "required": sorted(props)})
+                  for name, text, props in AGENT_TOOLS)
+    system = "You are a coding agent. Work through the tools.\n\n" + system_prompt(tools)
+    reqs = []
+    for r in _read_jsonl(_corpora_dir() / "copy_edit_prompts.jsonl"):
+        path, function = r["source"].split(":")[:2]
+        code = re.search(r"```python\n(.*?)```", r["prompt"], re.S).group(1)
+        task = f"{r['prompt'].split(chr(10) + chr(10) + '```')[0]} The function is {function} in {path}."
+        call = call_text("read_file", json.dumps({"path": path, "function": function}, separators=(",", ":")))
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": task},
+                    {"role": "assistant", "content": call}, {"role": "tool", "content": code}]
+        prompt = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+        reqs.append(Request(f"agent-{r['id']}", prompt=prompt + "<|im_start|>assistant\n", messages=messages))
+    return Workload("agent", reqs, "corpora/copy_edit_prompts.jsonl as tool-using agent turns",
+                    "the turn after a read_file call: the agent writes the edited function back (copies the tool result)")
+
+
 WORKLOADS: dict[str, Callable[[], Workload]] = {
+    "agent": _agent,
     "mtbench": _mtbench,
     "mtbench_turn2": _mtbench_turn2,
     "code_edit": _code_edit,

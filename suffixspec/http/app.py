@@ -39,12 +39,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from . import protocol
-from .engine_loop import EngineLoop, Final, Handle, Tokens
-from ..prediction import prediction_counts
+from .answer import Answer, error_response
+from .choices import ChoiceJob
+from .engine_loop import EngineLoop, Handle
 from .limits import ClientGone, Limits, read_json
 from .metrics import CONTENT_TYPE, Metrics
-from .protocol import APIError, GenerationRequest, ModelContext
-from .text import TextAssembler
+from .protocol import APIError, ModelContext
+from .responses import ResponseStream, response_object, to_chat
+from ..errors import BadInputError
 
 __all__ = ["AppState", "create_app"]
 
@@ -80,18 +82,6 @@ class AppState:
         if not ok:
             raise APIError(503, f"the server cannot take requests: {reason}", code="unavailable")
         return self.engine, self.ctx
-
-
-def error_response(err: APIError) -> JSONResponse:
-    return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
-
-
-def sse(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
-
-
-DONE = b"data: [DONE]\n\n"
-ABORT = "abort"  # the finish reason of a stream the server cut at shutdown (as vLLM names it)
 
 
 class AuthMiddleware:
@@ -139,27 +129,16 @@ class EventStream:
             self.on_close()
 
 
-def _usage(req: GenerationRequest, final: Final, text: str, encode) -> dict:
-    """The usage object. Prediction counts compare the prediction's tokens with the completion's text
-    tokenized the same way (`encode`): the tokens a model emits need not be the canonical tokenization
-    of their text, and an answer equal to its prediction must count all of it accepted."""
-    stats = final.stats
-    if req.corpus_documents is not None:
-        stats = dict(stats, corpus_documents=req.corpus_documents)
-    prediction = None
-    if req.prediction_ids is not None:
-        prediction = prediction_counts(req.prediction_ids, encode(text) if text else [])
-    return protocol.usage(req.prompt_tokens, final.completion_tokens, prediction, stats)
-
-
 def create_app(state: AppState) -> Starlette:
     routes = Routes(state)
     app = Starlette(routes=[
         Route("/health", routes.health, methods=["GET"]),
         Route("/metrics", routes.metrics_text, methods=["GET"]),
         Route("/v1/models", routes.models, methods=["GET"]),
+        Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
         Route("/v1/completions", routes.completions, methods=["POST"]),
         Route("/v1/chat/completions", routes.chat_completions, methods=["POST"]),
+        Route("/v1/responses", routes.responses, methods=["POST"]),
     ], exception_handlers={HTTPException: http_error, Exception: server_error})
     app.add_middleware(AuthMiddleware, state=state)
     return app
@@ -184,13 +163,25 @@ class Routes:
     async def metrics_text(self, request: Request) -> Response:
         return Response(self.metrics.render(), media_type=CONTENT_TYPE)
 
-    async def models(self, request: Request) -> Response:
+    def _card(self, name: str) -> dict:
         state = self.state
         max_len = state.ctx.max_positions if state.ctx is not None else None
-        data = [{"id": name, "object": "model", "created": state.created, "owned_by": "suffixspec",
-                 "max_model_len": max_len} for name in state.names]
+        return {"id": name, "object": "model", "created": state.created, "owned_by": "suffixspec",
+                "max_model_len": max_len}
+
+    async def models(self, request: Request) -> Response:
         self.metrics.http_request("/v1/models", 200)
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": [self._card(name) for name in self.state.names]})
+
+    async def model(self, request: Request) -> Response:
+        name = request.path_params["model_id"]
+        if name not in self.state.names:
+            self.metrics.http_request("/v1/models/{id}", 404)
+            return error_response(APIError(404, f"model {name!r} is not served here (served: "
+                                                f"{', '.join(self.state.names)})", param="model",
+                                           code="model_not_found"))
+        self.metrics.http_request("/v1/models/{id}", 200)
+        return JSONResponse(self._card(name))
 
     async def completions(self, request: Request) -> Response:
         return await self.generate(request, "completion")
@@ -198,10 +189,13 @@ class Routes:
     async def chat_completions(self, request: Request) -> Response:
         return await self.generate(request, "chat")
 
-    async def generate(self, request: Request, kind: str) -> Response:
+    async def responses(self, request: Request) -> Response:
+        return await self.generate(request, "chat", responses=True)
+
+    async def generate(self, request: Request, kind: str, responses: bool = False) -> Response:
         path = request.url.path
         try:
-            engine, ctx, req, handle = await self._submit(request, kind)
+            engine, ctx, req, handles, sink, body = await self._submit(request, kind, responses)
         except APIError as err:
             self.metrics.http_request(path, err.status)
             return error_response(err)
@@ -213,9 +207,10 @@ class Routes:
             log.exception("request handling failed")
             self.metrics.http_request(path, 500)
             return error_response(APIError(500, "internal error; the server's log has the details"))
-        inflight = Inflight(self.state, engine, handle, request)
+        inflight = Inflight(self.state, engine, handles, request)
         try:
-            await handle.wait_accepted()
+            for handle in handles:
+                await handle.wait_accepted()
         except APIError as err:
             inflight.close()
             self.metrics.http_request(path, err.status)
@@ -223,131 +218,84 @@ class Routes:
         except BaseException:
             inflight.close()
             raise
-        answer = Answer(req, handle, TextAssembler(ctx.tokenizer.decode, req.stops, ctx.eos), path, self.metrics,
-                        aborted=lambda: engine.aborted, encode=lambda text: ctx.tokenizer.encode(text))
+        answer = Answer(req, handles, sink, ctx, path, self.metrics, aborted=lambda: engine.aborted)
         if req.stream:
             self.metrics.http_request(path, 200)
-            return EventStream(answer.chunks(), inflight.close)
+            chunks = ResponseStream(answer, body).events() if responses else answer.chunks()
+            return EventStream(chunks, inflight.close)
         try:
-            return await answer.collect()
+            if not responses:
+                return await answer.collect()
+            try:
+                chat = await answer.whole()
+            except APIError as err:
+                self.metrics.http_request(path, err.status)
+                return error_response(err)
+            self.metrics.http_request(path, 200)
+            return JSONResponse(response_object(chat, body))
         finally:
             inflight.close()
 
-    async def _submit(self, request: Request, kind: str) -> tuple[EngineLoop, ModelContext, GenerationRequest, Handle]:
-        """Read, check and submit one request (`APIError` when the server or the request refuses it)."""
+    async def _submit(self, request: Request, kind: str, responses: bool = False):
+        """Read, check and submit one request: one engine request per prompt and sample (`APIError`
+        when the server or the request refuses it; what was submitted of it is then cancelled).
+        `responses`: a Responses API body, checked as the chat request it becomes."""
         engine, ctx = self.state.ready()
         engine.expect()  # an idle engine waits for this request before it steps (a burst: one prefill)
+        handles: list[Handle] = []
         try:
             body = await read_json(request, self.state.limits)
-            req = protocol.parse_request(body, kind, ctx)
-            handle = Handle(req)
-            engine.submit(handle)
+            try:
+                chat = to_chat(body) if responses else body
+            except BadInputError as exc:
+                raise protocol.bad(str(exc), exc.param) from None
+            req = protocol.parse_request(chat, kind, ctx)
+            sink: asyncio.Queue = asyncio.Queue()
+            scored = req.logprobs if req.echo and req.logprobs is not None else None
+            for p, prompt in enumerate(req.prompts):
+                first = None
+                for sample in range(req.best_of):
+                    job = ChoiceJob(len(handles), p, sample, prompt)
+                    handle = Handle(req, job=job, sink=sink, first=first,
+                                    score_prompt=scored if sample == 0 else None)
+                    first = first or handle
+                    engine.submit(handle)
+                    handles.append(handle)
+        except BaseException:
+            for handle in handles:
+                engine.cancel(handle)
+            raise
         finally:
             engine.arrived()
-        return engine, ctx, req, handle
+        return engine, ctx, req, handles, sink, body
 
 
 class Inflight:
     """A submitted request's bookkeeping: counted in `state.inflight`, cancelled when its client
-    disconnects; `close()` (any number of times) ends both and cancels it if it still runs."""
+    disconnects; `close()` (any number of times) ends both and cancels what still runs of it."""
 
-    def __init__(self, state: AppState, engine: EngineLoop, handle: Handle, request: Request):
-        self.state, self.engine, self.handle = state, engine, handle
+    def __init__(self, state: AppState, engine: EngineLoop, handles: list[Handle], request: Request):
+        self.state, self.engine, self.handles = state, engine, handles
         self.closed = False
         state.inflight += 1
-        self.watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handle))
+        self.watcher = asyncio.ensure_future(_watch_disconnect(request, engine, handles))
 
     def close(self) -> None:
         if not self.closed:
             self.closed = True
             self.state.inflight -= 1
             self.watcher.cancel()
-            self.engine.cancel(self.handle)  # a no-op once it finished
+            for handle in self.handles:
+                self.engine.cancel(handle)  # a no-op once it finished
 
 
-async def _watch_disconnect(request: Request, engine: EngineLoop, handle: Handle) -> None:
+async def _watch_disconnect(request: Request, engine: EngineLoop, handles: list[Handle]) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            engine.cancel(handle)
+            for handle in handles:
+                engine.cancel(handle)
             return
-
-
-class Answer:
-    """An accepted request's events as its response: one JSON object (`collect`) or server-sent
-    events (`chunks`)."""
-
-    def __init__(self, req: GenerationRequest, handle: Handle, asm: TextAssembler, path: str, metrics: Metrics,
-                 aborted=lambda: False, encode=lambda text: []):
-        self.req, self.handle, self.asm = req, handle, asm
-        self.encode = encode  # text -> token ids, as the request's prediction was tokenized
-        self.path, self.metrics = path, metrics
-        self.aborted = aborted  # () -> whether the server cancelled every request (the drain's grace is over)
-        self.rid, self.created = protocol.new_id(req.kind), int(time.time())
-
-    def _failure(self, final: Final) -> APIError:
-        """The error of a request that failed inside the engine (500) or was cancelled: by the server at
-        the end of a drain (503), else by its client (499, which nobody reads)."""
-        if final.reason == "error":
-            return APIError(500, f"the request failed inside the engine: {final.error}", code="engine_error")
-        if self.aborted():
-            return APIError(503, "the server shut down before the request finished (the drain's grace period "
-                                 "ended); retry on another replica", code="aborted")
-        return APIError(499, "the request was cancelled", code="cancelled")
-
-    async def collect(self) -> Response:
-        req, asm = self.req, self.asm
-        final = None
-        async for event in self.handle.events():
-            if isinstance(event, Tokens):
-                asm.feed(event.ids)
-            else:
-                final = event
-        if final.reason in ("error", "cancelled"):
-            err = self._failure(final)
-            self.metrics.http_request(self.path, err.status)
-            return error_response(err)
-        asm.finish(final.reason, final.tokens)
-        build = protocol.chat_response if req.kind == "chat" else protocol.completion_response
-        self.metrics.http_request(self.path, 200)
-        return JSONResponse(build(self.rid, req.model, asm.text(), protocol.finish_reason(final.reason),
-                                  _usage(req, final, asm.text(), self.encode), self.created))
-
-    async def chunks(self) -> AsyncIterator[bytes]:
-        req, asm = self.req, self.asm
-        if req.kind == "chat":
-            yield sse(protocol.chat_chunk(self.rid, req.model, self.created, {"role": "assistant", "content": ""}))
-        async for event in self.handle.events():
-            if isinstance(event, Tokens):
-                text = asm.feed(event.ids)
-                if text:
-                    yield self._chunk(text)
-                continue
-            final: Final = event
-            if final.reason == "cancelled" and not self.aborted():
-                return  # its client went away: nobody reads on
-            if final.reason in ("error", "cancelled"):
-                err = self._failure(final)
-                self.metrics.http_request(self.path, err.status)  # (its 200 was counted when the stream began)
-                if final.reason == "cancelled":
-                    yield self._chunk(None, ABORT)  # (text held back, a partial character, stays unsent)
-                yield sse(err.body())
-                yield DONE
-                return
-            rest = asm.finish(final.reason, final.tokens)
-            use = _usage(req, final, asm.text(), self.encode)
-            yield self._chunk(rest, protocol.finish_reason(final.reason), None if req.include_usage else use)
-            if req.include_usage:
-                yield self._chunk(None, None, use, choices=False)
-            yield DONE
-
-    def _chunk(self, text: str | None, reason: str | None = None, use: dict | None = None,
-               choices: bool = True) -> bytes:
-        req = self.req
-        if req.kind == "chat":
-            delta = None if not choices else ({"content": text} if text else {})
-            return sse(protocol.chat_chunk(self.rid, req.model, self.created, delta, reason, use, choices))
-        return sse(protocol.completion_chunk(self.rid, req.model, self.created, text, reason, use, choices))
 
 
 async def http_error(request: Request, exc: HTTPException) -> Response:

@@ -8,8 +8,9 @@ Contract:
   templates: "default" first); else a GGUF's `tokenizer.chat_template` metadata (the embedded default
   model's included), read by `gguf_string_field` without parsing the rest of the file. `(None, "")`
   when the model carries none.
-* `ChatTemplate(source, tokenizer)`: `render(messages) -> str`, the prompt text of the conversation
-  with the assistant's turn opened (`add_generation_prompt=True`), rendered in jinja2's sandbox
+* `ChatTemplate(source, tokenizer)`: `render(messages, tools=None, add_generation_prompt=True) -> str`,
+  the prompt text of the conversation with the assistant's turn opened (unless told not to: a prefill
+  continues the last message), `tools` given to templates that take them (`takes_tools`), rendered in jinja2's sandbox
   (templates are data). Template errors become `ChatTemplateError` (a `BadInputError`) with jinja2's message.
 * `chatml_template()`: the ChatML form (`<|im_start|>role\\ncontent<|im_end|>\\n`...), the fallback for
   tokenizers that hold `<|im_start|>` but carry no template.
@@ -164,11 +165,20 @@ class ChatTemplate:
             except Exception:  # noqa: BLE001 - a template without eos_token still renders
                 pass
 
-    def render(self, messages: list[dict]) -> str:
+    @property
+    def takes_tools(self) -> bool:
+        """Whether the template renders a `tools` variable (function tools), as tool-calling models' do."""
+        return "tools" in self.source
+
+    def render(self, messages: list[dict], tools: list[dict] | None = None, add_generation_prompt: bool = True) -> str:
+        """The prompt text of the conversation; `tools` (OpenAI function tools) reach a template that
+        takes them; `add_generation_prompt` False leaves the last message open (no assistant turn)."""
         import jinja2
 
+        extra = {"tools": tools} if tools else {}
         try:
-            return self._template.render(messages=messages, add_generation_prompt=True, **self.special)
+            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                         **extra, **self.special)
         except ChatTemplateError:
             raise
         except (jinja2.TemplateError, TypeError, ValueError, KeyError) as exc:

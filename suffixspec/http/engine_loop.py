@@ -42,6 +42,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import AsyncIterator
 
+from ..engine import Event
 from ..errors import BadInputError, BadInputTypeError
 from .protocol import APIError, GenerationRequest
 
@@ -64,6 +65,7 @@ class Tokens:
     """The tokens one round committed to a request that goes on."""
 
     ids: list[int]
+    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when the request asked for them
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class Final:
     prediction: tuple[int, int] | None  # (accepted, rejected) prediction tokens, None without a prediction
     stats: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)  # the last round's tokens
+    logprobs: list | None = None  # the last round's tokens' logprobs
 
 
 # ----------------------------------------------------------------------------------- messages (handler -> engine)
@@ -139,11 +142,22 @@ def _set_exception(fut: asyncio.Future, exc: BaseException) -> None:
 
 
 class Handle:
-    """One HTTP request's view of its generation; made on the handler's event loop."""
+    """One engine request of an HTTP request (one choice: `job`, a `choices.ChoiceJob`; None: the
+    request's one prompt, sample 0), made on the handler's event loop. Its events go to `sink` as
+    `(handle, event)` pairs when one is given (several choices share one), else to its own queue.
+    `first`: the handle of sample 0 of the same prompt (its siblings share its prefill). `score_prompt`:
+    the number of top alternatives for the prompt's own logprobs (None: not scored), which the
+    engine thread sets in `prompt_logprobs` before the handle is accepted."""
 
-    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None):
+    def __init__(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop | None = None, *, job=None,
+                 sink: asyncio.Queue | None = None, first: Handle | None = None, score_prompt: int | None = None):
         self.request = request
         self.loop = loop or asyncio.get_running_loop()
+        self.job = job
+        self.first = first
+        self.score_prompt = score_prompt
+        self.prompt_logprobs: list | None = None
+        self._sink = sink
         self._events: asyncio.Queue = asyncio.Queue()
         self._accepted = self.loop.create_future()
         self.index: int | None = None
@@ -170,13 +184,27 @@ class Handle:
         self.finished = True
         self._call(_set_exception, self._accepted, error)
 
-    def post_tokens(self, tokens: list[int]) -> None:
-        self._call(self._events.put_nowait, Tokens(tokens))
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.request.prompt_ids if self.job is None else self.job.input.ids
+
+    @property
+    def sample(self) -> int:
+        return 0 if self.job is None else self.job.sample
+
+    def _post(self, event) -> None:
+        if self._sink is not None:
+            self._call(self._sink.put_nowait, (self, event))
+        else:
+            self._call(self._events.put_nowait, event)
+
+    def post_tokens(self, tokens: list[int], logprobs=None) -> None:
+        self._post(Tokens(tokens, logprobs))
 
     def post_final(self, final: Final) -> None:
         self.finished = True
         self.final = final
-        self._call(self._events.put_nowait, final)
+        self._post(final)
 
     # ---------------------------------------------------------------- handler side (its loop)
 
@@ -331,9 +359,14 @@ class EngineLoop:
 
     def _add(self, handle: Handle) -> None:
         rq = handle.request
+        server = self.server
+        first = handle.first
+        sibling = first.index if first is not None and first.index in self._handles else None
         try:
-            index = self.server.add(rq.prompt_ids, max_new_tokens=rq.max_tokens, key=0, filter=rq.filter,
-                                    options=rq.options, prediction=rq.prediction_ids)
+            index = server.add(handle.prompt_ids, max_new_tokens=rq.max_tokens, key=handle.sample, filter=rq.filter,
+                               options=rq.options, prediction=rq.prediction_ids, sibling=sibling)
+            if handle.score_prompt is not None:
+                handle.prompt_logprobs = server.score_prompt(handle.prompt_ids, handle.score_prompt)
         except (BadInputError, BadInputTypeError) as exc:
             self._done(handle)
             handle.reject(APIError(400, str(exc), param=exc.param))
@@ -345,6 +378,8 @@ class EngineLoop:
             return
         self._handles[index] = handle
         handle.accept(index)
+        if server.finished(index):  # nothing to generate (max_tokens 0): it ends at once
+            self._finish(handle, Event(index, [], server.now(), server.request_stats(index).finish_reason))
 
     def _run(self) -> None:
         server = self.server
@@ -406,7 +441,7 @@ class EngineLoop:
             if ev.finish_reason:
                 self._finish(handle, ev)  # the last tokens come with the end
             elif ev.tokens:
-                handle.post_tokens(list(ev.tokens))
+                handle.post_tokens(list(ev.tokens), ev.logprobs)
         self._observe(step, delta)
 
     def _finish(self, handle: Handle, ev) -> None:
@@ -424,7 +459,8 @@ class EngineLoop:
             "ttft_ms": round(rs.ttft_s * 1e3, 3),
             "queue_ms": round(rs.queue_s * 1e3, 3),
         }
-        final = Final(ev.finish_reason, ev.error, rs.new_tokens, prediction, stats, list(ev.tokens))
+        final = Final(ev.finish_reason, ev.error, rs.new_tokens, prediction, stats, list(ev.tokens),
+                      getattr(ev, "logprobs", None))
         if self.metrics is not None:
             self.metrics.observe_finished(ev.finish_reason, rs)
         del self._handles[ev.index]

@@ -8,15 +8,24 @@ Contract:
   template, the FIM tokens) and returns everything the engine needs: prompt token ids, `DecodeOptions`,
   the token limit, the prediction's token ids, the corpus filter. Every problem raises `APIError` with
   status 400 and an OpenAI-style error object naming the parameter; nothing else escapes.
+* Every field is implemented, a bookkeeping field ignored (`IGNORED`), or a 400 naming it (`REFUSED`:
+  known and not implemented yet; any other: unknown). A field sent as null counts as absent.
 * `completions` prompts are raw text encoded exactly as `SpeculativeGenerator.generate([text])`
-  encodes it (no template), or token ids; `chat` messages go through the chat template; `suffix`
-  builds the model's fill-in-the-middle prompt (`fim`). `temperature` 0 is greedy decoding;
-  OpenAI's default temperature is 1 (sampling). `max_tokens` defaults to 16 for completions and to
-  the room left in the context (at most the server's limit) for chat.
-* Extensions: `top_k`; a `suffixspec` object with `filter` (corpus document tags) and `budget`
-  ("auto" or an integer >= 0; 0 is plain decoding).
-* `completion_response`, `chat_response`, `completion_chunk`, `chat_chunk`, `usage` build the
-  response shapes; `APIError.body()` the error object `{"error": {"message", "type", "param", "code"}}`.
+  encodes it (no template), or token ids, or a list of either (a batch: one prompt each, at most
+  `MAX_PROMPTS`); `chat` messages go through the chat template; `suffix` builds the model's
+  fill-in-the-middle prompt (`fim`). `temperature` 0 is greedy decoding; OpenAI's default temperature
+  is 1 (sampling). `max_tokens` defaults to 16 for completions and to the room left in the context
+  (at most the server's limit) for chat; completions take 0 (with `echo` and `logprobs`: the prompt
+  scored, nothing generated).
+* `n` (1..16) choices per prompt, `best_of` (completions, n..16) samples to choose them from; `echo`
+  (completions); `logprobs` (completions: 0..20 alternatives; chat: true with `top_logprobs` 0..20);
+  `frequency_penalty`, `presence_penalty` (-2..2); `response_format` text / json_object / json_schema
+  (compiled here, so a schema that cannot be compiled is a 400).
+* Extensions (as vLLM names them): `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
+  `stop_token_ids`, `ignore_eos`; and a `suffixspec` object with `filter` (corpus document tags)
+  and `budget` ("auto" or an integer >= 0; 0 is plain decoding).
+* `completion_chunk`, `chat_chunk`, `usage` build the stream chunks and the usage object (`answer`
+  builds whole responses); `APIError.body()` the error object `{"error": {"message", "type", "param", "code"}}`.
 """
 
 from __future__ import annotations
@@ -30,43 +39,31 @@ from typing import Any, Callable
 from ..errors import BadInputError, BadInputTypeError
 from ..options import DecodeOptions
 from . import fim
+from .fields import APIError, bad
+from .fields import fits as _fits
+from .fields import text_content as _text_content
 
-__all__ = ["APIError", "ModelContext", "GenerationRequest", "parse_request", "completion_response", "chat_response",
-           "completion_chunk", "chat_chunk", "usage", "LogitBias"]
+__all__ = ["APIError", "ModelContext", "GenerationRequest", "PromptInput", "parse_request", "completion_chunk",
+           "chat_chunk", "usage", "LogitBias"]
 
 MAX_STOPS = 4
+MAX_N = 16
+MAX_LOGPROBS = 20
+MAX_PROMPTS = 64
+MAX_CHOICES = 128  # engine requests one HTTP request may make: prompts x best_of
 DEFAULT_COMPLETION_TOKENS = 16
-ROLES = ("system", "user", "assistant", "tool", "developer")
-# parameters accepted at their neutral value only
-NEUTRAL = {"frequency_penalty": 0, "presence_penalty": 0, "best_of": 1, "echo": False, "logprobs": None,
-           "top_logprobs": None, "tools": None, "functions": None}
-
-
-class APIError(Exception):
-    """An HTTP error answered with an OpenAI-style error object."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 type: str | None = None, headers: dict | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.param = param
-        self.code = code
-        self.type = type or _error_type(status)
-        self.headers = headers or {}
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
-def _error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-            429: "rate_limit_error", 503: "service_unavailable"}.get(
-        status, "invalid_request_error" if 400 <= status < 500 else "server_error")
-
-
-def bad(message: str, param: str | None, code: str = "invalid_value") -> APIError:
-    return APIError(400, message, param=param, code=code)
+# the fields each endpoint implements (OpenAI's, then the extensions as vLLM names them, then ours)
+COMMON_FIELDS = frozenset({
+    "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "presence_penalty",
+    "frequency_penalty", "logit_bias", "logprobs", "seed", "response_format", "prediction",
+    "top_k", "min_p", "repetition_penalty", "min_tokens", "stop_token_ids", "ignore_eos", "suffixspec"})
+COMPLETION_FIELDS = frozenset({"prompt", "suffix", "echo", "best_of"})
+CHAT_FIELDS = frozenset({"messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+                         "parallel_tool_calls", "continue_final_message", "add_generation_prompt"})
+# bookkeeping fields that change nothing about the answer: accepted and ignored (docs/serving.md)
+IGNORED = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key", "safety_identifier"})
+# fields a client may send that this server does not implement yet: refused by name unless empty
+REFUSED = ("functions", "function_call", "audio", "modalities", "reasoning_effort", "web_search_options")
 
 
 @dataclass
@@ -96,12 +93,20 @@ class ModelContext:
 
 
 @dataclass
+class PromptInput:
+    """One prompt of a request: its token ids and, when it came as text, that text (what `echo` repeats)."""
+
+    ids: list[int]
+    text: str | None
+
+
+@dataclass
 class GenerationRequest:
     kind: str  # "completion" | "chat"
     model: str
-    prompt_ids: list[int]
+    prompts: list[PromptInput]  # one for chat; a completions batch has several
     max_tokens: int
-    options: DecodeOptions
+    options: DecodeOptions  # every choice's (a choice's sampling key is its sample number)
     stream: bool = False
     include_usage: bool = False
     stops: list[str] = field(default_factory=list)
@@ -109,10 +114,20 @@ class GenerationRequest:
     filter: dict | None = None
     seeded: bool = False
     corpus_documents: int | None = None  # corpus documents its filter selected (None: no corpus)
+    n: int = 1  # choices per prompt
+    best_of: int = 1  # samples drawn per prompt (>= n; the n with the highest cumulative logprob are answered)
+    echo: bool = False  # completions: the prompt's text in front of each choice's
+    logprobs: int | None = None  # top alternatives per position to report; None: no logprobs
+    tools: Any = None  # chat: the `tools.ToolSpec` whose calls are parsed from the answer (None: no tools)
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.prompts[0].ids
 
     @property
     def prompt_tokens(self) -> int:
-        return len(self.prompt_ids)
+        """Every prompt counted once, however many samples it has (as OpenAI counts)."""
+        return sum(len(p.ids) for p in self.prompts)
 
 
 class LogitBias:
@@ -159,21 +174,6 @@ def _integer(body: dict, name: str, low: int | None = None, high: int | None = N
     return value
 
 
-def _text_content(content, name: str) -> str:
-    """A message or prediction content: a string or a list of {"type": "text", "text": ...} parts."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        parts = []
-        for i, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
-                raise bad(f"{name}[{i}]: expected a text part {{\"type\": \"text\", \"text\": \"...\"}}, got {part!r}",
-                          name, "invalid_type")
-            parts.append(part["text"])
-        return "".join(parts)
-    raise bad(f"{name}: expected a string or a list of text parts, got {type(content).__name__}", name, "invalid_type")
-
-
 def _stops(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -199,83 +199,43 @@ def _token_ids(value, name: str, ctx: ModelContext) -> list[int]:
     return list(value)
 
 
-def _fits(ctx: ModelContext, text: str, param: str) -> None:
-    """Refuse text that cannot fit the model's context before tokenizing it: tokenizing a huge prompt
-    would hold this request's worker and memory only to refuse it after."""
-    if ctx.max_positions is None or not hasattr(ctx.tokenizer, "fewest_tokens"):
-        return
-    fewest = ctx.tokenizer.fewest_tokens(text)
-    if fewest >= int(ctx.max_positions):
-        raise bad(f"{param}: {len(text)} characters make at least {fewest} tokens, more than the model's context "
-                  f"of {ctx.max_positions} positions", param, "context_length_exceeded")
-
-
-def _prompt_ids(body: dict, ctx: ModelContext) -> list[int]:
-    if "prompt" not in body or body["prompt"] is None:
+def _prompts(body: dict, ctx: ModelContext) -> list[PromptInput]:
+    """The completion's prompts: a string, token ids, or a list of either (a batch, one prompt each)."""
+    if "prompt" not in body:
         raise bad("prompt: required", "prompt", "missing_required_parameter")
     prompt = body["prompt"]
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-        prompt = prompt[0]  # one prompt in a list
     suffix = body.get("suffix")
     if suffix is not None:
         if not isinstance(suffix, str):
             raise bad(f"suffix: expected a string, got {type(suffix).__name__}", "suffix", "invalid_type")
-        if not isinstance(prompt, str):
-            raise bad("prompt: with suffix (fill-in-the-middle), the prompt must be text", "prompt", "invalid_type")
         if ctx.fim_ids is None:
             raise bad(fim.missing_message(), "suffix", "fim_unsupported")
-        _fits(ctx, prompt, "prompt")
+    batch = isinstance(prompt, list) and bool(prompt) and all(isinstance(p, (str, list)) for p in prompt)
+    items = prompt if batch else [prompt]
+    if len(items) > MAX_PROMPTS:
+        raise bad(f"prompt: expected at most {MAX_PROMPTS} prompts in one request, got {len(items)}", "prompt")
+    return [_one_prompt(item, suffix, ctx, f"prompt[{i}]" if batch else "prompt") for i, item in enumerate(items)]
+
+
+def _one_prompt(prompt, suffix: str | None, ctx: ModelContext, name: str) -> PromptInput:
+    if suffix is not None:
+        if not isinstance(prompt, str):
+            raise bad(f"{name}: with suffix (fill-in-the-middle), the prompt must be text", name, "invalid_type")
+        _fits(ctx, prompt, name)
         _fits(ctx, suffix, "suffix")
-        return fim.fim_prompt(ctx.tokenizer, ctx.fim_ids, prompt, suffix)
+        return PromptInput(fim.fim_prompt(ctx.tokenizer, ctx.fim_ids, prompt, suffix), prompt)
     if isinstance(prompt, str):
         if not prompt:
-            raise bad("prompt: the prompt is empty", "prompt")
-        _fits(ctx, prompt, "prompt")
+            raise bad(f"{name}: the prompt is empty", name)
+        _fits(ctx, prompt, name)
         ids = list(ctx.tokenizer.encode(prompt))
         if not ids:
-            raise bad("prompt: the prompt encodes to no tokens", "prompt")
-        return ids
+            raise bad(f"{name}: the prompt encodes to no tokens", name)
+        return PromptInput(ids, prompt)
     if isinstance(prompt, list):
-        if prompt and all(isinstance(p, (str, list)) for p in prompt):
-            raise bad(f"prompt: one prompt per request (got {len(prompt)}); send one request per prompt", "prompt")
-        return _token_ids(prompt, "prompt", ctx)
-    raise bad(f"prompt: expected a string or a list of token ids, got {type(prompt).__name__}", "prompt", "invalid_type")
-
-
-def _chat_ids(body: dict, ctx: ModelContext) -> list[int]:
-    from .chat import ChatTemplateError
-
-    messages = body.get("messages")
-    if messages is None:
-        raise bad("messages: required", "messages", "missing_required_parameter")
-    if not isinstance(messages, list):
-        raise bad(f"messages: expected a list of messages, got {type(messages).__name__}", "messages", "invalid_type")
-    if not messages:
-        raise bad("messages: the conversation is empty", "messages")
-    turns = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict):
-            raise bad(f"messages[{i}]: expected an object with role and content", f"messages[{i}]", "invalid_type")
-        role = m.get("role")
-        if role not in ROLES:
-            raise bad(f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
-        content = m.get("content")
-        turns.append({"role": role, "content": "" if content is None else
-                      _text_content(content, f"messages[{i}].content")})
-    if not any(t["content"] for t in turns):
-        raise bad("messages: every message is empty", "messages")
-    _fits(ctx, "".join(t["content"] for t in turns), "messages")
-    if ctx.chat is None:
-        raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
-                       param="messages", code="no_chat_template")
-    try:
-        text = ctx.chat.render(turns)
-    except ChatTemplateError as exc:
-        raise bad(str(exc), "messages") from None
-    ids = list(ctx.tokenizer.encode(text))
-    if not ids:
-        raise bad("messages: the conversation encodes to no tokens", "messages")
-    return ids
+        ids = _token_ids(prompt, name, ctx)
+        return PromptInput(ids, None)
+    raise bad(f"{name}: expected a string or a list of token ids, got {type(prompt).__name__}", name, "invalid_type")
 
 
 def _prediction(body: dict, ctx: ModelContext) -> list[int] | None:
@@ -334,21 +294,25 @@ def _logit_bias(body: dict, ctx: ModelContext):
     return [LogitBias(bias)]
 
 
-def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
-    if not isinstance(body, dict):
-        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_type")
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model: required (a string; see GET /v1/models)", "model", "missing_required_parameter")
-    if model not in ctx.names:
-        raise bad(f"model: {model!r} is not served here (served: {', '.join(ctx.names)})", "model", "model_not_found")
-    n = _integer(body, "n", low=1, default=1)
-    if n != 1:
-        raise bad(f"n: only n=1 is supported, got {n}", "n", "unsupported_value")
-    for name, neutral in NEUTRAL.items():
+def _check_fields(body: dict, kind: str) -> None:
+    """Every field is one we implement, a bookkeeping field we ignore, or a 400 naming it."""
+    for name in sorted(REFUSED):
         value = body.get(name)
-        if value is not None and value != neutral and not (neutral is None and value is False):
-            raise bad(f"{name}: not supported by this server (got {value!r})", name, "unsupported_parameter")
+        if value is not None and value != [] and value is not False:
+            raise bad(f"{name}: not supported by this server yet (got {_short(value)})", name, "unsupported_parameter")
+    known = COMMON_FIELDS | (CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS) | IGNORED | set(REFUSED)
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise bad(f"{unknown[0]}: unknown parameter for /v1/{'chat/completions' if kind == 'chat' else 'completions'} "
+                  f"(see docs/serving.md for the supported ones)", unknown[0], "unsupported_parameter")
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -360,50 +324,186 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
         if not isinstance(opts, dict):
             raise bad("stream_options: expected an object", "stream_options", "invalid_type")
         include_usage = opts.get("include_usage", False)
+        if include_usage is None:
+            include_usage = False
         if not isinstance(include_usage, bool):
             raise bad("stream_options.include_usage: expected true or false", "stream_options.include_usage",
                       "invalid_type")
+    return stream, include_usage
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad(f"{name}: expected true or false, got {value!r}", name, "invalid_type")
+    return value
+
+
+def _samples(body: dict, kind: str, stream: bool) -> tuple[int, int]:
+    """(n, best_of): choices per prompt, and samples drawn per prompt to choose them from."""
+    n = _integer(body, "n", low=1, high=MAX_N, default=1)
+    best_of = n if kind == "chat" else _integer(body, "best_of", low=1, high=MAX_N, default=n)
+    if best_of < n:
+        raise bad(f"best_of: expected an integer >= n ({n}), got {best_of}", "best_of")
+    if best_of > n and stream:
+        raise bad("best_of: cannot be streamed when it exceeds n (the best samples are known only at the end)",
+                  "best_of")
+    return n, best_of
+
+
+def _logprobs(body: dict, kind: str) -> int | None:
+    """Top alternatives per position (0..20), or None when no logprobs are asked for."""
+    if kind == "completion":
+        if body.get("top_logprobs") is not None:
+            raise bad("top_logprobs: a chat parameter; completions take logprobs as an integer", "top_logprobs")
+        return _integer(body, "logprobs", low=0, high=MAX_LOGPROBS)
+    wanted = _boolean(body, "logprobs")
+    top = _integer(body, "top_logprobs", low=0, high=MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad("top_logprobs: needs logprobs set to true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _structure(body: dict, ctx: ModelContext):
+    fmt = body.get("response_format")
+    if fmt is None:
+        return None
+    if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
+        raise bad('response_format: expected {"type": "text" | "json_object" | "json_schema", ...}',
+                  "response_format", "invalid_type")
+    from ..structured import Structure
+
+    kind = fmt["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        structure = Structure.json_object()
+    elif kind == "json_schema":
+        spec = fmt.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("name"), str):
+            raise bad('response_format.json_schema: expected {"name": "...", "schema": {...}, "strict": true}',
+                      "response_format.json_schema", "invalid_type")
+        schema = spec.get("schema", {"type": "object"})
+        try:
+            structure = Structure.json_schema(schema)
+        except BadInputError as exc:
+            raise bad(str(exc), "response_format.json_schema") from None
+    else:
+        raise bad(f"response_format.type: expected text, json_object or json_schema, got {kind!r}",
+                  "response_format.type")
+    try:
+        structure.compile(ctx.tokenizer)
+    except BadInputError as exc:
+        raise bad(str(exc), "response_format") from None
+    return structure
+
+
+def _stop_token_ids(body: dict, ctx: ModelContext) -> tuple:
+    raw = body.get("stop_token_ids")
+    if raw is None:
+        return ()
+    if not isinstance(raw, list):
+        raise bad(f"stop_token_ids: expected a list of token ids, got {_short(raw)}", "stop_token_ids", "invalid_type")
+    return tuple(_token_ids(raw, "stop_token_ids", ctx)) if raw else ()
+
+
+def _decode_options(body: dict, ctx: ModelContext, max_tokens: int, budget, stops: list[str], logprobs,
+                    best_of: int, n: int) -> DecodeOptions:
     temperature = _number(body, "temperature", lambda t: t >= 0, "a number >= 0", default=1.0)
     top_p = _number(body, "top_p", lambda p: 0 < p <= 1, "a number in (0, 1]")
     top_k = _integer(body, "top_k", low=-1)
     seed = _integer(body, "seed", low=0, high=2**63 - 1)
+    do_sample = temperature > 0
+    penalty = {name: _number(body, name, lambda v: -2 <= v <= 2, "a number in [-2, 2]", default=0.0)
+               for name in ("frequency_penalty", "presence_penalty")}
+    min_tokens = _integer(body, "min_tokens", low=0, high=max_tokens, default=0)
+    ranked = best_of > n  # choosing the best samples needs each token's logprob
+    try:
+        return DecodeOptions(max_new_tokens=max_tokens, do_sample=do_sample,
+                             temperature=float(temperature) if do_sample else 1.0,
+                             top_k=None if top_k is None or top_k <= 0 else top_k,
+                             top_p=None if top_p is None else float(top_p), seed=seed,
+                             stop=stops or None, logits_processor=_logit_bias(body, ctx), budget=budget,
+                             frequency_penalty=float(penalty["frequency_penalty"]),
+                             presence_penalty=float(penalty["presence_penalty"]),
+                             repetition_penalty=float(_number(body, "repetition_penalty", lambda v: v > 0,
+                                                              "a number > 0", default=1.0)),
+                             min_p=_number(body, "min_p", lambda p: 0 <= p <= 1, "a number in [0, 1]"),
+                             min_tokens=min_tokens, ignore_eos=_boolean(body, "ignore_eos"),
+                             stop_token_ids=_stop_token_ids(body, ctx),
+                             logprobs=(logprobs or 0) if ranked else logprobs, structure=_structure(body, ctx))
+    except (BadInputError, BadInputTypeError) as exc:
+        raise bad(str(exc), exc.param) from None
+
+
+def _max_tokens(body: dict, kind: str, ctx: ModelContext, prompts: list[PromptInput]) -> int:
+    longest = max(len(p.ids) for p in prompts)
+    room = None if ctx.max_positions is None else int(ctx.max_positions) - longest
+    if room is not None and room < 1:
+        raise bad(f"prompt: {longest} prompt tokens leave no room in the model's context of "
+                  f"{ctx.max_positions} positions", "messages" if kind == "chat" else "prompt", "context_length_exceeded")
+    name = "max_completion_tokens" if kind == "chat" and body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = _integer(body, name, low=0 if kind == "completion" else 1)
+    if max_tokens is None:
+        default = DEFAULT_COMPLETION_TOKENS if kind == "completion" else ctx.max_new_tokens_limit
+        return min(default, ctx.max_new_tokens_limit, room if room is not None else default)
+    if max_tokens > ctx.max_new_tokens_limit:
+        raise bad(f"{name}: {max_tokens} exceeds this server's limit of {ctx.max_new_tokens_limit}", name)
+    if room is not None and max_tokens > room:
+        raise bad(f"{name}: {longest} prompt tokens plus {max_tokens} new tokens exceed the model's "
+                  f"context of {ctx.max_positions} positions", name, "context_length_exceeded")
+    return max_tokens
+
+
+def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
+    if not isinstance(body, dict):
+        raise bad(f"the request body must be a JSON object, got {type(body).__name__}", None, "invalid_type")
+    body = {k: v for k, v in body.items() if v is not None}  # a field sent as null counts as absent
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise bad("model: required (a string; see GET /v1/models)", "model", "missing_required_parameter")
+    if model not in ctx.names:
+        raise bad(f"model: {model!r} is not served here (served: {', '.join(ctx.names)})", "model", "model_not_found")
+    _check_fields(body, kind)
+    stream, include_usage = _stream_flags(body)
+    n, best_of = _samples(body, kind, stream)
+    logprobs = _logprobs(body, kind)
+    echo = kind == "completion" and _boolean(body, "echo")
     stops = _stops(body)
     user = body.get("user")
     if user is not None and not isinstance(user, str):
         raise bad("user: expected a string", "user", "invalid_type")
-
+    tools = None
     if kind == "chat":
-        prompt_ids = _chat_ids(body, ctx)
-        tokens_name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+        from .conversation import chat_prompt, check_tools
+
+        tools = check_tools(body)
+        prompts = [PromptInput(chat_prompt(body, ctx, tools), None)]
     else:
-        prompt_ids = _prompt_ids(body, ctx)
-        tokens_name = "max_tokens"
-    room = None if ctx.max_positions is None else int(ctx.max_positions) - len(prompt_ids)
-    if room is not None and room < 1:
-        raise bad(f"prompt: {len(prompt_ids)} prompt tokens leave no room in the model's context of "
-                  f"{ctx.max_positions} positions", "messages" if kind == "chat" else "prompt", "context_length_exceeded")
-    max_tokens = _integer(body, tokens_name, low=1)
-    if max_tokens is None:
-        default = DEFAULT_COMPLETION_TOKENS if kind == "completion" else ctx.max_new_tokens_limit
-        max_tokens = min(default, ctx.max_new_tokens_limit, room if room is not None else default)
-    elif max_tokens > ctx.max_new_tokens_limit:
-        raise bad(f"{tokens_name}: {max_tokens} exceeds this server's limit of {ctx.max_new_tokens_limit}", tokens_name)
-    elif room is not None and max_tokens > room:
-        raise bad(f"{tokens_name}: {len(prompt_ids)} prompt tokens plus {max_tokens} new tokens exceed the model's "
-                  f"context of {ctx.max_positions} positions", tokens_name, "context_length_exceeded")
+        prompts = _prompts(body, ctx)
+        if echo and logprobs is not None and body.get("suffix") is not None:
+            raise bad("echo: prompt logprobs of a fill-in-the-middle prompt are not supported (drop echo or "
+                      "logprobs)", "echo")
+    if len(prompts) * best_of > MAX_CHOICES:
+        name = "best_of" if best_of > n else "n"
+        raise bad(f"{name}: {len(prompts)} prompts x {best_of} samples make {len(prompts) * best_of} generations, more "
+                  f"than the {MAX_CHOICES} one request may ask for", name)
+    max_tokens = _max_tokens(body, kind, ctx, prompts)
     prediction_ids = _prediction(body, ctx)
     flt, budget = _extension(body, ctx)
-    do_sample = temperature > 0
-    try:
-        options = DecodeOptions(max_new_tokens=max_tokens, do_sample=do_sample,
-                                temperature=float(temperature) if do_sample else 1.0,
-                                top_k=None if top_k is None or top_k <= 0 else top_k,
-                                top_p=None if top_p is None else float(top_p), seed=seed,
-                                stop=stops or None, logits_processor=_logit_bias(body, ctx), budget=budget)
-    except (BadInputError, BadInputTypeError) as exc:
-        raise bad(str(exc), exc.param) from None
-    return GenerationRequest(kind, model, prompt_ids, max_tokens, options, stream, include_usage, stops,
-                             prediction_ids, flt, seed is not None, ctx.corpus_documents(flt))
+    options = _decode_options(body, ctx, max_tokens, budget, stops, logprobs, best_of, n)
+    if tools is not None and tools.forced:
+        if options.structure is not None:
+            raise bad("response_format: cannot be combined with a forced tool call (tool_choice)", "response_format")
+        from ..structured import Structure
+
+        options = options.replace(structure=Structure.from_lark(tools.grammar()))
+    return GenerationRequest(kind, model, prompts, max_tokens, options, stream, include_usage, stops,
+                             prediction_ids, flt, options.seed is not None, ctx.corpus_documents(flt),
+                             n=n, best_of=best_of, echo=echo, logprobs=logprobs,
+                             tools=tools if tools is not None and tools.choice != "none" else None)
 
 
 # ----------------------------------------------------------------------------------- responses
@@ -426,30 +526,21 @@ def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int
     return out
 
 
-def completion_response(rid: str, model: str, text: str, reason: str, use: dict, created: int | None = None) -> dict:
-    return {"id": rid, "object": "text_completion", "created": created or int(time.time()), "model": model,
-            "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason}], "usage": use}
-
-
-def chat_response(rid: str, model: str, text: str, reason: str, use: dict, created: int | None = None) -> dict:
-    return {"id": rid, "object": "chat.completion", "created": created or int(time.time()), "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                         "finish_reason": reason}], "usage": use}
-
-
 def completion_chunk(rid: str, model: str, created: int, text: str | None, reason: str | None = None,
-                     use: dict | None = None, choices: bool = True) -> dict:
+                     use: dict | None = None, choices: bool = True, index: int = 0, logprobs: dict | None = None) -> dict:
     chunk = {"id": rid, "object": "text_completion", "created": created, "model": model,
-             "choices": [{"index": 0, "text": text or "", "logprobs": None, "finish_reason": reason}] if choices else []}
+             "choices": [{"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": reason}]
+             if choices else []}
     if use is not None:
         chunk["usage"] = use
     return chunk
 
 
 def chat_chunk(rid: str, model: str, created: int, delta: dict | None, reason: str | None = None,
-               use: dict | None = None, choices: bool = True) -> dict:
+               use: dict | None = None, choices: bool = True, index: int = 0, logprobs: dict | None = None) -> dict:
     chunk = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-             "choices": [{"index": 0, "delta": delta or {}, "logprobs": None, "finish_reason": reason}] if choices else []}
+             "choices": [{"index": index, "delta": delta or {}, "logprobs": logprobs, "finish_reason": reason}]
+             if choices else []}
     if use is not None:
         chunk["usage"] = use
     return chunk

@@ -1,0 +1,436 @@
+"""The results log and the README's headline table, rendered from the recorded runs.
+
+    python bench/render_results.py            # rewrite bench/RESULTS.md and the README's results table
+    python bench/render_results.py --check    # change nothing; exit status 1 when either is out of date
+
+Input: `bench/results/*.jsonl`, one line per run a benchmark recorded with `--record` (the format is
+in bench/results/README.md), and `bench/results/history.md`, the figures reported before runs were
+recorded, appended to the log as they are. Nothing here is edited by hand in the output files: a
+figure reaches them only through a record.
+
+Contract
+--------
+- ``load_records(results_dir) -> {benchmark: [record, ...]}``: every line of every ``*.jsonl`` file,
+  oldest first (by ``date``, then file order); a line that is not a JSON object with ``benchmark``,
+  ``date``, ``command`` and ``result`` raises ``ValueError`` naming the file and line.
+- ``command_line(argv) -> str``: the recorded command as a user types it: a script run as
+  ``python bench/NAME.py``, the CLI as ``suffixspec ...`` (whatever path it was started by), without
+  ``--record`` and its path.
+- ``figures(record) -> [str, ...]``: the record's figures in words, by its benchmark's summary
+  (``SUMMARIES``); a benchmark without one shows the scalar fields of its result.
+- ``headline(records) -> str``: the README's table (Markdown, between ``BEGIN`` and ``END``): one row
+  per entry of ``HEADLINE`` whose benchmark has a record, from its latest record.
+- ``results_log(records, history) -> str``: bench/RESULTS.md: the headline table, then every
+  benchmark's runs newest first, then the history.
+- ``render(root) -> {path: text}`` and ``main(argv)``: the two files as they should be.
+
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BEGIN = "<!-- results table: rendered by `python bench/render_results.py` from bench/results/*.jsonl; do not edit -->"
+END = "<!-- end of the rendered results table -->"
+REQUIRED = ("benchmark", "date", "command", "result")
+
+
+def load_records(results_dir) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for path in sorted(Path(results_dir).glob("*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{path}:{number}: not JSON ({exc})") from None
+                if not isinstance(rec, dict) or any(k not in rec for k in REQUIRED):
+                    raise ValueError(f"{path}:{number}: a record needs the fields {', '.join(REQUIRED)}")
+                out.setdefault(rec["benchmark"], []).append(rec)
+    for runs in out.values():
+        runs.sort(key=lambda r: r["date"])  # stable: runs of one date keep their file order
+    return out
+
+
+def command_line(argv) -> str:
+    args = [str(a) for a in argv]
+    if not args:
+        return ""
+    head, rest = args[0], args[1:]
+    if head.endswith("python") or "/python3" in head or head.startswith("python"):
+        head, rest = (rest[0], rest[1:]) if rest else (head, rest)
+    name = Path(head).name
+    if name in ("cli.py", "suffixspec", "__main__.py"):
+        words = ["suffixspec"]
+    elif head.startswith("-m"):
+        words = ["python", head]
+    else:
+        words = ["python", f"bench/{name}" if name.endswith(".py") else head]
+    skip = False
+    for a in rest:
+        if skip:
+            skip = False
+            if a.endswith(".jsonl"):
+                continue
+        if a == "--record":
+            skip = True
+            continue
+        if a.startswith("--record="):
+            continue
+        words.append(a if a and " " not in a else json.dumps(a))
+    return " ".join(words)
+
+
+def day(rec) -> str:
+    return str(rec["date"])[:10]
+
+
+def x(v) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2] if len(xs) % 2 else (xs[len(xs) // 2 - 1] + xs[len(xs) // 2]) / 2
+
+
+# ---------------------------------------------------------------- each benchmark's figures in words
+
+def _proposer(r) -> list[str]:
+    out = []
+    for w, wl in r.get("workloads", {}).items():
+        for b, s in wl.get("budgets", {}).items():
+            ours = s["suffixspec"]
+            peers = ", ".join(f"{p['mean_accepted_tokens']:.2f} ({name})" for name, p in s.get("peers", {}).items())
+            out.append(f"{w}, budget {b}: {ours['mean_accepted_tokens']:.2f} tokens per round against {peers}: "
+                       f"{x(s.get('ratio_vs_best_peer'))} the best peer; one proposal p50 {ours['propose_us_p50']:.1f} us, "
+                       f"p99 {ours['propose_us_p99']:.1f} us; 64 requests in one call "
+                       f"{s.get('batch64_ms', {}).get('threads1', float('nan')):.2f} ms (one thread)")
+    return out
+
+
+def _generate(r) -> list[str]:
+    out = []
+    for w, s in r.get("workloads", {}).items():
+        for m in sorted(k[:-len("_vs_plain")] for k in s if k.startswith("ss-") and k.endswith("_vs_plain")):
+            out.append(f"{w} ({s['prompts']} prompts, {r.get('max_new_tokens')} tokens, budget {m[3:]}): "
+                       f"{x(s[m + '_vs_plain'])} plain greedy, {x(s.get(m + '_vs_best_pld'))} transformers' prompt "
+                       f"lookup ({s['best_pld']}: {x(s.get(s['best_pld'] + '_vs_plain'))} plain); "
+                       f"{s[m + '_tokens_per_round']:.2f} tokens per round; "
+                       f"{'output identical to plain' if s.get('identical') else 'OUTPUT DIFFERS from plain'}")
+    return out
+
+
+def _serving(r) -> list[str]:
+    out = []
+    for rec in r.get("records", []):
+        if rec.get("speedup") is None:
+            continue
+        out.append(f"{rec['mode']} at concurrency {rec['concurrency']}: {x(rec['speedup'])} plain throughput, "
+                   f"TPOT {rec['tpot_ms']:.1f} ms, TTFT {rec['ttft_ms']:.0f} ms, {rec['mean_accepted_tokens']:.2f} tokens "
+                   f"per round, {rec.get('mismatches', 0)} mismatches")
+    return out
+
+
+def _grid(r) -> list[str]:
+    cells = r.get("cells", [])
+    verdicts = {}
+    for c in cells:
+        verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
+    out = ["verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items()))]
+    out += [f"{c['workload']}, {c['max_new_tokens']} tokens, concurrency {c['concurrency']}: {x(c['speedup'])} "
+            f"plain (worst repeat {x(c.get('speedup_min'))}), {c['verdict']}" for c in cells]
+    return out
+
+
+def _offmode(r) -> list[str]:
+    return [f"{rows} rows ({r.get('workload')}, {r.get('max_new_tokens')} tokens): {s['added_ms']:.3f} ms = "
+            f"{s['added_pct']:.2f}% of a plain round of {s['plain_round_ms']:.1f} ms "
+            f"[{s['added_pct_range'][0]:.2f}-{s['added_pct_range'][1]:.2f}%], "
+            f"{s['added_without_closes_pct']:.2f}% without session closes"
+            for rows, s in r.get("rows", {}).items()]
+
+
+def _prefill(r) -> list[str]:
+    step = r.get("max_step_tokens") or "whole prompt"
+    out = [f"a {r['long']}-token prompt arriving beside 4 running requests (prompt tokens per step: {step}): "
+           f"runners' time per token {x(r.get('runner_tpot_ratio'))} their time alone; the newcomer's TTFT "
+           f"{x(r.get('newcomer_ttft_ratio'))} the model's forward over its prompt"]
+    out += [f"{p['tokens']} tokens alone: prefill {p['prefill_s']:.2f} s, {x(p['ratio'])} the forward" for p in r.get("prefill", [])]
+    return out
+
+
+def _corpus(r) -> list[str]:
+    out = [f"{r['n_tokens'] / 1e6:.1f}M tokens, {r['n_documents']} documents: built at "
+           f"{r['build_tokens_per_s'] / 1e6:.2f}M tokens/s with {r['jobs']} jobs, one core "
+           f"{r['single_core_tokens_per_s'] / 1e6:.2f}M tokens/s; {r['bytes_per_token']:.1f} bytes per token on disk; "
+           f"first open {r['open_ms_first']:.1f} ms, later opens {r['open_ms_median']:.2f} ms"]
+    lat = [k[:-len("_p50_us")] for k in r if k.endswith("_p50_us")]
+    if lat:
+        out.append("query p50 / p99: " + "; ".join(f"{k.replace('_', ' ')} {r[k + '_p50_us']:.1f} / {r[k + '_p99_us']:.1f} us"
+                                                  for k in lat))
+    return out
+
+
+def _automaton(r) -> list[str]:
+    out = []
+    for name, s in r.get("streams", {}).items():
+        b, m = s["build"], s["append_match_counts"]
+        line = (f"{name}, {b['n_tokens'] / 1e6:.2f}M tokens: build {b['tokens_per_s'] / 1e6:.2f}M tokens/s, "
+                f"{b['bytes_per_token_live']:.0f} bytes per token live, {b['bytes_per_token_frozen']:.0f} frozen; "
+                f"append + match + counts p50 {m['p50_us']:.2f} us")
+        if s.get("arctic"):
+            line += f"; arctic-inference {s['arctic']['tokens_per_s'] / 1e6:.2f}M tokens/s, {s['arctic']['bytes_per_token']:.0f} bytes per token"
+        out.append(line)
+    return out
+
+
+def _refusal(r) -> list[str]:
+    return [f"{name}, a {r['body_mb']:.0f} MB prompt: answer {'/'.join(map(str, s['status']))} in {s['refused_ms']:.0f} ms; "
+            f"resident memory {s['rss_before_mb']:.0f} -> {s['rss_after_mb']:.0f} MB; a small request meanwhile "
+            f"{s['small_beside_ms']:.0f} ms (alone {s['small_alone_ms']:.0f} ms)" for name, s in r.get("servers", {}).items()]
+
+
+def _interrupts(r) -> list[str]:
+    rows = r.get("rows", [])
+    bad = [f"{q['command']} {q['signal']} to the {q['target']}: " + ", ".join(
+        f"{k} {q[k]}" for k in ("hangs", "tracebacks", "survivors", "leftovers", "damaged") if q.get(k))
+        for q in rows if any(q.get(k) for k in ("hangs", "tracebacks", "survivors", "leftovers", "damaged"))]
+    return [f"{r.get('runs')} interrupted runs, {r.get('failed')} failed a check"] + bad
+
+
+def _generic(r) -> list[str]:
+    if not isinstance(r, dict):
+        return [json.dumps(r)[:300]]
+    return [f"{k}: {v:.4g}" if isinstance(v, float) else f"{k}: {v}"
+            for k, v in r.items() if isinstance(v, (int, float, str, bool))]
+
+
+SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
+             "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
+             "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts}
+
+TITLES = {
+    "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
+    "suffixspec_bench": ("Serving benchmark, plain against speculative", "suffixspec bench"),
+    "suffixspec_bench_grid": ("Rollout grid: one verdict per workload, concurrency and length", "suffixspec bench --grid"),
+    "proposer": ("Drafts against the peers, proposer latency", "bench/bench_proposer.py"),
+    "automaton": ("Suffix automaton build, memory, online latency", "bench/bench_automaton.py"),
+    "corpus": ("Corpus index build, size, open, queries", "bench/bench_corpus.py"),
+    "offmode": ("What a round costs with speculation switched off", "bench/bench_offmode.py"),
+    "prefill": ("Long prompts beside running requests", "bench/bench_prefill.py"),
+    "refusal": ("Oversized requests refused", "bench/bench_refusal.py"),
+    "interrupts": ("Corpus writers interrupted by signals", "bench/bench_interrupts.py"),
+}
+
+
+def figures(rec) -> list[str]:
+    fn = SUMMARIES.get(rec["benchmark"], _generic)
+    try:
+        return fn(rec["result"])
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError, ZeroDivisionError):
+        return _generic(rec["result"])  # a record of another shape than this summary knows
+
+
+# ---------------------------------------------------------------- the headline rows
+
+def _h_generate(workload, label):
+    def pick(r):
+        s = r.get("workloads", {}).get(workload)
+        if not s or "ss-auto_vs_plain" not in s:
+            return None
+        return label, (f"{x(s['ss-auto_vs_plain'])} plain greedy, {x(s['ss-auto_vs_best_pld'])} transformers' prompt lookup; "
+                       f"{s['ss-auto_tokens_per_round']:.2f} tokens per round; "
+                       f"{'identical output' if s.get('identical') else 'OUTPUT DIFFERS'}")
+    return pick
+
+
+def _h_serving(r):
+    cells = [c for c in r.get("records", []) if c.get("mode") == "speculative" and c.get("speedup") is not None]
+    if not cells:
+        return None
+    return "serving, closed-loop clients", "; ".join(f"{x(c['speedup'])} plain at concurrency {c['concurrency']}" for c in cells)
+
+
+def _h_grid(r):
+    cells = r.get("cells", [])
+    if not cells:
+        return None
+    loses = sum(c["verdict"] == "loses" for c in cells)
+    best = {}
+    for c in cells:
+        if c["concurrency"] == min(q["concurrency"] for q in cells):
+            best[c["workload"]] = max(best.get(c["workload"], 0), c["speedup"])
+    worst = min(c["speedup"] for c in cells)
+    return ("rollout grid (verdict per cell)", f"{len(cells)} cells, {loses} lose; at one client "
+            + ", ".join(f"{w.replace('_', ' ')} {x(v)}" for w, v in best.items()) + f"; slowest cell {x(worst)} plain")
+
+
+def _h_peers(workload, budget):
+    def pick(r):
+        s = r.get("workloads", {}).get(workload, {}).get("budgets", {}).get(str(budget))
+        if not s:
+            return None
+        peers = s.get("peers", {})
+        return (f"drafts against peers, {workload.replace('_', ' ')}, budget {budget}",
+                f"{s['suffixspec']['mean_accepted_tokens']:.2f} tokens per round, {x(s['ratio_vs_best_peer'])} the best of "
+                f"{', '.join(peers)}")
+    return pick
+
+
+def _h_latency(r):
+    rows = [(b, s) for w in r.get("workloads", {}).values() for b, s in w.get("budgets", {}).items()]
+    if not rows:
+        return None
+    p50 = ", ".join(f"{_median([s['suffixspec']['propose_us_p50'] for bb, s in rows if bb == b]):.1f} us at budget {b}"
+                    for b in dict.fromkeys(b for b, _ in rows))
+    batch = max(s.get("batch64_ms", {}).get("threads1", 0.0) for _, s in rows)
+    return "proposer latency", f"one proposal p50 {p50}; 64 requests in one call at most {batch:.2f} ms"
+
+
+def _h_offmode(r):
+    rows = r.get("rows", {})
+    if not rows:
+        return None
+    return ("cost when speculation is off", ", ".join(f"{s['added_pct']:.2f}% of a plain round at {k} rows" for k, s in rows.items()))
+
+
+def _h_corpus(r):
+    return ("corpus index build and size", f"{r['single_core_tokens_per_s'] / 1e6:.2f}M tokens/s on one core "
+            f"({r['single_shard_tokens'] / 1e6:.1f}M-token shard); a {r['n_tokens'] / 1e6:.1f}M-token index takes "
+            f"{r['bytes_per_token']:.1f} bytes per token on disk and reopens in {r['open_ms_median']:.2f} ms")
+
+
+def _h_automaton(r):
+    s = r.get("streams", {}).get("stdlib")
+    if not s:
+        return None
+    b = s["build"]
+    return ("suffix automaton build", f"{b['tokens_per_s'] / 1e6:.2f}M tokens/s over {b['n_tokens'] / 1e6:.2f}M stdlib tokens, "
+            f"{b['bytes_per_token_live']:.0f} bytes per token")
+
+
+HEADLINE = [
+    ("generate", _h_generate("copy-edit", "code edits, end to end")),
+    ("generate", _h_generate("chat", "chat, end to end")),
+    ("generate", _h_generate("qa", "QA, end to end")),
+    ("suffixspec_bench", _h_serving),
+    ("suffixspec_bench_grid", _h_grid),
+    ("proposer", _h_peers("code_edit", 64)),
+    ("proposer", _h_peers("chat", 64)),
+    ("proposer", _h_latency),
+    ("offmode", _h_offmode),
+    ("corpus", _h_corpus),
+    ("automaton", _h_automaton),
+]
+
+
+def headline_rows(records, link: str) -> list[str]:
+    rows = []
+    for benchmark, pick in HEADLINE:
+        runs = records.get(benchmark)
+        if not runs:
+            continue
+        rec = runs[-1]
+        try:
+            got = pick(rec["result"])
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+            got = None
+        if got is None:
+            continue
+        what, figure = got
+        rows.append(f"| {what} | {figure} | `{command_line(rec['command'])}` | [{day(rec)}]({link}#{benchmark}) |")
+    return rows
+
+
+def headline(records, link: str = "bench/RESULTS.md") -> str:
+    rows = headline_rows(records, link)
+    return "\n".join([BEGIN, "", "| measured | figure | command | date |", "|---|---|---|---|", *rows, "", END])
+
+
+# ---------------------------------------------------------------- the log
+
+def _host(rec) -> str:
+    h = rec.get("host") or {}
+    bits = [str(h.get("cpu", "?")), f"{h.get('logical_cores', '?')} cores"]
+    if "torch_threads" in h:
+        bits.append(f"{h['torch_threads']} torch threads")
+    return ", ".join(bits)
+
+
+def _section(benchmark, runs) -> list[str]:
+    title, what = TITLES.get(benchmark, (benchmark.replace("_", " ").capitalize(), f"{benchmark}.jsonl"))
+    out = [f'<a id="{benchmark}"></a>', f"## {title}", "", f"`{what}`; runs recorded in `bench/results/{benchmark}.jsonl`, newest first.", ""]
+    for rec in reversed(runs):
+        rev = (rec.get("git_revision") or "")[:10] or "no revision"
+        dirty = " (modified)" if rec.get("git_dirty") else ""
+        out += [f"### {rec['date']} · {_host(rec)} · {rev}{dirty}", "", f"`{command_line(rec['command'])}`", ""]
+        out += [f"- {line}" for line in figures(rec)]
+        out.append("")
+    return out
+
+
+def order(records) -> list[str]:
+    known = [b for b in TITLES if b in records]
+    return known + sorted(b for b in records if b not in TITLES)
+
+
+def results_log(records, history: str) -> str:
+    out = ["# Results log", "",
+           "Rendered by `python bench/render_results.py` from the runs the benchmarks recorded with `--record`",
+           "(`bench/results/*.jsonl`, format in [bench/results/README.md](results/README.md)) and, at the end,",
+           "the figures reported before runs were recorded (`bench/results/history.md`). Do not edit this file:",
+           "record a run and render again. How each benchmark measures is in [docs/benchmarks.md](../docs/benchmarks.md).",
+           "", "## Headline", "", headline(records, link=""), ""]
+    out.append("Benchmarks: " + ", ".join(f"[{TITLES.get(b, (b,))[0]}](#{b})" for b in order(records)) + ".")
+    out.append("")
+    for b in order(records):
+        out += _section(b, records[b])
+    out += ['<a id="history"></a>', "## Before runs were recorded", "", history.strip(), ""]
+    return "\n".join(out)
+
+
+def replace_table(readme: str, table: str) -> str:
+    if readme.count(BEGIN) != 1 or readme.count(END) != 1:
+        raise ValueError("README.md must hold the results table's two marker lines once each")
+    head, rest = readme.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    return head + table + tail
+
+
+def render(root=ROOT) -> dict[Path, str]:
+    root = Path(root)
+    records = load_records(root / "bench" / "results")
+    history = (root / "bench" / "results" / "history.md").read_text(encoding="utf-8")
+    readme = root / "README.md"
+    return {root / "bench" / "RESULTS.md": results_log(records, history),
+            readme: replace_table(readme.read_text(encoding="utf-8"), headline(records))}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="change nothing; exit status 1 when a file is out of date")
+    ap.add_argument("--root", default=str(ROOT), help="the checkout (default: the one holding this script)")
+    args = ap.parse_args(argv)
+    stale = []
+    for path, text in render(args.root).items():
+        old = path.read_text(encoding="utf-8") if path.exists() else None
+        if old == text:
+            continue
+        stale.append(path)
+        if not args.check:
+            path.write_text(text, encoding="utf-8")
+    for path in stale:
+        print(f"{path}: {'out of date' if args.check else 'rendered'}")
+    return 1 if (args.check and stale) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
