@@ -83,7 +83,9 @@ class Metrics:
 
     def sources(self, proposer) -> None:
         """Expose `proposer.source_tokens()` (served with corpora) as two counters labelled by source."""
-        self.registry.register(_SourceCollector(proposer))
+        p = "suffixspec_"
+        self.registry.register(_SourceCollector(proposer, p + "drafted_tokens_by_source",
+                                                p + "accepted_tokens_by_source"))
 
     def http_request(self, endpoint: str, status: int) -> None:
         self.http.labels(endpoint=endpoint, status=str(status)).inc()
@@ -146,8 +148,9 @@ class _SourceCollector:
     """Drafted / accepted tokens by source, read from the proposer when scraped, counted from the
     collector's creation on."""
 
-    def __init__(self, proposer):
+    def __init__(self, proposer, drafted_name: str, accepted_name: str):
         self.proposer = proposer
+        self.names = {"drafted": drafted_name, "accepted": accepted_name}
         self.base = proposer.source_tokens()
 
     def describe(self):
@@ -157,7 +160,7 @@ class _SourceCollector:
         counts = self.proposer.source_tokens()
         for what, doc in (("drafted", "Draft tokens proposed, by the source that drafted them (counted with corpora)"),
                           ("accepted", "Draft tokens on the committed path, by the source that drafted them")):
-            family = CounterMetricFamily(f"suffixspec_{what}_tokens_by_source", doc, labels=["source"])
+            family = CounterMetricFamily(self.names[what], doc, labels=["source"])
             for source, c in counts.items():
                 family.add_metric([source], c[what] - self.base[source][what])
             yield family
