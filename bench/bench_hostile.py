@@ -7,7 +7,7 @@ The cases are those of `tests/test_http_hostile.py` (whose socket helpers this r
 a declared body over the limit, an oversized body sent anyway, a chunked body cut at the limit, a
 100,000-deep nested JSON, a lone surrogate, Latin-1 bytes, a non-JSON content type, 10,000 stop
 strings, a 100,000-entry logit_bias, a prompt at the context limit and one over it, max_tokens at
-its limit with n at its maximum (1) and n over it, a silent connection, a head and a body dripped a
+its limit with n at its maximum and n over it, a silent connection, a head and a body dripped a
 byte every quarter second, 200 idle keep-alive connections, a client hanging up mid-body. The server
 runs with `--max-body-bytes`, `--read-timeout` and `--keep-alive` of this script (small, so deadlines
 come soon). A table, then one JSON line last (``--record``: ``bench/results/hostile.jsonl``).
@@ -81,7 +81,7 @@ class Prober:
         self.thread.join(150)
 
 
-def cases(h, server, model: str, limit: int, read_timeout: float, slack: float):
+def cases(h, server, model: str, limit: int, read_timeout: float, slack: float, max_n: int):
     """(name, expected, limit_s, function returning what it got) for every case; `h`: the test module."""
     import httpx
 
@@ -186,8 +186,8 @@ def cases(h, server, model: str, limit: int, read_timeout: float, slack: float):
         ("prompt at the context limit", 200, 120.0, body({"model": model, "prompt": [5] * (ctx - 2), "max_tokens": 2,
                                                           "temperature": 0})),
         ("prompt over the context limit", 400, quick, body({"model": model, "prompt": [5] * ctx, "max_tokens": 2})),
-        ("max_tokens at its limit, n=1", 200, 300.0, None),  # filled in by main (the limit is the server's flag)
-        ("n=2 (only 1 is supported)", 400, quick, body({**base, "n": 2})),
+        (f"max_tokens at its limit, n={max_n}", 200, 300.0, None),  # filled in by main (the server's flag)
+        (f"n={max_n + 1}, over its limit", 400, quick, body({**base, "n": max_n + 1})),
         ("silent connection", "closed", deadline, silent),
         ("head dripped 4 bytes/s", 408, deadline, drip_head),
         ("body dripped 4 bytes/s", 408, deadline, drip_body),
@@ -222,6 +222,7 @@ def main() -> None:
     args = ap.parse_args()
     sys.path.insert(0, str(TESTS))
     import test_http_hostile as h  # the tests' socket helpers
+    from suffixspec.http.protocol import MAX_N
 
     with tempfile.TemporaryDirectory(prefix="suffixspec-hostile-") as tmp:
         root = Path(tmp)
@@ -248,10 +249,10 @@ def main() -> None:
             rss_before = h.rss_kb(server)
             rows = []
             for name, expected, limit_s, fn in cases(h, server, model, args.max_body_bytes, args.read_timeout,
-                                                     args.slack):
+                                                     args.slack, MAX_N):
                 if fn is None:  # max_tokens at the server's limit
-                    payload = json.dumps({"model": model, "prompt": "x", "max_tokens": args.max_tokens_limit, "n": 1,
-                                          "temperature": 0}).encode()
+                    payload = json.dumps({"model": model, "prompt": "x", "max_tokens": args.max_tokens_limit,
+                                          "n": MAX_N, "temperature": 0}).encode()
                     fn = (lambda data: lambda: h.post(server, data).status_code)(payload)
                 prober.phase = "suite"
                 rows.append(run_case(name, expected, limit_s, fn))
