@@ -206,6 +206,30 @@ def _interrupts(r) -> list[str]:
     return [f"{r.get('runs')} interrupted runs, {r.get('failed')} failed a check"] + bad
 
 
+def _threads(r) -> list[str]:
+    out = []
+    for c in r.get("cells", []):
+        if c["setting"] == "default":
+            out.append(f"{c['case']} {c['mode']}, {c['level']} competing processes: default {c['median']:.2f} tok/s "
+                       f"= {c['of_best']:.2f}x the best setting")
+    return out
+
+
+def _soak(r) -> list[str]:
+    return [f"{r['requests']} requests at concurrency {r['concurrency']}: {r['errors']} errors, {r['cancelled']} dropped "
+            f"streams ({r['server_cancelled']} cancelled by the server), sample of {r['sample']} identical: "
+            f"{not r['sample_mismatched']}; RSS {r['rss_kb_after_warmup'] / 1024:.0f} MB after the warm-up, "
+            f"{r['rss_kb_end'] / 1024:.0f} MB at the end; {r['requests_per_s']} requests/s"]
+
+
+def _hostile(r) -> list[str]:
+    bad = [f"{c['case']}: got {c['got']} in {c['seconds']} s" for c in r.get("cases", []) if not c["ok"]]
+    suite = r.get("other_client_latency", {}).get("suite", {})
+    return [f"{r['ok']} of {r['of']} cases answered as expected within their limits; RSS "
+            f"{r['rss_growth']:+.1%} over the suite; another client's latency meanwhile p50 {suite.get('p50_s')} s, "
+            f"max {suite.get('max_s')} s"] + bad
+
+
 def _generic(r) -> list[str]:
     if not isinstance(r, dict):
         return [json.dumps(r)[:300]]
@@ -215,7 +239,8 @@ def _generic(r) -> list[str]:
 
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
-             "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts}
+             "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
+             "threads": _threads, "soak": _soak, "hostile": _hostile}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -228,6 +253,9 @@ TITLES = {
     "prefill": ("Long prompts beside running requests", "bench/bench_prefill.py"),
     "refusal": ("Oversized requests refused", "bench/bench_refusal.py"),
     "interrupts": ("Corpus writers interrupted by signals", "bench/bench_interrupts.py"),
+    "threads": ("Decoding speed by thread setting, quiet and under contention", "bench/bench_threads.py"),
+    "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
+    "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
 }
 
 

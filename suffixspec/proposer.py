@@ -175,6 +175,8 @@ class Proposer:
         self._learned = lk.new_stats()  # the proposer's counts over every request (lk)
         self._calibration = lk.new_calibration()  # the proposer's judged drafts, by rank and share (lk)
         self._group_cal = lk.new_group_calibration()  # ... and by the group of the part that drafted them (lk)
+        # judged draft nodes by source: [SRC_CORPUS, SRC_OTHER] x [drafted, accepted] (`source_tokens`)
+        self._source_tokens = np.zeros((2, 2), np.int64)
         self.max_nodes = cfg.max_nodes
         self._min_match = cfg.min_match
         self.max_session_tokens = cfg.max_session_tokens
@@ -247,6 +249,16 @@ class Proposer:
     def cache_upkeep_failures(self) -> int:
         """Outputs the upkeep thread could not add (each logged with its error)."""
         return 0 if self._upkeep is None else self._upkeep.failures
+
+    def source_tokens(self) -> dict[str, dict[str, int]]:
+        """Draft nodes by the source that drafted them, counted only with corpora: {"corpus": ...,
+        "other": ... (the request's own text and past responses)}, each {"drafted", "accepted"}.
+        A tree counts when the tokens committed after it judge it (see `_source_counts`); trees of
+        document-filtered requests are not counted (their merge keeps no node's origin). Updated
+        without a lock, like the learned counts."""
+        t = self._source_tokens.tolist()
+        return {name: {"drafted": t[row][0], "accepted": t[row][1]}
+                for name, row in (("corpus", SRC_CORPUS), ("other", SRC_OTHER))}
 
     def learned(self) -> np.ndarray:
         """A copy of the proposer's learned counts, float64 [classes, length buckets, (hits, trials)]
@@ -452,6 +464,27 @@ class _NoCache:
         self._version -= 1
 
 
+SRC_CORPUS, SRC_OTHER = 0, 1  # rows of Proposer._source_tokens
+
+
+def _source_counts(judged, committed: np.ndarray, counts: np.ndarray) -> None:
+    """Add a judged tree's nodes to `counts` [source, (drafted, accepted)]: a node is the corpus's when
+    a corpus part created it (its group, `lk.group`, is set only for corpus parts), and accepted when
+    it lies on the committed path (its parent did, its token is the one committed at its depth)."""
+    tokens, parents, _shares, groups, _steps, a, e = judged
+    tok, par, corpus = tokens[a:e], parents[a:e], groups[a:e] >= 0
+    n_corpus = int(np.count_nonzero(corpus))
+    counts[SRC_CORPUS, 0] += n_corpus
+    counts[SRC_OTHER, 0] += (e - a) - n_corpus
+    node = -1
+    for token in committed.tolist():
+        hit = np.flatnonzero((par == node) & (tok == token))
+        if hit.shape[0] == 0:
+            break
+        node = int(hit[0])
+        counts[SRC_CORPUS if corpus[node] else SRC_OTHER, 1] += 1
+
+
 _tree = DraftTree.unchecked
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
@@ -531,6 +564,8 @@ class Session:
                 self._judged = None
                 if learning:
                     lk.count_tree(*judged, toks, p._calibration, p._group_cal)
+                if p._static:
+                    _source_counts(judged, toks, p._source_tokens)
             if learning:
                 sam = self._sam
                 lk.count_own(sam._S, sam._E, sam._H, sam._M, toks, p.min_match, self._stats, p._learned)

@@ -70,3 +70,18 @@ def test_a_missing_or_damaged_corpus_is_named(setup):
         last = server.log().strip().splitlines()[-1]
         assert code == 2 and last.startswith(f"suffixspec serve: error: --corpus {bad}:"), server.log()
         assert "model failed" not in server.log()
+
+
+def test_metrics_count_the_corpus_drafts(setup):
+    """Draft tokens by source: a prompt copied from the corpus gets corpus drafts, counted in /metrics."""
+    server = setup[0]
+    for _ in range(3):
+        r = httpx.post(server.url + "/v1/completions", timeout=60, json={
+            "model": "tiny", "prompt": "def f3(x):\n    return x * 3\n" * 3, "max_tokens": 16, "temperature": 0})
+        assert r.status_code == 200, r.text
+    samples = {(s.name, s.labels.get("source")): s.value for f in text_string_to_metric_families(
+        httpx.get(server.url + "/metrics").text) for s in f.samples}
+    drafted = samples[("suffixspec_drafted_tokens_by_source_total", "corpus")]
+    accepted = samples[("suffixspec_accepted_tokens_by_source_total", "corpus")]
+    assert drafted > 0 and 0 <= accepted <= drafted, samples
+    assert samples[("suffixspec_drafted_tokens_by_source_total", "other")] >= 0

@@ -188,6 +188,12 @@ def test_huge_parameters_are_refused_quickly(server):
     assert assert_error(post(server, json.dumps(bias).encode()), 400)["param"] == "logit_bias"
     assert_error(post(server, json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 65}).encode()), 400)
     assert completion(server, max_tokens=64).status_code == 200
+    from suffixspec.http.protocol import MAX_N
+
+    at_limit = {"model": "tiny", "prompt": "x", "max_tokens": 64, "n": MAX_N, "temperature": 0}  # both at their limit
+    r = post(server, json.dumps(at_limit).encode())
+    assert r.status_code == 200 and len(r.json()["choices"]) == MAX_N, r.text
+    assert assert_error(post(server, json.dumps(dict(at_limit, n=MAX_N + 1)).encode()), 400)["param"] == "n"
 
 
 def test_a_prompt_at_the_context_limit(server):

@@ -191,6 +191,32 @@ def test_corpus_source_and_merge_of_sources():
     assert sum(1 for p in paths if len(p) == 1) == 1
 
 
+@pytest.mark.parametrize("batched", [False, True])
+def test_draft_tokens_are_counted_by_source(batched):
+    """Each judged node counts for the source whose part drafted it; accepted: on the committed path."""
+    corpus = SuffixAutomaton()
+    corpus.add_document([10, 11, 12, 13, 14])
+    prop = Proposer(corpus=corpus.freeze(), global_cache=False)
+    s = prop.start([1, 10, 11, 20, 21, 1, 10])
+    tree = prop.propose_batch([s], 16)[0] if batched else s.propose(16)
+    paths = _tree_paths(tree)
+    assert (11, 12, 13, 14) in paths and (11, 20, 21) in paths
+    s.extend([11, 12, 13])  # the corpus's path: 12 and 13 only the corpus drafted (11 both did)
+    got = prop.source_tokens()
+    assert got["corpus"]["drafted"] + got["other"]["drafted"] == len(tree)
+    assert got["corpus"]["drafted"] >= 3 and got["other"]["drafted"] >= 2  # 12, 13, 14 and 20, 21
+    assert got["corpus"]["accepted"] + got["other"]["accepted"] == 3
+    assert got["corpus"]["accepted"] >= 2
+    s.extend([99])  # no tree since the last extension: nothing more counted
+    assert prop.source_tokens() == got
+
+    plain = Proposer(global_cache=False)  # without corpora nothing is counted (no cost per round)
+    t = plain.start([1, 10, 11, 20, 21, 1, 10])
+    assert len(t.propose(16))
+    t.extend([11, 20])
+    assert plain.source_tokens() == {"corpus": {"drafted": 0, "accepted": 0}, "other": {"drafted": 0, "accepted": 0}}
+
+
 @pytest.mark.parametrize("alphabet", [2, 3, 5])
 def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet):
     """With corpora the kernel skips, after a source filled the budget, candidates of later sources

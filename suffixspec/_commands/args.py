@@ -52,3 +52,9 @@ def check_writer_args(args) -> None:
             raise BadInputError(f"--{name.replace('_', '-')}: expected a positive integer, got {value}")
     if not args.wait >= 0 or args.wait == float("inf"):
         raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
+
+
+def check_threads(threads) -> None:
+    """`--threads`: None (chosen at start-up, `suffixspec.threads`) or a positive count."""
+    if threads is not None and threads < 1:
+        raise BadInputError(f"--threads: expected >= 1, got {threads}", param="--threads")

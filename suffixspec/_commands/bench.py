@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from ..errors import BadInputError
-from .args import open_corpora, parse_budget, parse_filters
+from .args import check_threads, open_corpora, parse_budget, parse_filters
 
 
 def add_parser(sub) -> None:
@@ -44,7 +44,9 @@ def add_parser(sub) -> None:
     p.add_argument("--sequential", action="store_true",
                    help="run the modes of a concurrency back to back (default here: together, their engines "
                         "taking turns step by step, each timed only during its own steps)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads of a model loaded here (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--out", default="bench_out", metavar="DIR", help="report directory (default ./bench_out)")
     p.add_argument("--record", nargs="?", const="", default=None, metavar="PATH",
                    help="also append the JSON line printed last, with the date, host, git revision and command line, "
@@ -127,17 +129,18 @@ class LocalTarget:
         filters = parse_filters(args.filter)
         if filters and not args.corpus:
             raise BadInputError("--filter needs at least one --corpus index")
-        import torch
+        check_threads(args.threads)
+        from ..threads import ThreadPlan
 
+        plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
         from .. import bench
         from ..models import load_model
         from ..proposer import Proposer
 
-        if args.threads:
-            torch.set_num_threads(args.threads)
         self.allocator = bench.keep_freed_memory()  # before the model's memory is allocated
         self.args, self.filters = args, filters
         self.model, self.tokenizer = load_model(args.model)
+        print(f"suffixspec bench: {plan.finish().describe()}", file=sys.stderr)
         corpora = open_corpora(args.corpus, self.tokenizer)
         self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
                                              filter=filters or None)

@@ -19,11 +19,16 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", type=int, default=16, help="draft-tree nodes per round (default 16)")
     p.add_argument("--no-generate", action="store_true", help="skip generation with the embedded model")
     p.add_argument("--max-new-tokens", type=int, default=128, metavar="N", help="most tokens generated (default 128)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     p.set_defaults(func=run)
 
 
-def _generate(max_new_tokens: int) -> dict:
+def _generate(max_new_tokens: int, plan) -> dict:
+    import sys
+
     import torch
 
     from ..generate import SpeculativeGenerator
@@ -34,6 +39,7 @@ def _generate(max_new_tokens: int) -> dict:
         with open(path, encoding="utf-8") as f:
             rec = json.loads(f.readline())
     model, tok = load_model(None)
+    print(f"suffixspec demo: {plan.finish().describe()}", file=sys.stderr)
     ids = rec["prompt_ids"]
     gen = SpeculativeGenerator(model, tok, proposer=Proposer(global_cache=False))
     gen.generate([ids[:32]], max_new_tokens=8)  # warm up both paths (and measure the cost curve once)
@@ -57,6 +63,11 @@ def _generate(max_new_tokens: int) -> dict:
 
 
 def run(args) -> int:
+    from ..threads import ThreadPlan
+    from .args import check_threads
+
+    check_threads(args.threads)
+    plan = None if args.no_generate else ThreadPlan.start(args.threads)  # before torch is imported
     import numpy as np
 
     from ..automaton import SuffixAutomaton
@@ -87,7 +98,7 @@ def run(args) -> int:
           f"acceptance rate {stats['acceptance_rate']:.2f}, propose p50 {stats['propose_us_p50']:.1f} us")
     record = {"n_tokens": len(sam), "bytes_per_token": sam.nbytes / len(sam), **stats}
     if not args.no_generate:
-        record["generation"] = _generate(args.max_new_tokens)
+        record["generation"] = _generate(args.max_new_tokens, plan)
     if args.json:
         print(json.dumps(record))
     return 0 if record.get("generation", {}).get("identical", True) else 1

@@ -9,7 +9,7 @@ import time
 from ..errors import BadInputError
 from ..options import DecodeOptions
 from ..textinput import read_utf8
-from .args import open_corpora, parse_budget, parse_filters
+from .args import check_threads, open_corpora, parse_budget, parse_filters
 
 
 def add_parser(sub) -> None:
@@ -30,7 +30,9 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: a random one)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per round (0: plain decoding; default auto)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--stats", action="store_true", help="print generation statistics")
     p.add_argument("--compare", action="store_true", help="also run plain greedy decoding (transformers) and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object with the statistics as the last line")
@@ -57,15 +59,18 @@ def run(args) -> int:
 
         found = find_chat_template(args.model, args.chat_template)
 
+    check_threads(args.threads)
+    from ..threads import ThreadPlan
+
+    plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
     import torch
 
     from ..generate import SpeculativeGenerator
     from ..models import load_model
     from ..proposer import Proposer
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
+    print(f"suffixspec generate: {plan.finish().describe()}", file=sys.stderr)
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the CLI needs one to encode the prompt")
     filters = parse_filters(args.filter)

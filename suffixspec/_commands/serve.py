@@ -58,7 +58,9 @@ def add_parser(sub) -> None:
     p.add_argument("--no-response-cache", action="store_true",
                    help="do not draft from earlier requests' outputs (by default finished outputs join a cache every "
                         "later request drafts from)")
-    p.add_argument("--threads", type=int, default=None, metavar="N", help="torch CPU threads (default: torch's)")
+    p.add_argument("--threads", type=int, default=None, metavar="N",
+                   help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
+                        "the log says what was chosen)")
     p.add_argument("--grace-period", type=float, default=30.0, metavar="S",
                    help="on SIGTERM, how long accepted requests may run before they are cancelled (default 30)")
     p.add_argument("--max-body-bytes", type=int, default=DEFAULT_LIMITS.max_body_bytes, metavar="N",
@@ -124,6 +126,9 @@ def run(args) -> int:
 
     template = find_chat_template(args.model, args.chat_template)
 
+    from ..threads import ThreadPlan
+
+    plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
     import uvicorn
 
     from ..http.app import AppState, create_app
@@ -141,7 +146,7 @@ def run(args) -> int:
 
     def load() -> None:
         try:
-            _load(args, budget, template, state, log)
+            _load(args, budget, template, state, log, plan)
             log.info("ready: serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits
             if getattr(exc, "param", None) == "--corpus":  # names the corpus, not the model
@@ -173,7 +178,7 @@ def _default_name(model) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
 
 
-def _load(args, budget, template, state, log) -> None:
+def _load(args, budget, template, state, log, plan) -> None:
     """Load the model, build the engine and start its thread; then `state` is ready."""
     from ..generate import SpeculativeGenerator
     from ..http.chat import chat_template_for
@@ -185,11 +190,8 @@ def _load(args, budget, template, state, log) -> None:
     from ..proposer import Proposer
 
     t0 = time.perf_counter()
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     model, tokenizer = load_model(args.model)
+    log.info("%s", plan.finish().describe())
     if tokenizer is None:
         raise BadInputError(f"model {args.model!r} has no tokenizer.json; the server needs one", param="--model")
     corpora = open_corpora(args.corpus, tokenizer)
@@ -210,6 +212,8 @@ def _load(args, budget, template, state, log) -> None:
                        eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora), corpora=tuple(corpora))
     _warm_up(server, tokenizer, proposer)
+    if corpora:
+        state.metrics.sources(proposer)  # counted from here: the warm-up's drafts are not a client's
     _freeze_heap()
     engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
     engine.start()

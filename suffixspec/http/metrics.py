@@ -5,13 +5,15 @@ each answered request; the engine thread calls `observe_step(...)` after every s
 running requests, rounds with and without speculation, proposer / budget / verifier seconds) and
 `observe_finished(...)` for every finished request (finish reason, TTFT / TPOT / end-to-end latency,
 tokens per round, drafted / accepted tokens, prompt / completion tokens); `corpora(indexes)` once the
-corpus indexes are open (documents and tokens per index). `render()` is the text
+corpus indexes are open (documents and tokens per index); `sources(proposer)` once the proposer exists:
+drafted and accepted tokens by source (corpus, other), read from `Proposer.source_tokens` at each scrape (counted from that call on). `render()` is the text
 exposition format (`CONTENT_TYPE`). prometheus-client metrics are thread-safe.
 """
 
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = ["Metrics", "CONTENT_TYPE"]
@@ -79,6 +81,12 @@ class Metrics:
             self.corpus_documents.labels(corpus=str(ix.path)).set(ix.n_documents - len(ix.deleted))
             self.corpus_tokens.labels(corpus=str(ix.path)).set(ix.n_tokens)
 
+    def sources(self, proposer) -> None:
+        """Expose `proposer.source_tokens()` (served with corpora) as two counters labelled by source."""
+        p = "suffixspec_"
+        self.registry.register(_SourceCollector(proposer, p + "drafted_tokens_by_source",
+                                                p + "accepted_tokens_by_source"))
+
     def http_request(self, endpoint: str, status: int) -> None:
         self.http.labels(endpoint=endpoint, status=str(status)).inc()
 
@@ -134,3 +142,25 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _SourceCollector:
+    """Drafted / accepted tokens by source, read from the proposer when scraped, counted from the
+    collector's creation on."""
+
+    def __init__(self, proposer, drafted_name: str, accepted_name: str):
+        self.proposer = proposer
+        self.names = {"drafted": drafted_name, "accepted": accepted_name}
+        self.base = proposer.source_tokens()
+
+    def describe(self):
+        return []  # nothing to check at registration: the families appear at the first scrape
+
+    def collect(self):
+        counts = self.proposer.source_tokens()
+        for what, doc in (("drafted", "Draft tokens proposed, by the source that drafted them (counted with corpora)"),
+                          ("accepted", "Draft tokens on the committed path, by the source that drafted them")):
+            family = CounterMetricFamily(self.names[what], doc, labels=["source"])
+            for source, c in counts.items():
+                family.add_metric([source], c[what] - self.base[source][what])
+            yield family
