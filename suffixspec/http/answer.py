@@ -174,7 +174,7 @@ class Answer:
 
     def _choice(self, i: int, index: int) -> dict:
         text, reason = self.texts[i], protocol.finish_reason(self.finals[i].reason)
-        kept = text.kept_logprobs()
+        kept = text.kept_logprobs() if self.req.logprobs is not None else []
         if self.req.kind == "chat":
             message = {"role": "assistant", "content": text.asm.text()}
             if self.req.tools is not None:

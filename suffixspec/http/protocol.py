@@ -39,9 +39,7 @@ from typing import Any, Callable
 from ..errors import BadInputError, BadInputTypeError
 from ..options import DecodeOptions
 from . import fim
-from .fields import APIError, bad
-from .fields import fits as _fits
-from .fields import text_content as _text_content
+from .fields import APIError, bad, fits, text_content
 
 __all__ = ["APIError", "ModelContext", "GenerationRequest", "PromptInput", "parse_request", "completion_chunk",
            "chat_chunk", "usage", "LogitBias"]
@@ -221,13 +219,13 @@ def _one_prompt(prompt, suffix: str | None, ctx: ModelContext, name: str) -> Pro
     if suffix is not None:
         if not isinstance(prompt, str):
             raise bad(f"{name}: with suffix (fill-in-the-middle), the prompt must be text", name, "invalid_type")
-        _fits(ctx, prompt, name)
-        _fits(ctx, suffix, "suffix")
+        fits(ctx, prompt, name)
+        fits(ctx, suffix, "suffix")
         return PromptInput(fim.fim_prompt(ctx.tokenizer, ctx.fim_ids, prompt, suffix), prompt)
     if isinstance(prompt, str):
         if not prompt:
             raise bad(f"{name}: the prompt is empty", name)
-        _fits(ctx, prompt, name)
+        fits(ctx, prompt, name)
         ids = list(ctx.tokenizer.encode(prompt))
         if not ids:
             raise bad(f"{name}: the prompt encodes to no tokens", name)
@@ -244,7 +242,7 @@ def _prediction(body: dict, ctx: ModelContext) -> list[int] | None:
         return None
     if not isinstance(pred, dict) or pred.get("type") != "content" or "content" not in pred:
         raise bad('prediction: expected {"type": "content", "content": "..."}', "prediction", "invalid_type")
-    text = _text_content(pred["content"], "prediction.content")
+    text = text_content(pred["content"], "prediction.content")
     return list(ctx.tokenizer.encode(text)) if text else []
 
 
