@@ -67,7 +67,14 @@ class WorkerPool:
                 self.workers.append((proc, parent))
                 self.idle.append(i)
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+            try:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+                # a signal held back while forking is handled here, before the pool reaches its caller
+                # (whose cleanup would never see it): its workers are stopped on the way out
+                self._unblocked = True
+            except BaseException:
+                self.stop()
+                raise
 
     def submit(self, fn, *args) -> int:
         """Run `fn(*args)` on an idle worker (the caller keeps at most `jobs` calls outstanding)."""
