@@ -28,30 +28,22 @@ __all__ = ["chat_prompt"]
 ROLES = ("system", "user", "assistant", "tool", "developer")
 
 
-def _bad(message: str, param: str, code: str = "invalid_value"):
-    return bad(message, param, code)
-
-
-def _content(content, name: str) -> str:
-    return text_content(content, name)
-
-
 def _tool_calls(raw, i: int) -> list[dict]:
     where = f"messages[{i}].tool_calls"
     if not isinstance(raw, list):
-        raise _bad(f"{where}: expected a list of tool calls", where, "invalid_type")
+        raise bad(f"{where}: expected a list of tool calls", where, "invalid_type")
     calls = []
     for j, call in enumerate(raw):
         fn = call.get("function") if isinstance(call, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(
                 fn.get("arguments", "{}"), str):
-            raise _bad(f'{where}[{j}]: expected {{"id", "type": "function", "function": {{"name", "arguments": '
+            raise bad(f'{where}[{j}]: expected {{"id", "type": "function", "function": {{"name", "arguments": '
                        f'"<JSON text>"}}}}', f"{where}[{j}]", "invalid_type")
         arguments = fn.get("arguments", "{}")
         try:
             parsed = json.loads(arguments)
         except ValueError:
-            raise _bad(f"{where}[{j}].function.arguments: expected a JSON object as text, got {arguments[:60]!r}",
+            raise bad(f"{where}[{j}].function.arguments: expected a JSON object as text, got {arguments[:60]!r}",
                        f"{where}[{j}].function.arguments") from None
         calls.append({"id": call.get("id"), "type": "function",
                       "function": {"name": fn["name"], "arguments": parsed, "arguments_text": arguments}})
@@ -60,27 +52,27 @@ def _tool_calls(raw, i: int) -> list[dict]:
 
 def _turns(messages) -> list[dict]:
     if messages is None:
-        raise _bad("messages: required", "messages", "missing_required_parameter")
+        raise bad("messages: required", "messages", "missing_required_parameter")
     if not isinstance(messages, list):
-        raise _bad(f"messages: expected a list of messages, got {type(messages).__name__}", "messages", "invalid_type")
+        raise bad(f"messages: expected a list of messages, got {type(messages).__name__}", "messages", "invalid_type")
     if not messages:
-        raise _bad("messages: the conversation is empty", "messages")
+        raise bad("messages: the conversation is empty", "messages")
     turns = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict):
-            raise _bad(f"messages[{i}]: expected an object with role and content", f"messages[{i}]", "invalid_type")
+            raise bad(f"messages[{i}]: expected an object with role and content", f"messages[{i}]", "invalid_type")
         role = m.get("role")
         if role not in ROLES:
-            raise _bad(f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
+            raise bad(f"messages[{i}].role: expected one of {', '.join(ROLES)}, got {role!r}", f"messages[{i}].role")
         content = m.get("content")
-        turn = {"role": role, "content": "" if content is None else _content(content, f"messages[{i}].content")}
+        turn = {"role": role, "content": "" if content is None else text_content(content, f"messages[{i}].content")}
         if role == "assistant" and m.get("tool_calls"):
             turn["tool_calls"] = _tool_calls(m["tool_calls"], i)
         if role == "tool" and m.get("tool_call_id") is not None:
             turn["tool_call_id"] = str(m["tool_call_id"])
         turns.append(turn)
     if not any(t["content"] or t.get("tool_calls") for t in turns):
-        raise _bad("messages: every message is empty", "messages")
+        raise bad("messages: every message is empty", "messages")
     return turns
 
 
@@ -112,12 +104,12 @@ def _flags(body: dict) -> bool:
     gen = body.get("add_generation_prompt", True)
     for name, value in (("continue_final_message", cont), ("add_generation_prompt", gen)):
         if not isinstance(value, bool):
-            raise _bad(f"{name}: expected true or false, got {value!r}", name, "invalid_type")
+            raise bad(f"{name}: expected true or false, got {value!r}", name, "invalid_type")
     if cont and gen:
-        raise _bad("continue_final_message: needs add_generation_prompt set to false (one continues the last "
+        raise bad("continue_final_message: needs add_generation_prompt set to false (one continues the last "
                    "message, the other opens a new turn)", "continue_final_message")
     if not cont and not gen:
-        raise _bad("add_generation_prompt: false only with continue_final_message true", "add_generation_prompt")
+        raise bad("add_generation_prompt: false only with continue_final_message true", "add_generation_prompt")
     return cont
 
 
@@ -127,7 +119,7 @@ def chat_prompt(body: dict, ctx, tools: ToolSpec | None) -> list[int]:
     turns = _turns(body.get("messages"))
     prefill = _flags(body)
     if prefill and (turns[-1]["role"] != "assistant" or not turns[-1]["content"]):
-        raise _bad("continue_final_message: the final message must be the assistant's, with text", "messages")
+        raise bad("continue_final_message: the final message must be the assistant's, with text", "messages")
     fits(ctx, "".join(t["content"] for t in turns), "messages")
     if ctx.chat is None:
         raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
@@ -140,17 +132,17 @@ def chat_prompt(body: dict, ctx, tools: ToolSpec | None) -> list[int]:
         text = ctx.chat.render(turns, tools=[t.as_openai() for t in tools.tools] if takes_tools else None,
                                add_generation_prompt=not prefill)
     except ChatTemplateError as exc:
-        raise _bad(str(exc), "messages") from None
+        raise bad(str(exc), "messages") from None
     if prefill:  # the prompt ends with the final message's text, its end-of-turn cut
         final = turns[-1]["content"]
         at = text.rfind(final)
         if at < 0:
-            raise _bad("continue_final_message: the chat template does not write the final message as it is",
+            raise bad("continue_final_message: the chat template does not write the final message as it is",
                        "messages")
         text = text[: at + len(final)]
     ids = list(ctx.tokenizer.encode(text))
     if not ids:
-        raise _bad("messages: the conversation encodes to no tokens", "messages")
+        raise bad("messages: the conversation encodes to no tokens", "messages")
     return ids
 
 
@@ -160,4 +152,4 @@ def check_tools(body: dict):
     try:
         return parse_tools(body)
     except BadInputError as exc:
-        raise _bad(str(exc), exc.param) from None
+        raise bad(str(exc), exc.param) from None
