@@ -25,7 +25,7 @@ Contract of one `step()`:
    draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
    them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
    requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
-   learn (the policy's calibration). Finished requests leave the batch; their slots fill at the
+   learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished requests leave the batch; their slots fill at the
    next step. Their sessions close (their outputs join the past responses) just before the proposer
    next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
    that finishes them nor in one that only admits, so that bookkeeping is off every first token.
@@ -50,14 +50,14 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-
 from .batch import RoundBatch
 from .budget import DraftCadence, tail_weights
 from .errors import BadInputError
-from .fallback import plain_generate
+from .fallback import serve_plain
 from .lifecycle import PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
 from .prediction import Prediction, prediction_counts, with_path
+from .recycle import harvest_round
 from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from .structured import escaped_view
@@ -100,6 +100,7 @@ class RowRound:
     path: list[int] = field(default_factory=list)  # the prediction's path merged into the tree
     tokens: list[int] = field(default_factory=list)  # committed
     accepted_nodes: list[int] = field(default_factory=list)  # tree nodes whose tokens were committed
+    recycled: Any = None  # the `recycle.RecycledDraft` its tree was cut from, when it recycles
     logprobs: list | None = None  # per committed token, when its sampler reports them
     reason: str = ""  # finish reason, "" while the request goes on
 
@@ -252,6 +253,7 @@ class Server:
                      stats=RequestStats(prompt_tokens=len(ids)), added_s=self.now(),
                      filter=self.filter if filter is None else filter,
                      request_id=request_id, prediction=predicted, family=family,
+                     recycle=bool(self.gen.recycle if opts.recycle is None else opts.recycle),
                      draft_view=escaped_view(self.tokenizer, ids) if decoding.grammar is not None else None)
         self._requests[q] = rq
         self.stats.requests.append(rq.stats)
@@ -324,7 +326,7 @@ class Server:
         self._drop_cancelled(step)
         if self.unsupported is not None:
             if self._waiting:
-                self._plain_one(self._waiting.popleft(), step)
+                serve_plain(self, self._waiting.popleft(), step)
             step.end_s = self.stats.e2e_s = self.now()
             return step
         if not self._rows:
@@ -539,6 +541,9 @@ class Server:
                 r.path, scores = pred.draft(b)
                 if r.path:
                     r.proposed = with_path(r.proposed, r.path, scores)
+            if r.request.recycle and b > 0:  # one best-first tree over the copy drafts and the recycled ones
+                r.recycled = self.gen.recycle_table.grow(r.proposed, r.request.context[-2:], b, r.limit - 1)
+                r.proposed = r.recycled.tree
             if len(r.proposed):
                 r.proposed = prune_tree(r.proposed, b, r.limit - 1)
             grammar = r.request.decoding.grammar
@@ -581,6 +586,8 @@ class Server:
         t_pass = self._clock()
         logits, root = state.forward(batch.pending, batch.trees)
         results = accept(logits, root, batch)
+        if any(r.request.recycle for r in rows):
+            harvest_round(self.gen.recycle_table, logits, root, batch, results)
         state.commit([res.accepted_nodes for res in results])
         if batch.width == 1 and batch.auto.any():  # prefills are dominated by the prompt: not observed
             # the whole step: a tree's acceptance walk and cache rewrite are part of what it costs
@@ -645,6 +652,9 @@ class Server:
 
     def _learn(self, rows: list[RowRound]) -> None:
         """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
+        for r in rows:
+            if r.recycled is not None:
+                self.gen.recycle_table.learn(r.recycled, r.tree, r.tokens)
         auto = [r for r in rows if r.request.auto]
         if not auto:
             return
@@ -697,19 +707,20 @@ class Server:
         now = self.now()
         if job is not None and job.request.cancelled:
             self._job = None
-            self._end(job.request, "cancelled", "", step.events, now)
+            self.end_request(job.request, "cancelled", "", step.events, now)
         for rq in [rq for rq in self._waiting if rq.cancelled]:
             self._waiting.remove(rq)
-            self._end(rq, "cancelled", "", step.events, now)
+            self.end_request(rq, "cancelled", "", step.events, now)
         keep = [i for i, rq in enumerate(self._rows) if not rq.cancelled]
         if len(keep) < len(self._rows):
             for rq in self._rows:
                 if rq.cancelled:
-                    self._end(rq, "cancelled", "", step.events, now)
+                    self.end_request(rq, "cancelled", "", step.events, now)
             self._state.select_rows(keep)
             self._rows = [self._rows[i] for i in keep]
 
-    def _end(self, rq: Request, reason: str, error: str, events: list[Event], now: float) -> None:
+    def end_request(self, rq: Request, reason: str, error: str, events: list[Event], now: float) -> None:
+        """`rq` ends outside a round (cancelled, failed, or served by the fallback): its event in `events`."""
         rs = rq.stats
         rs.finish_reason, rs.error = reason, error
         rs.e2e_s = now - rq.added_s
@@ -724,7 +735,7 @@ class Server:
         if len(requests) == 1:
             rq = requests[0]
             log.warning("request %d failed: %r", rq.index, exc)
-            self._end(rq, "error", f"{type(exc).__name__}: {exc}", events, self.now())
+            self.end_request(rq, "error", f"{type(exc).__name__}: {exc}", events, self.now())
             return []
         survivors = []
         for rq in requests:
@@ -736,42 +747,12 @@ class Server:
                 kept = self._round(state, [rq], events)
             except Exception as err:  # noqa: BLE001 - this request's own failure
                 log.warning("request %d failed: %r", rq.index, err)
-                self._end(rq, "error", f"{type(err).__name__}: {err}", events, self.now())
+                self.end_request(rq, "error", f"{type(err).__name__}: {err}", events, self.now())
                 continue
             if kept:
                 self._state.add_rows(state)
                 survivors.extend(kept)
         return survivors
-
-    def _plain_one(self, rq: Request, step: Step) -> None:
-        """A model tree verification cannot serve: transformers' own generate, one request per step."""
-        from .verify import warn_once
-
-        warn_once(f"suffixspec: speculation disabled for this model ({self.unsupported}); using plain decoding")
-        step.admitted.append(rq.index)
-        rq.move(Stage.RUNNING)
-        rs = rq.stats
-        start = self.now()
-        rs.queue_s = start - rq.added_s
-        try:
-            out, reason = plain_generate(self.model, rq.context, rq.decoding, rq.key, rq.max_new)
-        except Exception as exc:  # noqa: BLE001 - this request's own failure
-            self._end(rq, "error", f"{type(exc).__name__}: {exc}", step.events, self.now())
-            return
-        end = self.now()
-        self.stats.verifier_s += end - start
-        rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
-        rs.ttft_s = rs.e2e_s = end - rq.added_s
-        rs.finish_reason = reason
-        self.stats.rounds += len(out)
-        self.stats.plain_rounds += len(out)
-        self.stats.fallback = self.unsupported
-        rq.output.extend(out)
-        rq.context.extend(out)
-        rq.move(Stage.FINISHED)
-        if self.stream is not None and out:
-            self.stream(rq.index, list(out))
-        step.events.append(Event(rq.index, list(out), end, reason))
 
     def close(self) -> None:
         """Close every live proposer session (requests still running or waiting are abandoned)."""

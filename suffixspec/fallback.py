@@ -2,7 +2,8 @@
 cannot serve, and a minimal prompt-lookup proposer for when `suffixspec.Proposer` is unavailable.
 
 `plain_generate` decodes one prompt with the model's own `generate` under resolved `Decoding`
-options and returns the output cut where `Decoding.take` ends it, with the finish reason.
+options and returns the output cut where `Decoding.take` ends it, with the finish reason;
+`serve_plain` is the `Server`'s step for such a model.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import numpy as np
 
 from .tree import DraftTree
 
-__all__ = ["plain_generate", "PromptLookupProposer"]
+__all__ = ["plain_generate", "serve_plain", "PromptLookupProposer"]
 
 
 def plain_generate(model, prompt: list[int], decoding, key: int, max_new: int) -> tuple[list[int], str]:
@@ -69,3 +70,37 @@ class LookupSession:
 
     def close(self):
         pass
+
+
+def serve_plain(server, rq, step) -> None:
+    """`Server`'s path for a model tree verification cannot serve: transformers' own generate for
+    request `rq`, in one step (`step` gets its admission and its event)."""
+    from .engine import Event
+    from .lifecycle import Stage
+    from .verify import warn_once
+
+    warn_once(f"suffixspec: speculation disabled for this model ({server.unsupported}); using plain decoding")
+    step.admitted.append(rq.index)
+    rq.move(Stage.RUNNING)
+    rs = rq.stats
+    start = server.now()
+    rs.queue_s = start - rq.added_s
+    try:
+        out, reason = plain_generate(server.model, rq.context, rq.decoding, rq.key, rq.max_new)
+    except Exception as exc:  # noqa: BLE001 - this request's own failure
+        server.end_request(rq, "error", f"{type(exc).__name__}: {exc}", step.events, server.now())
+        return
+    end = server.now()
+    server.stats.verifier_s += end - start
+    rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
+    rs.ttft_s = rs.e2e_s = end - rq.added_s
+    rs.finish_reason = reason
+    server.stats.rounds += len(out)
+    server.stats.plain_rounds += len(out)
+    server.stats.fallback = server.unsupported
+    rq.output.extend(out)
+    rq.context.extend(out)
+    rq.move(Stage.FINISHED)
+    if server.stream is not None and out:
+        server.stream(rq.index, list(out))
+    step.events.append(Event(rq.index, list(out), end, reason))

@@ -16,10 +16,10 @@ import numpy as np
 
 from .tokenids import as_tokens
 from .budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
-from .engine import Server
+from .engine import Server, model_vocab_size
 from .errors import BadInputError, BadInputTypeError
 from .fallback import PromptLookupProposer
-from .options import DecodeOptions
+from .options import RECYCLE_DEFAULT, DecodeOptions
 from .stats import GenerationResult, GenerationStats, RequestStats
 from .tree import prune_tree
 
@@ -38,12 +38,15 @@ class SpeculativeGenerator:
     (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
     `policy`: the automatic budget (`BudgetPolicy`); by default one built from `max_budget`,
     `cost_model`, `min_gain`, `batch_margin`, `prefill_margin` and `prefill_slack` (see `BudgetPolicy`).
+    `recycle`: whether requests draft from the model's own past predictions by default (None:
+    `options.RECYCLE_DEFAULT`; a request's `DecodeOptions.recycle` overrides it); `recycle_table` is
+    that source's `RecycleTable`.
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.06,
                  prefill_margin: float = 2.0, prefill_slack: float = 0.01, policy: BudgetPolicy | None = None,
-                 **proposer_options):
+                 recycle: bool | None = None, **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
@@ -53,6 +56,11 @@ class SpeculativeGenerator:
             prefill_margin=prefill_margin, prefill_slack=prefill_slack)
         self._unsupported: str | None = None
         self._checked = False
+        recycle = RECYCLE_DEFAULT if recycle is None else recycle
+        if not isinstance(recycle, (bool, np.bool_)):
+            raise BadInputTypeError(f"recycle: expected True, False or None, got {recycle!r}", param="recycle")
+        self.recycle = bool(recycle)
+        self._recycle_table = None
 
     # the policy's state, under the names callers have used
     @property
@@ -85,6 +93,31 @@ class SpeculativeGenerator:
                 Proposer = PromptLookupProposer
             self._proposer = Proposer(**self._proposer_options)
         return self._proposer
+
+    @property
+    def recycle_table(self):
+        """The model's `RecycleTable` (made empty on first use; assignable, e.g. a loaded one)."""
+        if self._recycle_table is None:
+            from .recycle import RecycleTable, model_identity
+
+            vocab = model_vocab_size(self.model)
+            if vocab is None:
+                raise BadInputError("recycle: the model's vocabulary size is unknown", param="recycle")
+            self._recycle_table = RecycleTable(vocab, identity=model_identity(self.model))
+        return self._recycle_table
+
+    @recycle_table.setter
+    def recycle_table(self, table) -> None:
+        from .recycle import RecycleTable
+
+        if not isinstance(table, RecycleTable):
+            raise BadInputTypeError(f"recycle_table: expected a RecycleTable, got {type(table).__name__}",
+                                    param="recycle_table")
+        vocab = model_vocab_size(self.model)
+        if vocab is not None and table.vocab_size != vocab:
+            raise BadInputError(f"recycle_table: made for a vocabulary of {table.vocab_size} tokens, the model has "
+                                f"{vocab}", param="recycle_table")
+        self._recycle_table = table
 
     def encode(self, inputs) -> list[list[int]]:
         """Prompts as token-id lists: `inputs` is one prompt or a list of them (strings need a tokenizer)."""
@@ -137,7 +170,7 @@ class SpeculativeGenerator:
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
                  eos_token_id=None, stop=None, stream: Callable[[int, list[int]], Any] | None = None,
                  logits_processor=None, budget="auto", filter=None, request_ids=None,
-                 max_batch: int | None = None) -> GenerationResult:
+                 max_batch: int | None = None, recycle: bool | None = None) -> GenerationResult:
         """Generate for every prompt of `inputs` (one prompt or a list; strings need a tokenizer).
 
         The decoding settings are `DecodeOptions`' fields. `stream(request_index, tokens)` receives
@@ -148,7 +181,7 @@ class SpeculativeGenerator:
         """
         options = DecodeOptions(max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature,
                                 top_k=top_k, top_p=top_p, seed=seed, eos_token_id=eos_token_id, stop=stop,
-                                logits_processor=logits_processor, budget=budget)
+                                logits_processor=logits_processor, budget=budget, recycle=recycle)
         prompts = self.encode(inputs)
         filters = list(filter) if isinstance(filter, (list, tuple)) else [filter] * len(prompts)
         if len(filters) != len(prompts):

@@ -77,6 +77,7 @@ class Request:
     cancelled: bool = False
     family: int | None = None  # the first request's index among samples of one prompt (None: alone)
     draft_view: list[int] | None = None  # tokens its session sees after the prompt, for drafting only
+    recycle: bool = False  # drafts from the model's past predictions too (`recycle.RecycleTable`)
 
     @property
     def auto(self) -> bool:

@@ -19,9 +19,11 @@ import numpy as np
 
 from .errors import BadInputError, BadInputTypeError
 
-__all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS"]
+__all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS", "RECYCLE_DEFAULT"]
 
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
+# whether requests draw on recycled predictions unless told (bench/results/recycle.jsonl decides it)
+RECYCLE_DEFAULT = False
 
 
 def check_int(value, name: str, low: int | None = None, high: int | None = None, none_ok: bool = False) -> int | None:
@@ -69,7 +71,8 @@ class DecodeOptions:
     end tokens are forbidden before). `ignore_eos`: the end-of-sequence token does not end the output.
     `stop_token_ids`: more tokens that end it. `logprobs`: None, or report each output token's log
     probability under the model's raw logits with this many top alternatives (0..20).
-    `structure`: a `structured.Structure` the output must follow."""
+    `structure`: a `structured.Structure` the output must follow. `recycle`: draft from the model's
+    own past predictions too (`recycle.RecycleTable`; None: the generator's default)."""
 
     max_new_tokens: int = 128
     do_sample: bool = False
@@ -90,6 +93,7 @@ class DecodeOptions:
     stop_token_ids: tuple = ()
     logprobs: int | None = None
     structure: Any = None
+    recycle: bool | None = None
 
     def __post_init__(self):
         check_int(self.max_new_tokens, "max_new_tokens", low=0)
@@ -110,6 +114,8 @@ class DecodeOptions:
         _check_float(self.min_p, "min_p", lambda p: 0.0 <= p <= 1.0, "a number in [0, 1]", none_ok=True)
         check_int(self.min_tokens, "min_tokens", low=0)
         check_int(self.logprobs, "logprobs", low=0, high=20, none_ok=True)
+        if self.recycle is not None and not isinstance(self.recycle, (bool, np.bool_)):
+            raise BadInputTypeError(f"recycle: expected True, False or None, got {self.recycle!r}", param="recycle")
         if not isinstance(self.ignore_eos, (bool, np.bool_)):
             raise BadInputTypeError(f"ignore_eos: expected True or False, got {self.ignore_eos!r}", param="ignore_eos")
         if isinstance(self.stop_token_ids, (str, bytes)) or not isinstance(self.stop_token_ids, (list, tuple)):

@@ -58,3 +58,43 @@ def check_threads(threads) -> None:
     """`--threads`: None (chosen at start-up, `suffixspec.threads`) or a positive count."""
     if threads is not None and threads < 1:
         raise BadInputError(f"--threads: expected >= 1, got {threads}", param="--threads")
+
+
+def recycle_default(flag: bool | None) -> bool:
+    """`--recycle` / `--no-recycle`, or the default when neither was given."""
+    from ..options import RECYCLE_DEFAULT
+
+    return RECYCLE_DEFAULT if flag is None else bool(flag)
+
+
+def open_recycle_table(gen, path, log) -> None:
+    """`--recycle-table FILE`: the generator's table read from FILE when it exists; a damaged or
+    foreign file is a `BadInputError` naming the flag."""
+    if path is None:
+        return
+    from pathlib import Path
+
+    from ..errors import IndexFormatError
+    from ..recycle import RecycleTable, model_identity
+
+    if not Path(path).exists():
+        log.info("recycle table %s: none yet, starting empty (written at shutdown)", path)
+        return
+    try:
+        table = RecycleTable.load(path, identity=model_identity(gen.model), vocab_size=gen.recycle_table.vocab_size)
+    except IndexFormatError as exc:
+        raise BadInputError(f"--recycle-table: {exc}", param="--recycle-table") from None
+    gen.recycle_table = table
+    log.info("recycle table %s: %d tokens and %d pairs seen", path, int((table.table[:, 0] >= 0).sum()),
+             int((table.pair_keys >= 0).sum()))
+
+
+def save_recycle_table(gen, path, log) -> None:
+    """`--recycle-table FILE` at shutdown: the table written atomically (a failure is logged)."""
+    if path is None or gen is None:
+        return
+    try:
+        gen.recycle_table.save(path)
+        log.info("recycle table written to %s", path)
+    except OSError as exc:
+        log.error("could not write the recycle table to %s: %s", path, exc)

@@ -8,13 +8,15 @@ endpoint (modes: request-body extensions, `suffixspec.bench.remote`). `--grid` r
 
 from __future__ import annotations
 
+import argparse
+
 import os
 import sys
 import time
 from pathlib import Path
 
 from ..errors import BadInputError
-from .args import check_threads, open_corpora, parse_budget, parse_filters
+from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
 
 
 def add_parser(sub) -> None:
@@ -34,6 +36,8 @@ def add_parser(sub) -> None:
     p.add_argument("--qps", type=float, default=None, metavar="R", help="Poisson arrivals at R requests/s (default: closed loop)")
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="output limit per request (default 64)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per request and round (default auto)")
+    p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
+                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: keep the smallest set of tokens whose probability reaches P (default: off)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
@@ -143,7 +147,7 @@ class LocalTarget:
         print(f"suffixspec bench: {plan.finish().describe()}", file=sys.stderr)
         corpora = open_corpora(args.corpus, self.tokenizer)
         self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
-                                             filter=filters or None)
+                                             filter=filters or None, recycle=recycle_default(args.recycle))
         self.backends = {"plain": self.spec, "speculative": self.spec}
         if "prompt_lookup" in settings.modes:
             self.backends["prompt_lookup"] = bench.PromptLookupBackend(self.model, settings.prompt_lookup_num_tokens)
@@ -200,7 +204,8 @@ class RemoteTarget:
         self.api_key = args.api_key or os.environ.get("SUFFIXSPEC_API_KEY") or None
         self.models = remote.list_models(self.url, self.api_key)
         self.model = args.model or (self.models[0] if self.models else None)
-        self.modes = remote.parse_modes(args.url_modes) if args.url_modes else remote.default_modes(settings.budget)
+        self.modes = remote.parse_modes(args.url_modes) if args.url_modes else remote.default_modes(
+            settings.budget, args.recycle)
         settings.modes = tuple(self.modes)
         settings.baseline = self.baseline = "plain" if "plain" in self.modes else next(iter(self.modes))
         self.backends = {name: remote.HTTPBackend(self.url, body=body, api_key=self.api_key, model=self.model,

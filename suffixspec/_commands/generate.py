@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import json
 import sys
 import time
@@ -9,7 +11,7 @@ import time
 from ..errors import BadInputError
 from ..options import DecodeOptions
 from ..textinput import read_utf8
-from .args import check_threads, open_corpora, parse_budget, parse_filters
+from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
 
 
 def add_parser(sub) -> None:
@@ -30,6 +32,8 @@ def add_parser(sub) -> None:
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: a random one)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per round (0: plain decoding; default auto)")
+    p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
+                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
                         "the log says what was chosen)")
@@ -84,7 +88,8 @@ def run(args) -> int:
         if chat is None:
             raise BadInputError(f"--chat: model {args.model or 'default'!r} has no chat template; give --chat-template FILE")
         prompt = chat.render([{"role": "user", "content": prompt}])
-    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None))
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None),
+                               recycle=recycle_default(args.recycle))
     ids = tokenizer.encode(prompt)
 
     shown = [""]

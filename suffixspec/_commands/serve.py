@@ -13,6 +13,8 @@ exits with status 0. A second SIGTERM, or SIGINT, stops at once.
 
 from __future__ import annotations
 
+import argparse
+
 import gc
 import logging
 import logging.handlers
@@ -26,7 +28,7 @@ import time
 from ..errors import BadInputError
 from ..http.limits import Limits
 from ..prefill import DEFAULT_MAX_STEP_TOKENS
-from .args import open_corpora, parse_budget
+from .args import open_corpora, open_recycle_table, parse_budget, recycle_default, save_recycle_table
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
 DEFAULT_LIMITS = Limits()
@@ -55,6 +57,11 @@ def add_parser(sub) -> None:
     p.add_argument("--budget", default="auto", metavar="N|auto",
                    help="draft nodes per request and round (0: plain decoding; default auto)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template (default: the model's)")
+    p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
+                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
+    p.add_argument("--recycle-table", default=None, metavar="FILE",
+                   help="keep the recycled predictions in FILE: read at start when it exists (a damaged or foreign "
+                        "file is refused), written at shutdown (default: none, the table starts empty)")
     p.add_argument("--no-response-cache", action="store_true",
                    help="do not draft from earlier requests' outputs (by default finished outputs join a cache every "
                         "later request drafts from)")
@@ -144,12 +151,14 @@ def run(args) -> int:
                             limit_concurrency=args.max_connections)
     server = DrainingServer(config, state, args.grace_period)
 
+    loaded = []  # the generator, once built
+
     def load() -> None:
         try:
-            _load(args, budget, template, state, log, plan)
+            loaded.append(_load(args, budget, template, state, log, plan))
             log.info("ready: serving %s on http://%s:%d", ", ".join(names), args.host, args.port)
         except Exception as exc:  # noqa: BLE001 - reported by /health and the log, then the process exits
-            if getattr(exc, "param", None) == "--corpus":  # names the corpus, not the model
+            if getattr(exc, "param", None) in ("--corpus", "--recycle-table"):  # names the file, not the model
                 state.load_error = str(exc)
             else:
                 state.load_error = f"the model failed to load: {type(exc).__name__}: {exc}"
@@ -162,6 +171,7 @@ def run(args) -> int:
     finally:
         if state.engine is not None:
             state.engine.stop()
+            save_recycle_table(loaded[0] if loaded else None, args.recycle_table, log)
         listener.stop()
     if state.load_error is not None:
         print(f"suffixspec serve: error: {state.load_error}", file=sys.stderr)
@@ -178,8 +188,8 @@ def _default_name(model) -> str:
     return path.stem if path.suffix.lower() == ".gguf" else path.resolve().name
 
 
-def _load(args, budget, template, state, log, plan) -> None:
-    """Load the model, build the engine and start its thread; then `state` is ready."""
+def _load(args, budget, template, state, log, plan):
+    """Load the model, build the engine and start its thread; then `state` is ready. Returns the generator."""
     from ..generate import SpeculativeGenerator
     from ..http.chat import chat_template_for
     from ..http.engine_loop import EngineLoop
@@ -202,7 +212,8 @@ def _load(args, budget, template, state, log, plan) -> None:
     state.metrics.corpora(corpora)
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
-    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer)
+    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle))
+    open_recycle_table(gen, args.recycle_table, log)
     server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
                        max_step_tokens=args.max_step_tokens)
     chat, where = chat_template_for(template, tokenizer)
@@ -219,8 +230,10 @@ def _load(args, budget, template, state, log, plan) -> None:
     engine.start()
     state.ctx = ctx
     state.engine = engine
-    log.info("model loaded in %.1f s (vocabulary %s, context %s, fill-in-the-middle %s)", time.perf_counter() - t0,
-             server.vocab_size, server.max_positions, "yes" if ctx.fim_ids else "no")
+    log.info("model loaded in %.1f s (vocabulary %s, context %s, fill-in-the-middle %s, recycled predictions %s)",
+             time.perf_counter() - t0, server.vocab_size, server.max_positions, "yes" if ctx.fim_ids else "no",
+             "on" if gen.recycle else "off")
+    return gen
 
 
 def _warm_up(server, tokenizer, proposer) -> None:

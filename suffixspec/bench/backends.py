@@ -76,18 +76,21 @@ class SpeculativeBackend:
     """`SpeculativeGenerator` behind the benchmark's backend interface; `fresh()` makes a new generator
     with a new proposer (so no run learns from an earlier run's responses), sharing the cost model."""
 
-    def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None):
+    def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None,
+                 recycle: bool = False):
         self.model, self.tokenizer, self.make_proposer = model, tokenizer, make_proposer
         self.cost_model = cost_model
+        self.recycle = recycle  # the generator's default for drawing on recycled predictions
         self.filter = filter  # corpus document filter of every request
         self._gen = None
 
     def fresh(self) -> SpeculativeBackend:
         from ..generate import SpeculativeGenerator
 
-        backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model, self.filter)
+        backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model, self.filter,
+                                     self.recycle)
         backend._gen = SpeculativeGenerator(self.model, self.tokenizer, proposer=self.make_proposer(),
-                                            cost_model=self.cost_model)
+                                            cost_model=self.cost_model, recycle=self.recycle)
         return backend
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,

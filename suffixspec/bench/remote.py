@@ -45,9 +45,11 @@ __all__ = ["HTTPBackend", "HTTPEngine", "parse_modes", "default_modes", "list_mo
 ENDPOINTS = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
 
 
-def default_modes(budget) -> dict[str, dict]:
-    """suffixspec's own server: plain decoding (budget 0) and speculation at `budget`."""
-    return {"plain": {"suffixspec": {"budget": 0}}, "speculative": {"suffixspec": {"budget": budget}}}
+def default_modes(budget, recycle: bool | None = None) -> dict[str, dict]:
+    """suffixspec's own server: plain decoding (budget 0) and speculation at `budget` (with
+    `recycle` sent when it is not None)."""
+    spec = {"budget": budget} if recycle is None else {"budget": budget, "recycle": recycle}
+    return {"plain": {"suffixspec": {"budget": 0}}, "speculative": {"suffixspec": spec}}
 
 
 def parse_modes(text: str) -> dict[str, dict]:

@@ -22,8 +22,9 @@ Contract:
   `frequency_penalty`, `presence_penalty` (-2..2); `response_format` text / json_object / json_schema
   (compiled here, so a schema that cannot be compiled is a 400).
 * Extensions (as vLLM names them): `top_k`, `min_p`, `repetition_penalty`, `min_tokens`,
-  `stop_token_ids`, `ignore_eos`; and a `suffixspec` object with `filter` (corpus document tags)
-  and `budget` ("auto" or an integer >= 0; 0 is plain decoding).
+  `stop_token_ids`, `ignore_eos`; and a `suffixspec` object with `filter` (corpus document tags),
+  `budget` ("auto" or an integer >= 0; 0 is plain decoding) and `recycle` (true / false / null:
+  draft from the model's own past predictions too; null: the server's default).
 * `completion_chunk`, `chat_chunk`, `usage` build the stream chunks and the usage object (`answer`
   builds whole responses); `APIError.body()` the error object `{"error": {"message", "type", "param", "code"}}`.
 """
@@ -246,15 +247,24 @@ def _prediction(body: dict, ctx: ModelContext) -> list[int] | None:
     return list(ctx.tokenizer.encode(text)) if text else []
 
 
-def _extension(body: dict, ctx: ModelContext) -> tuple[dict | None, Any]:
+@dataclass(frozen=True)
+class Extension:
+    """The request's `suffixspec` object, checked: what the engine takes from it."""
+
+    filter: dict | None
+    budget: Any
+    recycle: bool | None
+
+
+def _extension(body: dict, ctx: ModelContext) -> Extension:
     ext = body.get("suffixspec")
     if ext is None:
-        return None, ctx.budget
+        return Extension(None, ctx.budget, None)
     if not isinstance(ext, dict):
         raise bad(f"suffixspec: expected an object, got {type(ext).__name__}", "suffixspec", "invalid_type")
-    unknown = sorted(set(ext) - {"filter", "budget"})
+    unknown = sorted(set(ext) - {"filter", "budget", "recycle"})
     if unknown:
-        raise bad(f"suffixspec: unknown field(s) {', '.join(unknown)} (expected filter, budget)", "suffixspec")
+        raise bad(f"suffixspec: unknown field(s) {', '.join(unknown)} (expected filter, budget, recycle)", "suffixspec")
     flt = ext.get("filter")
     if flt is not None and (not isinstance(flt, dict) or not all(isinstance(k, str) and isinstance(v, str)
                                                                 for k, v in flt.items())):
@@ -267,7 +277,11 @@ def _extension(body: dict, ctx: ModelContext) -> tuple[dict | None, Any]:
         budget = ctx.budget
     if budget != "auto" and (isinstance(budget, bool) or not isinstance(budget, int) or budget < 0):
         raise bad(f"suffixspec.budget: expected 'auto' or an integer >= 0, got {budget!r}", "suffixspec.budget")
-    return (flt or None), budget
+    recycle = ext.get("recycle")
+    if recycle is not None and not isinstance(recycle, bool):
+        raise bad(f"suffixspec.recycle: expected true, false or null, got {_short(recycle)}", "suffixspec.recycle",
+                  "invalid_type")
+    return Extension(flt or None, budget, recycle)
 
 
 def _logit_bias(body: dict, ctx: ModelContext):
@@ -490,8 +504,10 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
                   f"than the {MAX_CHOICES} one request may ask for", name)
     max_tokens = _max_tokens(body, kind, ctx, prompts)
     prediction_ids = _prediction(body, ctx)
-    flt, budget = _extension(body, ctx)
-    options = _decode_options(body, ctx, max_tokens, budget, stops, logprobs, best_of, n)
+    ext = _extension(body, ctx)
+    flt = ext.filter
+    options = _decode_options(body, ctx, max_tokens, ext.budget, stops, logprobs, best_of, n).replace(
+        recycle=ext.recycle)
     if tools is not None and tools.forced:
         if options.structure is not None:
             raise bad("response_format: cannot be combined with a forced tool call (tool_choice)", "response_format")
