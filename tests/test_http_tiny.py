@@ -171,6 +171,22 @@ def test_logit_bias_and_budget_extension(tiny):
     assert plain.usage.model_extra["suffixspec"]["rounds"] == plain.usage.completion_tokens > 1  # one token a round
 
 
+def test_recycle_extension_keeps_greedy_output(tiny):
+    server, gen, tokenizer, _ = tiny
+    c = client(server)
+    plain = c.completions.create(model="tiny", prompt=PROMPTS[6], max_tokens=30, temperature=0,
+                                 extra_body={"suffixspec": {"budget": 0}})
+    texts = []
+    for _ in range(2):  # the second request drafts from what the first one's passes left in the table
+        r = c.completions.create(model="tiny", prompt=PROMPTS[6], max_tokens=30, temperature=0,
+                                 extra_body={"suffixspec": {"budget": 8, "recycle": True}})
+        texts.append(r.choices[0].text)
+        assert r.usage.model_extra["suffixspec"]["drafted"] > 0
+    off = c.completions.create(model="tiny", prompt=PROMPTS[6], max_tokens=30, temperature=0,
+                               extra_body={"suffixspec": {"recycle": False}})
+    assert texts == [plain.choices[0].text] * 2 and off.choices[0].text == plain.choices[0].text
+
+
 def test_fill_in_the_middle(tiny):
     server, gen, tokenizer, _ = tiny
     from suffixspec.http.fim import fim_prompt, fim_tokens
@@ -206,6 +222,8 @@ BAD = [
                                                            "json_schema": {"name": "a", "schema": {"type": "nope"}}}},
      "invalid_value", "response_format"),
     ({"model": "tiny", "prompt": "x", "seed": -4}, "invalid_value", "seed"),
+    ({"model": "tiny", "prompt": "x", "suffixspec": {"recycle": "yes"}}, "invalid_type", "suffixspec.recycle"),
+    ({"model": "tiny", "prompt": "x", "suffixspec": {"recycled": True}}, "invalid_value", "suffixspec"),
     ([1, 2], "invalid_type", None),
 ]
 
