@@ -1,6 +1,6 @@
 """Recycled predictions as a draft source: tokens per round with the default model in the loop.
 
-    python bench/bench_recycle.py                                 # Spec-Bench sample, chat, qa, code edits
+    python bench/bench_recycle.py --specbench ../shared/data/specbench-dev.jsonl   # Spec-Bench sample, chat, qa, edits
     python bench/bench_recycle.py --per-category 4 --sets specbench --budgets 16
     python bench/bench_recycle.py --flat-cost --record            # budget auto under a GPU-like cost curve
 
@@ -33,7 +33,7 @@ import numpy as np
 
 import common
 
-SPECBENCH = Path(__file__).resolve().parents[2] / "shared" / "data" / "specbench-dev.jsonl"
+SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
 
 
 class NullProposer:
@@ -131,13 +131,13 @@ def chat_prompts(texts, tokenizer, template) -> list[list[int]]:
     return [tokenizer.encode(template.render([{"role": "user", "content": t}])) for t in texts]
 
 
-def load_sets(names, per_category, tokenizer, template, limit):
+def load_sets(names, per_category, tokenizer, template, limit, specbench):
     from suffixspec.bench.workloads import load_workload
 
     sets = {}
     for name in names:
         if name == "specbench":
-            sets[name] = chat_prompts([t for _, t in specbench_sample(per_category, SPECBENCH)], tokenizer, template)
+            sets[name] = chat_prompts([t for _, t in specbench_sample(per_category, specbench)], tokenizer, template)
         else:
             wl = load_workload({"edit": "code_edit"}.get(name, name), limit)
             sets[name] = [r.prompt_ids if r.prompt_ids is not None else tokenizer.encode(r.prompt)
@@ -147,6 +147,8 @@ def load_sets(names, per_category, tokenizer, template, limit):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--specbench", default=None, metavar="PATH",
+                   help=f"Spec-Bench development prompts (JSONL with category and turns; default: ${SPECBENCH_ENV})")
     p.add_argument("--sets", default="specbench,chat,qa,edit", help="comma list of specbench, chat, qa, edit")
     p.add_argument("--per-category", type=int, default=10, help="Spec-Bench prompts per category")
     p.add_argument("--limit", type=int, default=16, help="prompts of each shipped workload")
@@ -166,11 +168,16 @@ def main(argv=None) -> int:
     from suffixspec.http.chat import chat_template_for, find_chat_template
     from suffixspec.models import load_model
 
+    specbench = common.given(args.specbench, SPECBENCH_ENV)
+    if specbench is None and ("specbench" in args.sets.split(",") or args.warm):
+        print(common.missing("Spec-Bench development prompts", "--specbench", SPECBENCH_ENV), file=sys.stderr)
+        return 2
+    specbench = Path(specbench) if specbench is not None else None
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
     template, _ = chat_template_for(find_chat_template("default"), tokenizer)
-    sets = load_sets(args.sets.split(","), args.per_category, tokenizer, template, args.limit)
-    warm = chat_prompts([t for _, t in specbench_sample(args.warm, SPECBENCH, skip=args.per_category)],
+    sets = load_sets(args.sets.split(","), args.per_category, tokenizer, template, args.limit, specbench)
+    warm = chat_prompts([t for _, t in specbench_sample(args.warm, specbench, skip=args.per_category)],
                         tokenizer, template) if args.warm else []
     budgets = ["auto"] if args.flat_cost else [int(b) for b in args.budgets.split(",")]
     sources = args.sources.split(",")

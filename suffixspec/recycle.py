@@ -35,6 +35,7 @@ __all__ = ["RecycleTable", "RecycledDraft", "DEFAULT_K"]
 
 DEFAULT_K = 8
 DEFAULT_PAIR_SLOTS = 1 << 17
+DEFAULT_OFF_PATH = 8
 DEPTH_BUCKETS = 4  # depths 1, 2, 3 and 4+
 
 MAGIC = b"SSRECYC\0"
@@ -88,6 +89,7 @@ class RecycleTable:
             raise BadInputError(f"identity: expected at most 64 bytes, got {len(identity.encode())}", param="identity")
         self.vocab_size, self.k, self.identity = int(vocab_size), int(k), identity
         self.decay, self.prior = float(decay), float(prior)
+        self.off_path: int | None = DEFAULT_OFF_PATH  # nodes off the accepted path harvested per row (None: all)
         self.table = np.full((self.vocab_size, self.k), -1, np.int32)
         self.pairs = np.full((int(pair_slots), self.k), -1, np.int32)
         self.pair_keys = np.full(int(pair_slots), -1, np.int64)
@@ -320,11 +322,11 @@ def model_identity(model) -> str:
 
 
 def harvest_round(table: RecycleTable, logits, root_index, batch, results) -> int:
-    """`table.harvest` at every position of one pass's trees: each row's root (read there: its last
-    pending token, after the committed one before it) and each node (read: the node's token, after
-    its parent's). The positions the acceptance walked (the root and the accepted nodes:
-    predictions in the committed context) go last, so they win over a node off that path that read
-    the same token. Returns the positions kept."""
+    """`table.harvest` at positions of one pass's trees: each row's root (read there: its last
+    pending token, after the committed one before it), its accepted nodes (read: the node's token,
+    after its parent's), and its `table.off_path` best-scored other nodes (None: all of them). The
+    positions the acceptance walked (predictions in the committed context) go last, so they win over
+    a node off that path that read the same token. Returns the positions kept."""
     keys_at, prevs_at, positions = [], [], []
     for r, res in enumerate(results):
         if not res.tokens:
@@ -335,7 +337,10 @@ def harvest_round(table: RecycleTable, logits, root_index, batch, results) -> in
         at, tree, context = int(root_index[r]), batch.trees[r], batch.contexts[r]
         root_tok = int(batch.pending[r][-1])
         walked = set(int(a) for a in res.accepted_nodes)
-        order = [i for i in range(len(tree)) if i not in walked] + [-1] + [int(a) for a in res.accepted_nodes]
+        off = [i for i in np.argsort(-tree.scores, kind="stable").tolist() if i not in walked]
+        if table.off_path is not None:
+            off = off[: table.off_path]
+        order = off[::-1] + [-1] + [int(a) for a in res.accepted_nodes]
         tokens, parents = tree.tokens.tolist(), tree.parents.tolist()
         positions.append([at + 1 + i for i in order])
         keys_at.append([root_tok if i < 0 else tokens[i] for i in order])
