@@ -500,8 +500,8 @@ class Server:
     # ---------------------------------------------------------------------------------- the round's steps
 
     def _draft(self, rows: list[RowRound], drafts: bool = True) -> float:
-        """Each row's tree from its proposer session (one batched call), plus its prediction's path,
-        pruned to its budget and to what it may still commit. Without `drafts`, automatic rows
+        """Each row's tree from its proposer session (one batched call), plus its prediction's path and,
+        when it recycles, the recycled predictions, pruned to its budget and to what it may still commit. Without `drafts`, automatic rows
         without a prediction draft nothing. Returns the seconds spent closing finished sessions."""
         budgets = []
         for r in rows:
