@@ -54,7 +54,7 @@ from .batch import RoundBatch
 from .budget import DraftCadence, tail_weights
 from .errors import BadInputError
 from .fallback import serve_plain
-from .lifecycle import PendingClose, Request, SessionState, Stage
+from .lifecycle import Event, PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
 from .prediction import Prediction, prediction_counts, with_path
 from .recycle import harvest_round
@@ -66,19 +66,6 @@ from .tree import DraftTree, prune_tree
 __all__ = ["Server", "Event", "Step"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Event:
-    """Tokens request `index` committed in one round, at `time_s`; `finish_reason` once it is done
-    ("eos", "stop", "length", "cancelled" or "error", with `error` saying why)."""
-
-    index: int
-    tokens: list[int]
-    time_s: float
-    finish_reason: str = ""
-    error: str = ""
-    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when the request asked for them
 
 
 @dataclass

@@ -75,8 +75,7 @@ class LookupSession:
 def serve_plain(server, rq, step) -> None:
     """`Server`'s path for a model tree verification cannot serve: transformers' own generate for
     request `rq`, in one step (`step` gets its admission and its event)."""
-    from .engine import Event
-    from .lifecycle import Stage
+    from .lifecycle import Event, Stage
     from .verify import warn_once
 
     warn_once(f"suffixspec: speculation disabled for this model ({server.unsupported}); using plain decoding")

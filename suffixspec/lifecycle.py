@@ -10,6 +10,8 @@ Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only 
   the prompt when the request first drafts (its prefill could carry no tree), so it is opened on the
   way out (`PendingClose`) when it never drafted; NONE: no session (plain decoding, or closed).
 * `context` == prompt + `output`; `unfed` holds the committed tokens an OPEN session has not seen.
+
+`Event` is what a request's life reports outward: the tokens one round committed, or its end.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from .errors import InternalError
 from .prediction import Prediction
 from .stats import RequestStats
 
-__all__ = ["Stage", "SessionState", "Request", "PendingClose"]
+__all__ = ["Stage", "SessionState", "Request", "PendingClose", "Event"]
 
 
 class Stage(enum.Enum):
@@ -50,6 +52,19 @@ class PendingClose:
     prompt: list[int] | None = None
     request_id: Any = None
     filter: Any = None
+
+
+@dataclass
+class Event:
+    """Tokens request `index` committed in one round, at `time_s`; `finish_reason` once it is done
+    ("eos", "stop", "length", "cancelled" or "error", with `error` saying why)."""
+
+    index: int
+    tokens: list[int]
+    time_s: float
+    finish_reason: str = ""
+    error: str = ""
+    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when the request asked for them
 
 
 @dataclass
