@@ -52,8 +52,6 @@ an `IndexFormatError` naming the file and what was wrong. Only regular files are
 from __future__ import annotations
 
 import itertools
-import os
-import stat
 import struct
 import threading
 import zlib
@@ -64,7 +62,7 @@ import numpy as np
 from .tokenids import as_tokens
 from .automaton import FrozenAutomaton
 from .errors import BadInputError, BadInputTypeError, IndexFormatError
-from .fileio import atomic_write_bytes
+from .fileio import atomic_write_bytes, read_regular
 
 __all__ = ["ResponseCache", "MAGIC", "FORMAT_VERSION", "MERGE_RATIO"]
 
@@ -261,7 +259,7 @@ class ResponseCache:
     def load(cls, path) -> ResponseCache:
         """Read a cache `save` wrote; any damage raises `IndexFormatError` (module docstring)."""
         path = Path(path)
-        return cls.from_bytes(_read_regular_file(path), str(path))
+        return cls.from_bytes(read_regular(path, error=IndexFormatError, what="response cache"), str(path))
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "response cache") -> ResponseCache:
@@ -336,30 +334,3 @@ class ResponseCache:
             (cache._frozen if kind == KIND_FROZEN else cache._levels).append((gid, _build(tokens, starts)))
         cache._next_id = int(next_id)
         return cache
-
-
-def _read_regular_file(path: Path) -> bytes:
-    """The bytes of `path`, refusing anything but a regular file (a FIFO would block, a device
-    never end) with an IndexFormatError; the check is made on the opened descriptor."""
-    try:
-        fd = os.open(str(path), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise IndexFormatError(f"{path}: cannot open the response cache ({exc.strerror or exc})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise IndexFormatError(f"{path}: not a regular file (a response cache is one file)")
-        chunks, total = [], 0
-        while True:
-            b = os.read(fd, 1 << 20)
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-            if total > st.st_size:  # growing under us: whatever it is, it is not a saved cache
-                raise IndexFormatError(f"{path}: the file grew while being read")
-        return b"".join(chunks)
-    except OSError as exc:
-        raise IndexFormatError(f"{path}: cannot read the response cache ({exc.strerror or exc})") from None
-    finally:
-        os.close(fd)

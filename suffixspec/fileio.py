@@ -169,6 +169,27 @@ def open_regular(path, *, error=OSError, missing=None) -> tuple[int, os.stat_res
     return fd, st
 
 
+def read_regular(path, *, error=OSError, what: str = "file") -> bytes:
+    """The whole of `path`, a regular file only (`open_regular`'s checks); a file that grows while
+    read, or a read that fails, raises `error` naming `what`."""
+    fd, st = open_regular(path, error=error)
+    chunks, total = [], 0
+    try:
+        while True:
+            chunk = os.read(fd, 1 << 22)
+            if not chunk:
+                break
+            total += len(chunk)
+            if total > st.st_size:  # growing under us: whatever it is, it is not a saved file
+                raise error(f"{path}: the file grew while being read")
+            chunks.append(chunk)
+    except OSError as exc:
+        raise error(f"{path}: cannot read the {what} ({exc.strerror or exc})") from None
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
 def fsync_dir(directory: Path) -> None:
     """Make a rename inside `directory` durable (no-op where directories cannot be opened)."""
     try:

@@ -19,7 +19,6 @@ damaged or foreign file raises `IndexFormatError` with one line saying what is w
 
 from __future__ import annotations
 
-import os
 import struct
 import zlib
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ import numpy as np
 
 from ._kernels import recycle as rk
 from .errors import BadInputError, IndexFormatError
-from .fileio import atomic_write_bytes, open_regular
+from .fileio import atomic_write_bytes, read_regular
 from .tree import DraftTree
 
 __all__ = ["RecycleTable", "RecycledDraft", "DEFAULT_K"]
@@ -243,22 +242,8 @@ class RecycleTable:
     @classmethod
     def load(cls, path, *, identity: str | None = None, vocab_size: int | None = None) -> RecycleTable:
         """Read a table `save` wrote (a regular file only); any damage raises `IndexFormatError`."""
-        fd, st = open_regular(path, error=IndexFormatError)
-        chunks, total = [], 0
-        try:
-            while True:
-                chunk = os.read(fd, 1 << 22)
-                if not chunk:
-                    break
-                total += len(chunk)
-                if total > st.st_size:
-                    raise IndexFormatError(f"{path}: the file grew while being read")
-                chunks.append(chunk)
-        except OSError as exc:
-            raise IndexFormatError(f"{path}: cannot read the recycle table ({exc.strerror or exc})") from None
-        finally:
-            os.close(fd)
-        return cls.from_bytes(b"".join(chunks), str(path), identity=identity, vocab_size=vocab_size)
+        data = read_regular(path, error=IndexFormatError, what="recycle table")
+        return cls.from_bytes(data, str(path), identity=identity, vocab_size=vocab_size)
 
 
 def _table_problem(table: np.ndarray, vocab: int) -> str:

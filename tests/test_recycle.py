@@ -3,7 +3,6 @@ the harvest against a per-position reference on random logits, the calibration, 
 (round trip, a fuzzer over damaged files), and the engine with the source on: greedy identity,
 seeded sampling identity and a chi-square test of the sampled distribution."""
 
-import itertools
 
 import numpy as np
 import pytest
