@@ -172,7 +172,7 @@ def open_regular(path, *, error=OSError, missing=None) -> tuple[int, os.stat_res
 def read_regular(path, *, error=OSError, what: str = "file") -> bytes:
     """The whole of `path`, a regular file only (`open_regular`'s checks); a file that grows while
     read, or a read that fails, raises `error` naming `what`."""
-    fd, st = open_regular(path, error=error)
+    fd, st = open_regular(path, error=lambda message: error(f"{message} (reading the {what})"))
     chunks, total = [], 0
     try:
         while True:
