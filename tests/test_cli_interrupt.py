@@ -35,3 +35,130 @@ def test_interrupted_writers_stop_cleanly(tmp_path):
     failures = [r for r in results if not r["ok"]]
     assert not failures, failures
     assert sum(r["interrupted"] for r in results if r["command"] != "delete") >= 4, results
+
+
+# --- the exact windows, provoked in-process (each failed before its fix) ---------------------------
+
+_FORK_HOOK = {"helper": None, "wakeup": None}  # armed by one test; at-fork hooks cannot be removed
+
+
+def _signal_another_thread_after_fork():
+    """After a fork in the parent: SIGINT to a helper thread (one that does not block it, as a tokenizer's
+    threads do not), and wait until its C handler has run; Python then runs the process's handler in
+    this thread at its next check: inside this at-fork hook, as it can inside `Process.start`."""
+    helper, wakeup = _FORK_HOOK["helper"], _FORK_HOOK["wakeup"]
+    if helper is None:
+        return
+    import select
+    import signal
+
+    _FORK_HOOK["helper"] = None
+    signal.pthread_kill(helper.ident, signal.SIGINT)
+    select.select([wakeup], [], [], 5.0)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _children_of(pid: int) -> set:
+    import os
+
+    out = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid and fields[0] != "Z":
+                out.add(int(entry))
+    return out
+
+
+def test_signal_taken_by_another_thread_while_the_pool_forks():
+    """The workers' fork window: the forking thread blocks SIGINT, but another thread takes it. Before the
+    fix the handler's exception was raised inside the fork (in `Process.start` a worker no one knew of
+    was left, holding the caller's stderr: the 5 s hangs) or swallowed by an at-fork hook (the signal
+    lost). Now the pool's constructor raises it, and every worker is gone."""
+    import os
+    import signal
+    import socket
+    import threading
+
+    from suffixspec.corpus.workers import WorkerPool
+
+    class Stop(BaseException):
+        pass
+
+    def handler(signum, frame):
+        raise Stop(signum)
+
+    if not hasattr(os, "register_at_fork") or threading.current_thread() is not threading.main_thread():
+        import pytest
+
+        pytest.skip("needs at-fork hooks and the main thread")
+    if not _FORK_HOOK.get("registered"):
+        os.register_at_fork(after_in_parent=_signal_another_thread_after_fork)
+        _FORK_HOOK["registered"] = True
+    before = _children_of(os.getpid())
+    idle = threading.Event()
+    helper = threading.Thread(target=idle.wait, daemon=True)
+    helper.start()
+    r, w = socket.socketpair()
+    w.setblocking(False)
+    old_fd = signal.set_wakeup_fd(w.fileno(), warn_on_full_buffer=False)
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        _FORK_HOOK.update(helper=helper, wakeup=r)
+        raised = None
+        try:
+            pool = WorkerPool(2)
+        except Stop as exc:
+            raised = exc
+        else:
+            pool.stop()
+    finally:
+        _FORK_HOOK.update(helper=None, wakeup=None)
+        signal.signal(signal.SIGINT, old)
+        signal.set_wakeup_fd(old_fd)
+        idle.set()
+        helper.join()
+        r.close()
+        w.close()
+    assert raised is not None, "the signal taken while forking was lost"
+    assert raised.args == (signal.SIGINT,)
+    left = [pid for pid in _children_of(os.getpid()) - before if _alive(pid)]
+    assert not left, f"workers left running: {left}"
+
+
+def test_workers_exit_when_their_parent_is_killed(tmp_path):
+    """A worker holds no parent's end of any pipe, so it sees end-of-file and exits when its parent dies,
+    however it dies (here SIGKILL: no cleanup ran); before, each worker kept its own pipe open for ever."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    code = ("import os, signal, sys\n"
+            "from suffixspec.corpus.workers import WorkerPool\n"
+            "pool = WorkerPool(2)\n"
+            "print(' '.join(str(p.pid) for p, _ in pool.workers), flush=True)\n"
+            "os.kill(os.getpid(), signal.SIGKILL)\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    with subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, env=env) as proc:
+        pids = [int(p) for p in proc.stdout.readline().split()]  # (not to EOF: a worker left would hold it)
+        assert proc.wait(timeout=120) == -9 and len(pids) == 2
+    deadline = time.monotonic() + 5.0
+    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    left = [pid for pid in pids if _alive(pid)]
+    for pid in left:
+        os.kill(pid, 9)
+    assert not left, f"workers outlived their parent: {left}"
