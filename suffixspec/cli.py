@@ -6,7 +6,9 @@ results; a `SuffixSpecError` (or an OSError on a user-given path) becomes one li
 and exit status 2, never a traceback. SIGINT and SIGTERM (but under `serve`, which drains on its
 own) become one line on stderr and exit status 130 / 143: the signal raises an exception in the main
 thread, so every `finally` of the command runs (workers stopped, temporary files removed, locks
-released), and further signals are ignored meanwhile so that cleanup is not cut short.
+released), and further signals are ignored meanwhile so that cleanup is not cut short. Should some
+code on the way swallow that exception (see interrupts.py), the command's exit status and line are
+still the signal's.
 """
 
 from __future__ import annotations
@@ -45,7 +47,11 @@ class Interrupted(BaseException):
         self.signum = signum
 
 
+_RECEIVED: list = []  # signals whose Interrupted was raised (kept in case some code swallowed it)
+
+
 def _interrupted(signum, frame):
+    _RECEIVED.append(signum)
     for sig in (signal.SIGINT, signal.SIGTERM):  # the cleanup this starts runs to its end
         signal.signal(sig, signal.SIG_IGN)
     raise Interrupted(signum)
@@ -55,9 +61,15 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     handle = args.command != "serve" and threading.current_thread() is threading.main_thread()
+    _RECEIVED.clear()
     before = {sig: signal.signal(sig, _interrupted) for sig in (signal.SIGINT, signal.SIGTERM)} if handle else {}
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        if before and _RECEIVED:
+            # a handler's exception swallowed on its way up (library code that catches everything):
+            # the command ran on, but the signal still decides how it ends
+            raise Interrupted(_RECEIVED[0])
+        return status
     except Interrupted as exc:
         print(f"suffixspec {args.command}: interrupted ({exc})", file=sys.stderr)
         return 128 + exc.signum

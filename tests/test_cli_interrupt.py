@@ -260,3 +260,34 @@ def test_append_interrupted_as_a_finished_shard_is_renamed(tmp_path, monkeypatch
         append_documents(index, _toy_docs("more", 6), tokenizer=TOY, shard_tokens=100)
     assert _stray_files(tmp_path, index) == []
     assert CorpusIndex.open(index, verify=True).n_documents == 4
+
+
+def test_interrupt_during_a_cython_module_import_is_not_lost():
+    """pyroaring's initialisation (Cython) registers its classes with `collections.abc` inside a bare
+    `except: pass`: the CLI's handler, run there, lost its exception and `index --append` ran on to
+    its end. The writers now import it with signals held back, and the signal is raised after."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import abc, os, signal\n"
+            "class Stop(BaseException): pass\n"
+            "def handler(signum, frame): raise Stop()\n"
+            "signal.signal(signal.SIGINT, handler)\n"
+            "real = abc.ABCMeta.register\n"
+            "def register(cls, sub):\n"
+            "    if sub.__name__ == '_memoryviewslice':\n"
+            "        os.kill(os.getpid(), signal.SIGINT)  # handled at the next check: inside the bare except\n"
+            "    return real(cls, sub)\n"
+            "abc.ABCMeta.register = register\n"
+            "from suffixspec._commands.args import load_writer_modules\n"
+            "try:\n"
+            "    load_writer_modules()\n"
+            "except Stop:\n"
+            "    print('raised')\n"
+            "else:\n"
+            "    print('lost')\n")
+    root = str(Path(__file__).resolve().parent.parent)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert out.stdout.split() == ["raised"], (out.stdout, out.stderr[-2000:])

@@ -12,15 +12,14 @@ action, whatever handler the parent installed before forking). `submit(fn, *args
 `result(ticket)` waits for it and re-raises the worker's exception; `stop()` kills and reaps every
 worker (any number of times).
 
-Forking is shielded from SIGINT and SIGTERM: the forking thread blocks them (so each child starts with
-them blocked, and unblocks them only once its own dispositions are set), and the process's Python
-handlers are swapped for recorders meanwhile. Blocking alone is not enough: another thread of the
-process (a tokenizer's, a library's) may take the signal, and Python then runs the handler in the
-main thread at its next check, which may fall inside `Process.start` after the fork (the new worker
-not yet known to anyone, so never stopped) or inside an at-fork hook (whose exception is swallowed).
-A signal recorded meanwhile is raised again once every worker is known, and the pool then stops them
-all before the exception leaves the constructor. Each child also closes every parent's end of a pipe
-it inherited (its own included), so that a worker sees end-of-file and exits whenever the parent is
+Forking runs under `interrupts.signals_deferred` (SIGINT and SIGTERM blocked in the forking thread, so
+each child starts with them blocked and unblocks them only once its own dispositions are set, and
+recorded rather than handled meanwhile): a signal that another thread of the process takes while the
+pool forks would otherwise run the caller's handler inside `Process.start` after a fork (a worker no
+one knows of, never stopped, holding the caller's stderr) or inside an at-fork hook (its exception
+swallowed). It is raised again once every worker is known, and the pool then stops them all before
+the exception leaves the constructor. Each child also closes every parent's end of a pipe it
+inherited (its own included), so that a worker sees end-of-file and exits whenever the parent is
 gone, however it died: no worker outlives the parent holding its stdout or stderr.
 """
 
@@ -29,15 +28,12 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
-import threading
-from contextlib import contextmanager
 
 from ..errors import InternalError
+from ..interrupts import SIGNALS, signals_deferred
 
 __all__ = ["WorkerPool"]
 
-
-SIGNALS = {signal.SIGINT, signal.SIGTERM}
 
 
 def _serve(conn, inherited) -> None:
@@ -61,26 +57,6 @@ def _serve(conn, inherited) -> None:
     os._exit(0)  # no atexit handlers or finalizers of the parent's state run in the child
 
 
-@contextmanager
-def _signals_deferred():
-    """SIGINT and SIGTERM blocked in this thread and, on the main thread, recorded instead of handled;
-    on the way out the mask and handlers are restored and each recorded signal is raised again (so
-    the caller's handler runs there, once the body's state is consistent)."""
-    held = []
-    handlers = {}
-    if threading.current_thread() is threading.main_thread():  # (only it may set handlers)
-        handlers = {sig: signal.signal(sig, lambda signum, frame: held.append(signum)) for sig in SIGNALS}
-    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a pending signal reaches a recorder
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-        for sig in dict.fromkeys(held):
-            signal.raise_signal(sig)
-
-
 class WorkerPool:
     """`jobs` forked workers (forked now: before the caller starts threads of its own)."""
 
@@ -90,7 +66,7 @@ class WorkerPool:
         self.tickets: dict[int, int] = {}  # ticket -> worker busy with it
         self.next_ticket = 0
         try:
-            with _signals_deferred():
+            with signals_deferred():
                 self._fork(jobs)
         except BaseException:
             # a signal raised again on leaving, or a failed fork: every worker forked so far is in
