@@ -2,7 +2,11 @@
 process alone or to its whole process group, at seeded random moments of each command's run (real
 subprocesses; `bench/bench_interrupts.py` is the harness, and runs more of them): no hang, no
 traceback, one line on stderr and exit status 130 / 143 (or 0 when the command finished first), no
-worker left, no temporary file left, the index intact (its documents before or after the command)."""
+worker left, no temporary file left, the index intact (its documents before or after the command).
+The windows that once failed, provoked exactly (in-process or in a small child): a signal another
+thread takes while the worker pool forks, a parent killed outright (its workers must still exit), a
+rebuild's fresh temporary folder, shards moved into the index but not yet named, a shard's rename, a
+signal handled inside a Cython module's initialisation."""
 
 import importlib.util
 from pathlib import Path
