@@ -35,7 +35,6 @@ from ..interrupts import SIGNALS, signals_deferred
 __all__ = ["WorkerPool"]
 
 
-
 def _serve(conn, inherited) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
