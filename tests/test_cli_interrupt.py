@@ -295,3 +295,32 @@ def test_interrupt_during_a_cython_module_import_is_not_lost():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
     assert out.stdout.split() == ["raised"], (out.stdout, out.stderr[-2000:])
+
+
+def test_interrupt_swallowed_by_a_finalizer_still_ends_the_command(monkeypatch, capsys):
+    """The CLI's Interrupted raised inside a finalizer (where Python only prints it: the traceback of a
+    bench run, from a worker's `Process` collected mid-command) prints nothing; the command runs on, and
+    ends with the signal's one line and status 130."""
+    import signal
+    import weakref
+
+    import suffixspec._commands.info as info
+    from suffixspec import cli
+
+    reached = []
+
+    def run(args):
+        class Resource:
+            pass
+
+        resource = Resource()
+        weakref.finalize(resource, signal.raise_signal, signal.SIGINT)  # handled inside the finalizer
+        del resource
+        reached.append("the line after the finalizer")
+        return 0
+
+    monkeypatch.setattr(info, "run", run)
+    assert cli.main(["info", "unused.idx"]) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["suffixspec info: interrupted (SIGINT)"], err
+    assert reached == ["the line after the finalizer"]

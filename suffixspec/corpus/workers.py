@@ -115,9 +115,13 @@ class WorkerPool:
 
     def stop(self) -> None:
         for proc, conn in self.workers:
-            if proc.is_alive():
-                proc.kill()
-        for proc, conn in self.workers:
+            proc.kill()  # (a no-op for a worker already reaped)
+        while self.workers:
+            proc, conn = self.workers[-1]
             proc.join()
             conn.close()
-        self.workers, self.idle, self.tickets = [], [], {}
+            # its sentinel pipe closed here, not by a finalizer when the garbage collector meets it (a
+            # signal handled inside that finalizer had its exception swallowed, with a traceback)
+            proc.close()
+            self.workers.pop()  # (only now: an interrupted stop() resumes with this worker)
+        self.idle, self.tickets = [], {}
