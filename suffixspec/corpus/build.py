@@ -160,9 +160,11 @@ def _build(documents: Iterable, path: Path, info: dict, shard_tokens, jobs, prog
             raise BadInputError("empty corpus: no document has any token")
         total = _commit(tmp, path, info, records, wait, lock)
     finally:
-        if writer is not None:
-            writer.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return BuildStats(sum(r["n_documents"] for r in records), sum(r["n_tokens"] for r in records), len(records), total,
                       time.perf_counter() - t0, empty, sum_phases(records))
 

@@ -15,12 +15,12 @@ worker (any number of times).
 Forking runs under `interrupts.signals_deferred` (SIGINT and SIGTERM blocked in the forking thread, so
 each child starts with them blocked and unblocks them only once its own dispositions are set, and
 recorded rather than handled meanwhile): a signal that another thread of the process takes while the
-pool forks would otherwise run the caller's handler inside `Process.start` after a fork (a worker no
-one knows of, never stopped, holding the caller's stderr) or inside an at-fork hook (its exception
-swallowed). It is raised again once every worker is known, and the pool then stops them all before
-the exception leaves the constructor. Each child also closes every parent's end of a pipe it
-inherited (its own included), so that a worker sees end-of-file and exits whenever the parent is
-gone, however it died: no worker outlives the parent holding its stdout or stderr.
+pool forks would otherwise run the caller's handler inside `Process.start` after a fork (a worker no one
+knows of, never stopped, holding the caller's stderr) or inside an at-fork hook (its exception
+swallowed). It is raised again once every worker is known, and the pool then stops them all before the
+exception leaves the constructor; `stop()` runs under it too. Each child also closes every parent's end
+of a pipe it inherited (its own included), so that a worker sees end-of-file and exits whenever the
+parent is gone, however it died: no worker outlives the parent holding its stdout or stderr.
 """
 
 from __future__ import annotations
@@ -114,14 +114,13 @@ class WorkerPool:
         return value
 
     def stop(self) -> None:
-        for proc, conn in self.workers:
-            proc.kill()  # (a no-op for a worker already reaped)
-        while self.workers:
-            proc, conn = self.workers[-1]
-            proc.join()
-            conn.close()
-            # its sentinel pipe closed here, not by a finalizer when the garbage collector meets it (a
-            # signal handled inside that finalizer had its exception swallowed, with a traceback)
-            proc.close()
-            self.workers.pop()  # (only now: an interrupted stop() resumes with this worker)
-        self.idle, self.tickets = [], {}
+        # signals held back meanwhile: one handled inside a worker's waitpid would lose its exit status
+        # (Popen then takes the reaped worker for a running one, and close() refuses it)
+        with signals_deferred():
+            for proc, _ in self.workers:
+                proc.kill()  # (a no-op for a worker already reaped)
+            for proc, conn in self.workers:
+                proc.join()
+                conn.close()
+                proc.close()  # its sentinel pipe closed here, not by a finalizer at a random later moment
+            self.workers, self.idle, self.tickets = [], [], {}
