@@ -123,6 +123,14 @@ def wait_ready(proc, limit_s: float = 120.0) -> float:
     return time.monotonic()
 
 
+def wait_forked(proc, limit_s: float = 120.0) -> float:
+    """The moment the command's first worker process shows in its group (or it exits)."""
+    t0 = time.monotonic()
+    while len(group_members(proc.pid)) < 2 and proc.poll() is None and time.monotonic() - t0 < limit_s:
+        pass  # (no sleep: the workers fork within a few milliseconds of each other)
+    return time.monotonic()
+
+
 def duration(name: str, work: Path, base: Path, inputs: Path) -> tuple[float, tuple]:
     """Seconds an uninterrupted run takes once its handlers are in place, and the index state after it."""
     index = work / "measure.idx"
@@ -140,13 +148,18 @@ def duration(name: str, work: Path, base: Path, inputs: Path) -> tuple[float, tu
 
 
 def run_one(name: str, sig: int, target: str, delay: float, work: Path, base: Path, inputs: Path, after: tuple,
-            hang_s: float) -> dict:
+            hang_s: float, from_fork: bool = False) -> dict:
+    """One interrupted run, `delay` seconds after the handlers are in place (or, `from_fork`, after the
+    first worker process appears: the pool's start-up, where a signal once left a worker behind)."""
     index = work / "run.idx"
     shutil.rmtree(index, ignore_errors=True)
     shutil.copytree(base, index)
     before = index_state(index)
     proc = start(command(name, index, inputs))
-    time.sleep(max(0.0, wait_ready(proc) + delay - time.monotonic()))
+    moment = wait_ready(proc)
+    if from_fork:
+        moment = wait_forked(proc)
+    time.sleep(max(0.0, moment + delay - time.monotonic()))
     t0 = time.monotonic()
     try:
         (os.killpg if target == "group" else os.kill)(proc.pid, sig)
@@ -181,8 +194,9 @@ def run_one(name: str, sig: int, target: str, delay: float, work: Path, base: Pa
     return outcome
 
 
-def runs(plan, root: Path, hang_s: float = 5.0, log=None, files: int = 24) -> list[dict]:
-    """`plan`: (command, signal, target, fraction of the command's run) tuples; the outcome of each."""
+def runs(plan, root: Path, hang_s: float = 5.0, log=None, files: int = 24, from_fork: bool = False) -> list[dict]:
+    """`plan`: (command, signal, target, fraction of the command's run) tuples; the outcome of each
+    (`from_fork`: the fraction counts from the first worker's appearance, see `run_one`)."""
     inputs = make_inputs(root, files)
     base = make_base(root, inputs)
     work = root / "work"
@@ -191,7 +205,7 @@ def runs(plan, root: Path, hang_s: float = 5.0, log=None, files: int = 24) -> li
     out = []
     for name, sig, target, fraction in plan:
         seconds, after = measured[name]
-        result = run_one(name, sig, target, fraction * seconds, work, base, inputs, after, hang_s)
+        result = run_one(name, sig, target, fraction * seconds, work, base, inputs, after, hang_s, from_fork)
         result["run_s"] = round(seconds, 3)
         if log is not None:
             log(result)

@@ -54,6 +54,16 @@ def check_writer_args(args) -> None:
         raise BadInputError(f"--wait: expected a number of seconds >= 0, got {args.wait}")
 
 
+def load_writer_modules() -> None:
+    """Import, with SIGINT and SIGTERM held back, the extension modules the index writers would load
+    lazily mid-command: pyroaring's (Cython) initialisation swallows any exception raised inside it,
+    so an interrupt handled there was lost and the command ran on to its end (see interrupts.py)."""
+    from ..interrupts import signals_deferred
+
+    with signals_deferred():
+        import pyroaring  # noqa: F401
+
+
 def check_threads(threads) -> None:
     """`--threads`: None (chosen at start-up, `suffixspec.threads`) or a positive count."""
     if threads is not None and threads < 1:

@@ -29,7 +29,7 @@ def add_parser(subparsers):
 def run(args) -> int:
     from ..corpus import delete_selected
     from ..errors import BadInputError
-    from .args import check_writer_args, parse_filters
+    from .args import check_writer_args, load_writer_modules, parse_filters
 
     tags = parse_filters(args.filter)
     ids = list(args.ids) if args.ids is not None else None
@@ -38,6 +38,7 @@ def run(args) -> int:
     if ids is None and not tags:
         raise BadInputError("delete: expected --id ID or --filter KEY=VALUE (deleting every document needs an explicit filter)")
     check_writer_args(args)
+    load_writer_modules()
     # the selection is resolved under the index's writer lock, against the index as it is then
     r = delete_selected(args.index, ids=ids, tags=tags or None, wait=args.wait, dry_run=args.dry_run)
     report = {"index": str(args.index), "selected": r.selected, "newly_deleted": r.newly_deleted,

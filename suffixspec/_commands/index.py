@@ -55,10 +55,11 @@ def run(args) -> int:
     from ..corpus import DEFAULT_SHARD_TOKENS, Document, ReadStats, append_documents, build_index, list_input_files, read_documents
     from ..errors import BadInputError
     from ..tokenizer import load_tokenizer
-    from .args import check_writer_args
+    from .args import check_writer_args, load_writer_modules
 
     t0 = time.perf_counter()
     check_writer_args(args)
+    load_writer_modules()
     tags = parse_tags(args.tag)
     tok = load_tokenizer(args.tokenizer)
     files = list_input_files(args.inputs, args.glob)

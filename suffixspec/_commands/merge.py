@@ -19,9 +19,10 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ..corpus import merge_indexes
-    from .args import check_writer_args
+    from .args import check_writer_args, load_writer_modules
 
     check_writer_args(args)
+    load_writer_modules()
     t0 = time.perf_counter()
     r = merge_indexes(args.indexes, args.output, shard_tokens=args.shard_tokens, jobs=args.jobs, wait=args.wait)
     print(f"merged {len(args.indexes)} index(es): {r.n_documents} documents, {r.n_tokens} tokens in {r.n_shards} shard(s) "

@@ -111,16 +111,32 @@ def _commit(tmp: Path, path: Path, info: dict, records: list[dict], wait: float,
         old = _current_meta(path)
         clean(path, old)
         number = _next_number(path, old)
-        for r in records:
-            name = shard_name(number)
-            number += 1
-            os.rename(tmp / r["file"], path / name)
-            r["file"] = name
-        fsync_dir(path)
-        meta = manifest_meta(info, records, None)
-        total = write_manifest(path, meta)
+        moved = []
+        try:
+            for r in records:
+                name = shard_name(number)
+                number += 1
+                os.rename(tmp / r["file"], path / name)
+                moved.append(path / name)
+                r["file"] = name
+            fsync_dir(path)
+            meta = manifest_meta(info, records, None)
+            total = write_manifest(path, meta)
+        except BaseException:
+            _remove_unpublished(path, moved)
+            raise
         clean(path, meta)  # the old generation's files, now that no manifest names them
     return total
+
+
+def _remove_unpublished(path: Path, files) -> None:
+    """Under the writer lock, after a change of the index at `path` failed or was interrupted: remove
+    those of `files` (this writer's shards and temporaries) that the manifest now on disk does not
+    name. An interrupt may land after the manifest naming them was renamed into place: they then stay."""
+    named = {s["file"] for s in (_current_meta(path) or {}).get("shards", [])}
+    for f in files:
+        if f is not None and Path(f).name not in named:
+            Path(f).unlink(missing_ok=True)
 
 
 def _build(documents: Iterable, path: Path, info: dict, shard_tokens, jobs, progress, wait: float, lock) -> BuildStats:
@@ -130,10 +146,10 @@ def _build(documents: Iterable, path: Path, info: dict, shard_tokens, jobs, prog
     _check_target(path)
     remove_stale_temps(path.parent, prefix=f".{path.name}.")  # dead builders' folders (provably dead only)
     tmp = temp_name(path)
-    tmp.mkdir(parents=False)
-    (tmp / LOCK_FILE).touch()  # every index has its writers' lock file from the start
     writer = None
-    try:
+    try:  # (from before the folder exists: an interrupt right after its creation still removes it)
+        tmp.mkdir(parents=False)
+        (tmp / LOCK_FILE).touch()  # every index has its writers' lock file from the start
         writer = ShardWriter(tmp, shard_tokens, jobs, progress=progress, vocab_size=info["vocab_size"])
         empty = 0
         for d in documents:
@@ -144,9 +160,11 @@ def _build(documents: Iterable, path: Path, info: dict, shard_tokens, jobs, prog
             raise BadInputError("empty corpus: no document has any token")
         total = _commit(tmp, path, info, records, wait, lock)
     finally:
-        if writer is not None:
-            writer.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            if writer is not None:
+                writer.close()
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     return BuildStats(sum(r["n_documents"] for r in records), sum(r["n_tokens"] for r in records), len(records), total,
                       time.perf_counter() - t0, empty, sum_phases(records))
 
@@ -173,34 +191,30 @@ def append_documents(path, documents: Iterable, *, tokenizer, shard_tokens: int 
     path = index_dir(path)
     wait = check_wait(wait)
     vocab = tokenizer_info(tokenizer)["vocab_size"]
-    writer = ShardWriter(path, shard_tokens, jobs, vocab_size=vocab)  # its workers fork before the lock is taken
-    published = False
+    writer = None
     try:
+        writer = ShardWriter(path, shard_tokens, jobs, vocab_size=vocab)  # its workers fork before the lock is taken
         with WriterLock(path, wait):
-            index = CorpusIndex.open(path, tokenizer=tokenizer)  # under the lock: the latest manifest
-            meta = index.manifest
-            clean(path, meta)
-            writer.next_shard = _next_number(path, meta)
-            writer.doc_base = meta["n_documents"]
-            for d in documents:
-                writer.add(as_document(d))
-            records = writer.finish()
-            total = index.bytes_on_disk
-            if records:
-                old = [dict(s) for s in meta["shards"]]
-                total = write_manifest(path, manifest_meta(meta["tokenizer"], old + records, meta.get("deleted")))
-                published = True
-    except BaseException:
-        writer.close()
-        # an interrupt may land after the manifest naming the new shards was written: then they stay
-        named = {s["file"] for s in (_current_meta(path) or {}).get("shards", [])}
-        if published or any(r["file"] in named for r in writer.records):
-            raise
-        for r in writer.records:  # shards no manifest names: remove them
-            for p in (r.get("tmp"), path / r["file"]):
-                if p is not None:
-                    Path(p).unlink(missing_ok=True)
-        raise
+            try:
+                index = CorpusIndex.open(path, tokenizer=tokenizer)  # under the lock: the latest manifest
+                meta = index.manifest
+                clean(path, meta)
+                writer.next_shard = _next_number(path, meta)
+                writer.doc_base = meta["n_documents"]
+                for d in documents:
+                    writer.add(as_document(d))
+                records = writer.finish()
+                total = index.bytes_on_disk
+                if records:
+                    old = [dict(s) for s in meta["shards"]]
+                    total = write_manifest(path, manifest_meta(meta["tokenizer"], old + records, meta.get("deleted")))
+            except BaseException:
+                writer.close()  # (no worker still writing a file removed below)
+                _remove_unpublished(path, [p for r in writer.records for p in (r.get("tmp"), path / r["file"])])
+                raise
+    finally:
+        if writer is not None:
+            writer.close()
     return BuildStats(sum(r["n_documents"] for r in records), sum(r["n_tokens"] for r in records), len(records), total,
                       time.perf_counter() - t0, phases=sum_phases(records))
 

@@ -242,7 +242,8 @@ class ShardWriter:
         return record, self.pool.result(ticket)
 
     def _done(self, record, result):
-        os.replace(record.pop("tmp"), self.directory / record["file"])
+        os.replace(record["tmp"], self.directory / record["file"])
+        del record["tmp"]  # (only once renamed: a caller interrupted before then removes the temporary)
         record.update(bytes=result["bytes"], payload_crc=result["payload_crc"], phases=result["phases"])
         if self.progress is not None:
             self.progress(record)

@@ -11,6 +11,16 @@ what an interrupt means, and no worker prints a traceback) and die at once on SI
 action, whatever handler the parent installed before forking). `submit(fn, *args)` returns a ticket;
 `result(ticket)` waits for it and re-raises the worker's exception; `stop()` kills and reaps every
 worker (any number of times).
+
+Forking runs under `interrupts.signals_deferred` (SIGINT and SIGTERM blocked in the forking thread, so
+each child starts with them blocked and unblocks them only once its own dispositions are set, and
+recorded rather than handled meanwhile): a signal that another thread of the process takes while the
+pool forks would otherwise run the caller's handler inside `Process.start` after a fork (a worker no one
+knows of, never stopped, holding the caller's stderr) or inside an at-fork hook (its exception
+swallowed). It is raised again once every worker is known, and the pool then stops them all before the
+exception leaves the constructor; `stop()` runs under it too. Each child also closes every parent's end
+of a pipe it inherited (its own included), so that a worker sees end-of-file and exits whenever the
+parent is gone, however it died: no worker outlives the parent holding its stdout or stderr.
 """
 
 from __future__ import annotations
@@ -20,17 +30,17 @@ import os
 import signal
 
 from ..errors import InternalError
+from ..interrupts import SIGNALS, signals_deferred
 
 __all__ = ["WorkerPool"]
 
 
-SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _serve(conn) -> None:
+def _serve(conn, inherited) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, SIGNALS)  # (blocked by the parent around the fork)
+    for other in inherited:  # the parent's ends: only the parent may hold them, so its exit is our EOF
+        other.close()
     while True:
         try:
             task = conn.recv()
@@ -50,31 +60,34 @@ class WorkerPool:
     """`jobs` forked workers (forked now: before the caller starts threads of its own)."""
 
     def __init__(self, jobs: int):
-        ctx = multiprocessing.get_context("fork")
         self.workers = []  # (process, parent's end of its pipe)
         self.idle: list[int] = []
         self.tickets: dict[int, int] = {}  # ticket -> worker busy with it
         self.next_ticket = 0
-        # Signals wait while forking: one arriving mid-fork would run the parent's handler inside the
-        # fork hooks (where its exception is swallowed) or in a child that has not set its own yet.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, SIGNALS)
         try:
-            for i in range(jobs):
-                parent, child = ctx.Pipe()
-                proc = ctx.Process(target=_serve, args=(child,), name=f"suffixspec-shard-{i}", daemon=True)
-                proc.start()
-                child.close()
-                self.workers.append((proc, parent))
-                self.idle.append(i)
-        finally:
+            with signals_deferred():
+                self._fork(jobs)
+        except BaseException:
+            # a signal raised again on leaving, or a failed fork: every worker forked so far is in
+            # self.workers (no handler ran between a fork and its recording), and is stopped
+            self.stop()
+            raise
+
+    def _fork(self, jobs: int) -> None:
+        ctx = multiprocessing.get_context("fork")
+        for i in range(jobs):
+            parent, child = ctx.Pipe()
+            inherited = [conn for _, conn in self.workers] + [parent]
+            proc = ctx.Process(target=_serve, args=(child, inherited), name=f"suffixspec-shard-{i}", daemon=True)
             try:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-                # a signal held back while forking is handled here, before the pool reaches its caller
-                # (whose cleanup would never see it): its workers are stopped on the way out
-                self._unblocked = True
+                proc.start()
             except BaseException:
-                self.stop()
+                parent.close()
                 raise
+            finally:
+                child.close()
+            self.workers.append((proc, parent))
+            self.idle.append(i)
 
     def submit(self, fn, *args) -> int:
         """Run `fn(*args)` on an idle worker (the caller keeps at most `jobs` calls outstanding)."""
@@ -101,10 +114,13 @@ class WorkerPool:
         return value
 
     def stop(self) -> None:
-        for proc, conn in self.workers:
-            if proc.is_alive():
-                proc.kill()
-        for proc, conn in self.workers:
-            proc.join()
-            conn.close()
-        self.workers, self.idle, self.tickets = [], [], {}
+        # signals held back meanwhile: one handled inside a worker's waitpid would lose its exit status
+        # (Popen then takes the reaped worker for a running one, and close() refuses it)
+        with signals_deferred():
+            for proc, _ in self.workers:
+                proc.kill()  # (a no-op for a worker already reaped)
+            for proc, conn in self.workers:
+                proc.join()
+                conn.close()
+                proc.close()  # its sentinel pipe closed here, not by a finalizer at a random later moment
+            self.workers, self.idle, self.tickets = [], [], {}
