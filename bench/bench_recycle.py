@@ -18,7 +18,8 @@ the budget (`ceiling`).
 With `--flat-cost` the budget is automatic and the cost model a GPU-like curve (a pass of k tokens
 costs 1 + 0.002 (k - 1) one-token steps): the predicted speed-up is then new tokens over the charged
 steps (prefill excluded), with and without the source. Not a timing: counts of tokens and rounds.
-Prints a table, then one JSON line (`--record [PATH]`: also appended to bench/results/recycle.jsonl).
+Prints a table, then one JSON line (`--record [PATH]`: also appended to bench/results/recycle.jsonl; runs
+without the Spec-Bench sample to recycle_shipped.jsonl, `--flat-cost` runs to recycle_flat.jsonl).
 """
 
 from __future__ import annotations
@@ -213,7 +214,10 @@ def main(argv=None) -> int:
                 print(f"!! outputs differ across sources on {name} budget {budget}", file=sys.stderr)
     result = {"benchmark": "recycle", "max_new_tokens": args.max_new_tokens, "batch": args.batch, "warm": len(warm),
               "flat_cost": args.flat_cost, "rows": rows, "calibration": out}
-    common.emit(result, args, "recycle")
+    # the Spec-Bench sample's fixed budgets, the shipped workloads', and the flat-cost replay are kept apart
+    name = "recycle_flat" if args.flat_cost else ("recycle" if "specbench" in sets else "recycle_shipped")
+    result["benchmark"] = name
+    common.emit(result, args, name)
     return 0 if all(r["identical"] for r in rows) else 1
 
 

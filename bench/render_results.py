@@ -230,6 +230,28 @@ def _hostile(r) -> list[str]:
             f"max {suite.get('max_s')} s"] + bad
 
 
+def _recycle(r) -> list[str]:
+    out = []
+    for row in r.get("rows", []):
+        out.append(f"{row['set']} ({row['prompts']} prompts), budget {row['budget']}, {row['source']}: "
+                   f"{row['tokens_per_round']:.3f} tokens per round ({x(row['vs_copy'])} copy sources alone; copy "
+                   f"ceiling {row['copy_ceiling']:.2f}); flat-cost speed-up {row['predicted_speedup_flat']:.2f}; "
+                   f"{'identical output' if row['identical'] else 'OUTPUT DIFFERS'}")
+    return out
+
+
+def _recycle_overhead(r) -> list[str]:
+    return [f"{row['rows']} rows, budget {r['budget']}: {row['share_of_round']:.2%} of a {row['round_ms']:.0f} ms round "
+            f"(harvest {row['harvest_ms']:.2f} ms, grow {row['grow_ms']:.3f} ms, learn {row['learn_ms']:.3f} ms)"
+            for row in r.get("rows", [])]
+
+
+def _recycle_e2e(r) -> list[str]:
+    return [f"{c['workload']}, {c['max_new_tokens']} tokens, concurrency 1: {x(c['off'])} plain without, "
+            f"{x(c['on'])} with recycled predictions ({c['on'] / c['off']:.3f}x; runs {c['runs']})"
+            for c in r.get("cells", [])]
+
+
 def _generic(r) -> list[str]:
     if not isinstance(r, dict):
         return [json.dumps(r)[:300]]
@@ -240,7 +262,8 @@ def _generic(r) -> list[str]:
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
-             "threads": _threads, "soak": _soak, "hostile": _hostile}
+             "threads": _threads, "soak": _soak, "hostile": _hostile, "recycle": _recycle,
+             "recycle_shipped": _recycle, "recycle_flat": _recycle, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -257,6 +280,13 @@ TITLES = {
     "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
     "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
     "vllm": ("Inside vLLM: plain, vLLM's methods and suffixspec's proposer", "bench/bench_vllm.py"),
+    "recycle": ("Recycled predictions: tokens per round by source", "bench/bench_recycle.py"),
+    "recycle_shipped": ("Recycled predictions on the shipped workloads: tokens per round by source",
+                        "bench/bench_recycle.py"),
+    "recycle_flat": ("Recycled predictions under a GPU-like flat cost curve (automatic budget)",
+                     "bench/bench_recycle.py --flat-cost"),
+    "recycle_overhead": ("What the recycled-prediction table costs a round", "bench/bench_recycle_overhead.py"),
+    "recycle_e2e": ("Chat and QA end to end, with and without recycled predictions", "suffixspec bench --recycle"),
 }
 
 
@@ -328,6 +358,16 @@ def _h_vllm(r):
             + ("; identical output" if ours.get("identical_to_plain") else ""))
 
 
+def _h_recycle(r):
+    rows = [row for row in r.get("rows", []) if row["set"] == "specbench" and row["source"] == "both"
+            and row["budget"] != "auto"]
+    if not rows:
+        return None
+    return ("drafting beyond copying (recycled predictions)",
+            "; ".join(f"Spec-Bench sample, budget {row['budget']}: {row['tokens_per_round']:.2f} tokens per round, "
+                      f"{x(row['vs_copy'])} copy sources alone" for row in rows))
+
+
 def _h_latency(r):
     rows = [(b, s) for w in r.get("workloads", {}).values() for b, s in w.get("budgets", {}).items()]
     if not rows:
@@ -368,6 +408,7 @@ HEADLINE = [
     ("suffixspec_bench_grid", _h_grid),
     ("proposer", _h_peers(("code_edit", "chat"), 64)),
     ("vllm", _h_vllm),
+    ("recycle", _h_recycle),
     ("proposer", _h_latency),
     ("offmode", _h_offmode),
     ("corpus", _h_corpus),
