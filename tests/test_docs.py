@@ -204,6 +204,20 @@ def test_headline_takes_each_benchmark_latest_record(tmp_path):
                     "| [2026-12-02](bench/RESULTS.md#offmode) |"]
 
 
+def test_a_benchmark_split_by_setting_shows_each_settings_newest_record(tmp_path):
+    def recycle(budget, tpr):
+        return {"rows": [{"set": "specbench", "budget": budget, "source": "both", "prompts": 12,
+                          "tokens_per_round": tpr, "vs_copy": 1.2, "identical": True}]}
+
+    write_jsonl(tmp_path / "recycle.jsonl", [record("recycle", "2026-12-01T00:00:00+00:00", recycle(16, 1.5)),
+                                             record("recycle", "2026-12-02T00:00:00+00:00", recycle(64, 2.5)),
+                                             record("recycle", "2026-12-03T00:00:00+00:00", recycle(16, 1.7))])
+    rows = [line for line in R.headline(R.load_records(tmp_path)).splitlines() if line.startswith("| drafting beyond")]
+    assert len(rows) == 2
+    assert "budget 16 | Spec-Bench sample, 12 prompts: 1.70 tokens per round" in rows[0] and "2026-12-03" in rows[0]
+    assert "budget 64 | Spec-Bench sample, 12 prompts: 2.50 tokens per round" in rows[1] and "2026-12-02" in rows[1]
+
+
 def test_results_log_lists_every_run_newest_first_then_the_history(tmp_path):
     write_jsonl(tmp_path / "offmode.jsonl", [record("offmode", "2026-12-01T00:00:00+00:00", offmode(0.3)),
                                              record("offmode", "2026-12-02T00:00:00+00:00", offmode(0.7))])
