@@ -122,7 +122,7 @@ def plugins_without_arctic() -> str:
     return ",".join(names)
 
 
-def run_engine(request: dict, tmp: Path, timeout: float, lock: str | None, plugins: str) -> dict:
+def run_engine(request: dict, tmp: Path, timeout: float, lock: str | None, plugins: str, threads: int = 0) -> dict:
     """One engine process (tests_vllm/engine.py) on `request`; its one result."""
     label = request["runs"][0]["label"]
     path = tmp / "request.json"
@@ -130,6 +130,8 @@ def run_engine(request: dict, tmp: Path, timeout: float, lock: str | None, plugi
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS=plugins,
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("ARCTIC_INFERENCE_ENABLED", None)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), VLLM_CPU_OMP_THREADS_BIND="nobind")
     env.setdefault("NUMBA_CACHE_DIR", str(Path(sys.prefix) / "numba-cache"))
     handle = open(lock, "a") if lock else None
     try:
@@ -182,7 +184,7 @@ def run_grid(args, data: dict, cells, methods, corpus, tmp: Path, plugins: str) 
                         base["followups"] = wl["followups"]
                     t0 = time.perf_counter()
                     r = run_engine({**base, "runs": [{**method_spec(m, cap, corpus), "label": m}]}, tmp, args.timeout,
-                                   args.lock, plugins)
+                                   args.lock, plugins, args.threads)
                     runs.append({"workload": name, "seqs": seqs, "cap": cap, "round": rnd, **r})
                     warm = time.perf_counter() - t0
                     print(f"# round {rnd} {name} {seqs}x{cap} {m}: {r['tokens']} tokens in {r['seconds'][0]:.2f} s "
@@ -217,6 +219,8 @@ def summarize(runs: list[dict]) -> list[dict]:
                    "identical_to_plain": all(x["outputs"] == ref["plain"][x["round"]]["outputs"] for x in rs
                                              if x["round"] in ref["plain"]) if ref["plain"] else None,
                    "counts_vary": len({(x["accepted"], x["draft_tokens"]) for x in rs}) > 1}
+            if rs[-1].get("step_cost"):
+                row["learned_step_cost"] = rs[-1]["step_cost"].get("relative_by_batch")
             for name in ("plain", "suffix", "ngram"):
                 ratios = [tps(x) / tps(ref[name][x["round"]]) for x in rs if x["round"] in ref[name]]
                 if ratios:
@@ -280,6 +284,7 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128, help="per turn")
     ap.add_argument("--rounds", type=int, default=2, help="repeats of the whole grid, interleaved")
     ap.add_argument("--specbench", type=Path, default=SPECBENCH)
+    ap.add_argument("--threads", type=int, default=0, help="engine threads (OMP_NUM_THREADS, no binding); 0: vLLM's default")
     ap.add_argument("--lock", default=None, help="flock this file around each engine process")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per engine process")
     common.add_record_flag(ap)

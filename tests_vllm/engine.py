@@ -154,6 +154,8 @@ def run_one(req: dict, run: dict, prompts: list[list[int]]) -> dict:
     mod = sys.modules.get("suffixspec.integrations.vllm")
     found = mod.instances() if mod is not None else []
     result["proposer_stats"] = dict(found[-1].stats) if found else None
+    if found:
+        result["step_cost"] = found[-1].cost.to_dict()
     del llm
     gc.collect()
     return result
