@@ -188,12 +188,28 @@ def run_grid(args, data: dict, cells, methods, corpus, tmp: Path, plugins: str) 
                     runs.append({"workload": name, "seqs": seqs, "cap": cap, "round": rnd, **r})
                     warm = time.perf_counter() - t0
                     print(f"# round {rnd} {name} {seqs}x{cap} {m}: {r['tokens']} tokens in {r['seconds'][0]:.2f} s "
-                          f"({warm:.0f} s with the engine's start)", file=sys.stderr, flush=True)
+                          f"({warm:.0f} s with the engine's start and the lock); accepted {r['accepted']} of "
+                          f"{r['draft_tokens']} drafted", file=sys.stderr, flush=True)
     return runs
 
 
 def _ratio_stats(values: list[float]) -> dict:
     return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
+
+
+def _profile(rs: list[dict]) -> dict:
+    """Mean forward-pass ms by tokens scheduled (buckets of powers of two), over the runs' steps of the
+    most common row count."""
+    cells = {}
+    for run in rs:
+        for key, (n, sec) in run.get("step_profile", {}).items():
+            rows, tokens = (int(v) for v in key.split(":"))
+            cells.setdefault(rows, {}).setdefault(1 << max(0, tokens - 1).bit_length(), []).append((n, sec))
+    if not cells:
+        return {}
+    rows = max(cells, key=lambda b: sum(n for v in cells[b].values() for n, _ in v))
+    return {"rows": rows, **{f"<={t}": round(1e3 * sum(sec for _, sec in v) / sum(n for n, _ in v), 1)
+                             for t, v in sorted(cells[rows].items())}}
 
 
 def summarize(runs: list[dict]) -> list[dict]:
@@ -219,6 +235,11 @@ def summarize(runs: list[dict]) -> list[dict]:
                    "identical_to_plain": all(x["outputs"] == ref["plain"][x["round"]]["outputs"] for x in rs
                                              if x["round"] in ref["plain"]) if ref["plain"] else None,
                    "counts_vary": len({(x["accepted"], x["draft_tokens"]) for x in rs}) > 1}
+            st = rs[0].get("proposer_stats") or {}
+            if "expected_accepted" in st:  # what the drafts' scores promised, against what vLLM accepted
+                row["expected_accepted"] = round(st["expected_accepted"], 1)
+            if rs[-1].get("step_profile"):
+                row["step_profile_ms"] = _profile(rs)
             if rs[-1].get("step_cost"):
                 row["learned_step_cost"] = rs[-1]["step_cost"].get("relative_by_batch")
             for name in ("plain", "suffix", "ngram"):

