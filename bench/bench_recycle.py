@@ -37,6 +37,18 @@ import common
 SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
 
 
+class FlatCost:
+    """A GPU-like cost curve the engine cannot correct: a pass of k tokens costs 1 + 0.002 (k - 1)
+    one-token steps whatever this CPU measures (the policy's online observations are dropped)."""
+
+    def __init__(self):
+        from suffixspec.budget import CostModel
+
+        sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+        self.model = CostModel(sizes, [1.0 + 0.002 * (k - 1) for k in sizes])
+        self.model.observe = lambda *args, **kwargs: None
+
+
 class NullProposer:
     """A proposer whose sessions draft nothing: with recycling on, every node is recycled."""
 
@@ -92,13 +104,6 @@ def copy_ceiling(context: list[int], output: list[int], budget: int) -> int:
     return rounds
 
 
-def flat_cost_model():
-    from suffixspec.budget import CostModel
-
-    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-    return CostModel(sizes, [1.0 + 0.002 * (k - 1) for k in sizes])
-
-
 def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_new: int, flat: bool,
                 warm: list[list[int]]):
     from suffixspec import SpeculativeGenerator
@@ -106,7 +111,7 @@ def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_
 
     proposer = NullProposer() if source == "recycle" else Proposer()
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=source != "copy",
-                               cost_model=flat_cost_model() if flat else None)
+                               cost_model=FlatCost().model if flat else None)
     for a in range(0, len(warm), batch):  # a server that ran before: its past responses and its table
         server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
         for p in warm[a: a + batch]:
