@@ -114,7 +114,6 @@ def static_tree_proposer(paths):
 def test_sampled_distribution_chi_square(shape):
     """Tens of thousands of speculative samples of the first 3 tokens match the exact target
     distribution, whatever the trees (including deliberately wrong drafts)."""
-    from scipy.stats import chisquare
 
     vocab, depth, n = 5, 3, 12000
     model = tiny_model("llama", vocab=vocab, sharpen=4.0, seed=3)
@@ -131,14 +130,21 @@ def test_sampled_distribution_chi_square(shape):
     gen = SpeculativeGenerator(model, proposer=proposer)
     res = gen.generate([prompt] * n, max_new_tokens=depth, do_sample=True, seed=123, budget=8, eos_token_id=[], **warp)
     assert res.stats.drafted > 0
+    assert sampled_fit_pvalue(res.sequences, exact) > 1e-3
+
+
+def sampled_fit_pvalue(sequences, exact: dict) -> float:
+    """Chi-square p-value of sampled `sequences` against the `exact` distribution ({sequence: prob});
+    cells expected below 5 are pooled. A sequence outside `exact` fails at once."""
+    from scipy.stats import chisquare
+
+    n = len(sequences)
     counts = {}
-    for s in res.sequences:
+    for s in sequences:
         counts[tuple(s)] = counts.get(tuple(s), 0) + 1
     assert set(counts) <= set(exact)
-    cells = sorted(exact, key=exact.get, reverse=True)
-    obs, exp = [], []
-    rest_o = rest_e = 0.0
-    for c in cells:
+    obs, exp, rest_o, rest_e = [], [], 0.0, 0.0
+    for c in sorted(exact, key=exact.get, reverse=True):
         if exact[c] * n >= 5:
             obs.append(counts.get(c, 0))
             exp.append(exact[c] * n)
@@ -149,7 +155,7 @@ def test_sampled_distribution_chi_square(shape):
         obs.append(rest_o)
         exp.append(rest_e)
     exp = np.array(exp) * (sum(obs) / sum(exp))
-    assert chisquare(obs, exp).pvalue > 1e-3
+    return float(chisquare(obs, exp).pvalue)
 
 
 # ------------------------------------------------------------------------------------ logits processors
