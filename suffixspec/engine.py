@@ -25,7 +25,8 @@ Contract of one `step()`:
    draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
    them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
    requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
-   learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished requests leave the batch; their slots fill at the
+   learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished
+   requests leave the batch; their slots fill at the
    next step. Their sessions close (their outputs join the past responses) just before the proposer
    next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
    that finishes them nor in one that only admits, so that bookkeeping is off every first token.
@@ -488,7 +489,8 @@ class Server:
 
     def _draft(self, rows: list[RowRound], drafts: bool = True) -> float:
         """Each row's tree from its proposer session (one batched call), plus its prediction's path and,
-        when it recycles, the recycled predictions, pruned to its budget and to what it may still commit. Without `drafts`, automatic rows
+        when it recycles, the recycled predictions, pruned to its budget and to what it may still
+        commit. Without `drafts`, automatic rows
         without a prediction draft nothing. Returns the seconds spent closing finished sessions."""
         budgets = []
         for r in rows:
