@@ -1,13 +1,15 @@
 """vLLM serving benchmark: plain decoding, vLLM's `ngram`, vLLM's `suffix` (SuffixDecoding from
 arctic-inference, where installed) and suffixspec's `SuffixSpecProposer` (`custom_class`), without
 and with a corpus, in the same real vLLM engine, on three workloads and a grid of batch sizes and
-draft-length caps.
+draft-length caps; and a clairvoyant drafter (`clairvoyant`, bench/_vllm_clairvoyant.py) that drafts
+plain decoding's own outputs of the same cell and round: every draft accepted, so its accepted tokens
+and throughput are the ceiling any drafter can reach at that cap in this engine.
 
 Run it with the python of a venv that has vllm (and arctic-inference for `suffix`; `.ci/vllm.sh`
 makes one at $VLLM_VENV, ../shared/BRIEF.md §4 says how to build arctic-inference into it):
 
     $VLLM_VENV/bin/python bench/bench_vllm.py [--workloads code-edit,spec-bench,multi-turn] \
-        [--cells 8x8,1x8,32x8,8x24] [--methods plain,ngram,suffix,suffixspec,suffixspec+corpus] \
+        [--cells 8x8,1x8,32x8,8x24] [--methods plain,ngram,suffix,suffixspec,suffixspec+corpus,clairvoyant] \
         [--prompts 24] [--max-tokens 128] [--rounds 2] [--lock /tmp/suffixspec-bench.lock] [--record [PATH]]
 
 Workloads (token prompts, SmolLM2's chat template):
@@ -64,7 +66,7 @@ import numpy as np
 
 ROOT = common.ROOT
 ENGINE = ROOT / "tests_vllm" / "engine.py"
-METHODS = ("plain", "ngram", "suffix", "suffixspec", "suffixspec+corpus")
+METHODS = ("plain", "ngram", "suffix", "suffixspec", "suffixspec+corpus", "clairvoyant")
 WORKLOADS = ("code-edit", "spec-bench", "multi-turn")
 SPECBENCH = ROOT.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
 CHAT_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
@@ -122,12 +124,13 @@ def plugins_without_arctic() -> str:
     return ",".join(names)
 
 
-def run_engine(request: dict, tmp: Path, timeout: float, lock: str | None, plugins: str, threads: int = 0) -> dict:
+def run_engine(request: dict, tmp: Path, timeout: float, lock: str | None, plugins: str, threads: int = 0,
+               extra_env: dict | None = None) -> dict:
     """One engine process (tests_vllm/engine.py) on `request`; its one result."""
     label = request["runs"][0]["label"]
     path = tmp / "request.json"
     path.write_text(json.dumps(request))
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS=plugins,
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_PLUGINS=plugins, **(extra_env or {}),
                PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
     env.pop("ARCTIC_INFERENCE_ENABLED", None)
     if threads:
@@ -168,6 +171,25 @@ def parse_cells(text: str) -> list[tuple[int, int]]:
     return cells
 
 
+def known_outputs(wl: dict, outputs: list[list[int]], stop: int) -> list[list[list[int]]]:
+    """[[prompt ids, plain's output ids], ...] for every prompt the engine generates for workload
+    `wl` (second turns built as tests_vllm/engine.py builds them), for the clairvoyant drafter."""
+    prompts = [list(p) for p in wl["prompts"]]
+    pairs = [[p, o] for p, o in zip(prompts, outputs)]
+    for p, o, f, o2 in zip(prompts, outputs, wl.get("followups") or [], outputs[len(prompts):]):
+        pairs.append([p + [t for t in o if t != stop] + list(f), o2])
+    return pairs
+
+
+def rotated(methods: list[str], rnd: int) -> list[str]:
+    """The round's method order: rotated by round, the clairvoyant drafter right after plain (it
+    drafts plain's outputs of the same cell and round)."""
+    order = [m for m in methods[rnd % len(methods):] + methods[: rnd % len(methods)] if m != "clairvoyant"]
+    if "clairvoyant" in methods:
+        order.insert(order.index("plain") + 1, "clairvoyant")
+    return order
+
+
 def run_grid(args, data: dict, cells, methods, corpus, tmp: Path, plugins: str) -> list[dict]:
     """Every run: {"workload", "seqs", "cap", "round", "method", **engine result}."""
     runs = []
@@ -175,8 +197,12 @@ def run_grid(args, data: dict, cells, methods, corpus, tmp: Path, plugins: str) 
     for rnd in range(args.rounds):
         for seqs, cap in cells:
             for name, wl in data.items():
-                order = methods[rnd % len(methods):] + methods[: rnd % len(methods)]
-                for m in order:
+                env = {}
+                for m in rotated(methods, rnd):
+                    if m == "clairvoyant":
+                        known = tmp / "clairvoyant.json"
+                        known.write_text(json.dumps(known_outputs(wl, runs[-1]["outputs"], args.eos)))
+                        env = {"SUFFIXSPEC_CLAIRVOYANT": str(known)}
                     base = {"model": args.model, "prompts": wl["prompts"], "max_tokens": args.max_tokens,
                             "max_model_len": 2048, "max_num_seqs": seqs, "stop_token_ids": [args.eos], "repeats": 1,
                             "warmup_prompts": args.warmup}
@@ -184,7 +210,7 @@ def run_grid(args, data: dict, cells, methods, corpus, tmp: Path, plugins: str) 
                         base["followups"] = wl["followups"]
                     t0 = time.perf_counter()
                     r = run_engine({**base, "runs": [{**method_spec(m, cap, corpus), "label": m}]}, tmp, args.timeout,
-                                   args.lock, plugins, args.threads)
+                                   args.lock, plugins, args.threads, env if m == "clairvoyant" else None)
                     runs.append({"workload": name, "seqs": seqs, "cap": cap, "round": rnd, **r})
                     warm = time.perf_counter() - t0
                     print(f"# round {rnd} {name} {seqs}x{cap} {m}: {r['tokens']} tokens in {r['seconds'][0]:.2f} s "
@@ -273,6 +299,11 @@ def targets(rows: list[dict]) -> dict:
         if peers:
             worst = min(p["median"] for p in peers)
             out[f"{r['workload']} {r['seqs']}x{r['cap']} x better peer"] = {"value": round(worst, 3)}
+    for wl in ("code-edit", "spec-bench", "multi-turn"):
+        r = get(wl, "clairvoyant")
+        if r and "x_suffix" in r:  # what perfect drafts reach at this cap: the ceiling of the two targets above
+            out[f"{wl} ceiling (clairvoyant) x suffix"] = {"throughput": r["x_suffix"]["median"],
+                                                            "accepted": r.get("accepted_x_suffix")}
     out["identical to plain"] = all(r["identical_to_plain"] in (True, None) for r in rows)
     return out
 
@@ -315,6 +346,8 @@ def main() -> None:
     bad = [m for m in methods if m not in METHODS] + [w for w in names if w not in WORKLOADS]
     if bad:
         raise SystemExit(f"unknown {bad}: --methods takes some of {list(METHODS)}, --workloads some of {list(WORKLOADS)}")
+    if "clairvoyant" in methods and "plain" not in methods:
+        raise SystemExit("--methods: clairvoyant drafts plain decoding's outputs, so it needs plain too")
     if args.prompts < 1 or args.max_tokens < 1 or args.rounds < 1:
         raise SystemExit("--prompts, --max-tokens and --rounds must be positive")
     cells = parse_cells(args.cells)

@@ -22,7 +22,9 @@ tokens, wall time, throughput, vLLM's spec-decode counters from /metrics, the RS
 --warmup-requests completed), at the end (same, last quarter), their difference and a least-squares
 slope in MiB per 100 requests after warm-up, and how many sampled outputs equal plain's. Exit
 status 1 when a request failed, an output differed or memory grew more than --max-growth-mib after
-warm-up. Prints a table, then one JSON line last (`--record`: bench/results/vllm_soak.jsonl).
+warm-up. With --baseline the plain server answers every request too, its memory sampled the same
+way, and the limit applies to the growth beyond the plain server's (vLLM's own allocator and caches
+grow too). Prints a table, then one JSON line last (`--record`: bench/results/vllm_soak.jsonl).
 """
 
 from __future__ import annotations
@@ -241,7 +243,10 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=8, help="num_speculative_tokens")
     ap.add_argument("--sample", type=int, default=40, help="distinct prompts compared with a plain server")
     ap.add_argument("--warmup-requests", type=int, default=100, help="requests before memory counts as warm")
-    ap.add_argument("--max-growth-mib", type=float, default=64.0)
+    ap.add_argument("--max-growth-mib", type=float, default=64.0,
+                    help="the most the serving processes may grow after warm-up (with --baseline: beyond the plain server's growth)")
+    ap.add_argument("--baseline", action="store_true",
+                    help="send the plain server every request too and sample its memory the same way")
     ap.add_argument("--threads", type=int, default=1, help="engine threads (OMP_NUM_THREADS, no binding); 0: vLLM's default")
     ap.add_argument("--specbench", type=Path, default=SPECBENCH)
     ap.add_argument("--lock", default=None, help="hold an exclusive flock on this file for the whole soak")
@@ -269,7 +274,8 @@ def main() -> None:
             stop(proc)
         proc, url = start_server(args, model, False, Path(tmp) / "plain.log")
         try:
-            plain = drive(url, texts[:sample], args.concurrency, args.max_tokens)
+            plain = drive(url, texts if args.baseline else texts[:sample], args.concurrency, args.max_tokens,
+                          proc.pid if args.baseline else None)
         finally:
             stop(proc)
     if handle:
@@ -285,6 +291,15 @@ def main() -> None:
               "rss_idle_mib": round(rss_idle / MIB, 1), "memory": mem, "sample": sample, "identical_to_plain": same,
               "vllm_plugins_note": "arctic-inference's vLLM plugin excluded (VLLM_PLUGINS)"}
     growth = mem.get("growth_mib")
+    if args.baseline:
+        base = memory(plain["samples"], args.requests, args.warmup_requests)
+        result["plain_memory"] = base
+        result["plain_tok_per_s"] = round(plain["tokens"] / plain["seconds"], 1)
+        if growth is not None and base.get("growth_mib") is not None:
+            growth = round(growth - base["growth_mib"], 1)  # what speculation adds to the engine's own growth
+            result["growth_over_plain_mib"] = growth
+        else:
+            growth = None
     ok = not soak["errors"] and not plain["errors"] and same == sample and alive and growth is not None and growth <= args.max_growth_mib
     result["passed"] = ok
     for key in ("requests", "errors", "tokens", "seconds", "tok_per_s", "accepted", "draft_tokens", "acceptance_rate",
@@ -292,6 +307,10 @@ def main() -> None:
         print(f"{key:>28}  {result[key]}")
     for key, value in mem.items():
         print(f"{key:>28}  {value}")
+    for key, value in result.get("plain_memory", {}).items():
+        print(f"{'plain ' + key:>28}  {value}")
+    if "growth_over_plain_mib" in result:
+        print(f"{'growth over plain (MiB)':>28}  {result['growth_over_plain_mib']}")
     print(f"{'identical to plain':>28}  {same} of {sample}")
     print(f"{'passed':>28}  {ok}")
     common.emit(result, args, "vllm_soak")

@@ -4,7 +4,8 @@
 
 REQUEST: {"model": dir, "prompts": [[token ids]...], "max_tokens": int, "stop_token_ids": [...],
 "max_num_seqs": int, "max_model_len": int, "repeats": int, "runs": [{"method": "plain" | "ngram" |
-"suffixspec" | "suffix", "k": int, "suffixspec": {options: additional_config["suffixspec"]},
+"suffixspec" | "suffix" | "clairvoyant" (bench/_vllm_clairvoyant.py: plain's outputs from the file
+named by $SUFFIXSPEC_CLAIRVOYANT drafted back), "k": int, "suffixspec": {options: additional_config["suffixspec"]},
 "label": str}, ...]}. Greedy, token ids in and out (skip_tokenizer_init). Optional:
 "warmup_prompts" ([[token ids]...], generated (at most 32 tokens each) once before anything is timed or counted, e.g. to run
 the engine's first steps; they join method caches like any request), "followups" ([[token ids]...],
@@ -35,6 +36,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 PROPOSER = "suffixspec.integrations.vllm.SuffixSpecProposer"
+CLAIRVOYANT = "bench._vllm_clairvoyant.ClairvoyantProposer"
 
 
 def speculative_config(method: str, k: int):
@@ -46,7 +48,9 @@ def speculative_config(method: str, k: int):
         return {"model": PROPOSER, "num_speculative_tokens": k}
     if method == "suffix":
         return {"method": "suffix", "num_speculative_tokens": k}
-    raise SystemExit(f"unknown method {method!r}: expected plain, ngram, suffixspec or suffix")
+    if method == "clairvoyant":
+        return {"model": CLAIRVOYANT, "num_speculative_tokens": k}
+    raise SystemExit(f"unknown method {method!r}: expected plain, ngram, suffixspec, suffix or clairvoyant")
 
 
 def counters(llm) -> dict:
