@@ -15,7 +15,7 @@ makes one at $VLLM_VENV, ../shared/BRIEF.md §4 says how to build arctic-inferen
 Workloads (token prompts, SmolLM2's chat template):
 - `code-edit`: the 12 shipped code-edit prompts (corpora/copy_edit_prompts.jsonl), then the held-out
   ones (copy_edit_heldout.jsonl) up to `--prompts`;
-- `spec-bench`: Spec-Bench dev prompts (../shared/data/specbench-dev.jsonl, or --specbench PATH),
+- `spec-bench`: Spec-Bench dev prompts (--specbench PATH, $SUFFIXSPEC_SPECBENCH or ../shared/data/specbench-dev.jsonl),
   first turns, a third each of chat (MT-bench categories), `qa` and `summarization`, taken in file
   order;
 - `multi-turn`: held-out code edits not used by `code-edit` (from the end of the file), each a
@@ -68,7 +68,8 @@ ROOT = common.ROOT
 ENGINE = ROOT / "tests_vllm" / "engine.py"
 METHODS = ("plain", "ngram", "suffix", "suffixspec", "suffixspec+corpus", "clairvoyant")
 WORKLOADS = ("code-edit", "spec-bench", "multi-turn")
-SPECBENCH = ROOT.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
+# $SUFFIXSPEC_SPECBENCH, else the shared data beside the checkout (../shared from the project's root)
+SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH") or ROOT.parent / "shared" / "data" / "specbench-dev.jsonl")
 CHAT_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 FOLLOWUP = "Now also add type hints to every parameter and the return value. Return the full function again."
 WARMUP = ["What is the capital of France?", "Write a haiku about the sea."]

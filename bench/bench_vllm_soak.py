@@ -45,7 +45,8 @@ from pathlib import Path
 import common
 
 ROOT = common.ROOT
-SPECBENCH = ROOT.parent.parent / "shared" / "data" / "specbench-dev.jsonl"
+# $SUFFIXSPEC_SPECBENCH, else the shared data beside the checkout (../shared from the project's root)
+SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH") or ROOT.parent / "shared" / "data" / "specbench-dev.jsonl")
 PROPOSER = "suffixspec.integrations.vllm.SuffixSpecProposer"
 MIB = 1 << 20
 MAX_PROMPT_CHARS = 2000  # Spec-Bench prompts kept (the long articles would make the soak a prefill benchmark)
