@@ -134,7 +134,7 @@ class DraftCore:
             raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}", param="max_sessions")
         if self.timeout_steps < 2:
             raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}", param="session_timeout_steps")
-        self.cost = step_cost_from(opts.get("step_cost"))
+        self.cost = step_cost_from(opts.get("step_cost"), self.k)
         self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
         paths = [corpus] if isinstance(corpus, str) else list(corpus or [])

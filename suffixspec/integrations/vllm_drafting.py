@@ -14,9 +14,10 @@ the step's total draft tokens T (the best sum of values per T), then the best T;
 tokens. So a row's draft may follow a different path than the longest one (a strong short branch
 beats a long weak one when tokens cost), and it is empty when no draft pays.
 
-The step's cost is measured (`MeasuredStepCost`: suffixspec's `CostModel`, corrected online per
-batch size from the time between the adapter's calls and the tokens each step verified, starting
-from a conservative prior) unless the `step_cost` option fixes it (`StepCost`).
+The step's cost is measured (`MeasuredStepCost`: per batch size, a line in the drafted tokens fitted
+online to the time between the adapter's calls and the tokens each step verified, pulled toward a
+conservative prior where the steps do not vary enough to show the slope) unless the `step_cost`
+option fixes it (`StepCost`).
 """
 
 from __future__ import annotations
@@ -25,12 +26,11 @@ import numba
 import numpy as np
 
 from .. import BadInputError
-from ..budget import CostModel
 
-# The prior before any step is measured: a step verifying t tokens costs 1 + 0.03 (t - 1) one-token
-# steps (conservative: an engine where a wider step costs more, like a CPU engine; a memory-bound
-# accelerator's flat curve is learned from its steps). Its scale is irrelevant: drafts are sized by
-# costs relative to one another within a batch size.
+# The prior before a batch size's steps are measured: a step of b rows verifying b + x tokens (x of
+# them drafts) costs 1 + PRIOR_SLOPE (b - 1 + x) one-token steps (conservative: an engine where a
+# wider step costs more, like a CPU engine). Only its shape matters, drafts being sized by costs
+# relative to one another within a batch size; measured steps replace it (`MeasuredStepCost`).
 PRIOR_SLOPE = 0.03
 PRIOR_STEP_SECONDS = 0.02
 
@@ -70,38 +70,107 @@ class StepCost:
 
 
 class MeasuredStepCost:
-    """The step's cost learned online: a `CostModel` (seconds per step by tokens verified, corrected
-    per batch size) started from the conservative prior above. `observe` takes one measured step."""
+    """The step's cost learned online, per batch size b: seconds = a_b + c_b x for a step verifying
+    b + x tokens (x drafted), a weighted least-squares line over the measured steps, older steps
+    forgotten geometrically (`forget` per step: the line follows load and context growth), with a
+    ridge pull of the relative slope c_b / a_b toward the prior's (worth about `prior_steps` steps
+    at a full draft of `k` tokens a row): steps that all verify the same number of tokens leave the
+    prior's slope, steps that vary measure it. Lines are kept monotone (c >= 0, a > 0); after
+    `warm_steps` steps of a batch size, one step moves its fit by at most a factor 2 of its
+    prediction (a load spike is one sample). A batch size never measured takes the nearest measured
+    one's line. Drafts are sized at the operating point, where a line is what matters: the marginal
+    cost of a drafted token against the step's fixed part."""
 
-    def __init__(self, weight: float = 0.1):
-        sizes = np.array(CostModel.SIZES, np.float64)
-        self.model = CostModel(sizes, PRIOR_STEP_SECONDS * (1.0 + PRIOR_SLOPE * (sizes - 1.0)))
-        self.weight = weight
+    def __init__(self, k: int = 8, forget: float = 0.98, prior_steps: float = 0.01, warm_steps: int = 8):
+        self.k = max(int(k), 1)
+        self.forget = float(forget)
+        self.prior_steps = float(prior_steps)
+        self.warm_steps = int(warm_steps)
+        self._sums: dict[int, np.ndarray] = {}  # batch -> decayed [sum w, w x, w x^2, w y, w x y]
+        self._seen: dict[int, int] = {}
+        self._lines: dict[int, tuple[float, float]] = {}
         self.observed = 0
 
+    @staticmethod
+    def prior_slope(batch: int) -> float:
+        return PRIOR_SLOPE / (1.0 + PRIOR_SLOPE * (batch - 1))
+
+    def line(self, batch: int) -> tuple[float, float]:
+        """(a, c): a step of `batch` rows with x drafted tokens costs a + c x seconds (for a batch
+        size never measured: the nearest measured one's line; none measured: the prior, in units
+        of PRIOR_STEP_SECONDS)."""
+        batch = max(int(batch), 1)
+        if batch not in self._sums:
+            if not self._sums:
+                a = PRIOR_STEP_SECONDS * (1.0 + PRIOR_SLOPE * (batch - 1))
+                return a, a * self.prior_slope(batch)
+            batch = min(self._sums, key=lambda b: (abs(b - batch), b))
+        line = self._lines.get(batch)
+        if line is None:
+            line = self._lines[batch] = self._fit(batch)
+        return line
+
+    def _fit(self, batch: int) -> tuple[float, float]:
+        s0, s1, s2, sy, sxy = self._sums[batch].tolist()
+        rho = self.prior_slope(batch)
+        xr = float(self.k * batch)
+        mu = self.prior_steps * xr * xr
+        # minimise sum w (y - a - c x)^2 + mu (c - rho a)^2 over (a, c)
+        m11, m12, m22 = s0 + mu * rho * rho, s1 - mu * rho, s2 + mu
+        det = m11 * m22 - m12 * m12
+        mean = sy / s0
+        if det <= 1e-300 * max(m11 * m22, 1e-300):
+            return mean, mean * rho
+        a = (sy * m22 - m12 * sxy) / det
+        c = (m11 * sxy - m12 * sy) / det
+        floor = 0.02 * mean
+        if c < 0.0 or a < floor:  # keep it monotone and positive: refit with the bound held
+            if c < 0.0:
+                c = 0.0
+                a = sy / s0
+            if a < floor:
+                a = floor
+                c = max((sxy - a * s1 + mu * rho * a) / m22, 0.0)
+        return a, c
+
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
-        return self.model(tokens, batch=max(int(batch), 1))
+        batch = max(int(batch), 1)
+        a, c = self.line(batch)
+        return a + c * np.maximum(np.asarray(tokens, np.float64) - batch, 0.0)
 
     def observe(self, tokens: int, seconds: float, batch: int) -> None:
-        if tokens >= batch >= 1 and seconds > 0:
-            self.model.observe(int(tokens), float(seconds), weight=self.weight, batch=int(batch))
-            self.observed += 1
+        """One measured step of `batch` rows that verified `tokens` tokens in `seconds`."""
+        if not (tokens >= batch >= 1 and seconds > 0 and np.isfinite(seconds)):
+            return
+        batch, x, y = int(batch), float(tokens - batch), float(seconds)
+        sums = self._sums.get(batch)
+        if sums is None:
+            sums = self._sums[batch] = np.zeros(5)
+            self._seen[batch] = 0
+        elif self._seen[batch] >= self.warm_steps:
+            a, c = self.line(batch)
+            expected = a + c * x
+            y = min(max(y, 0.5 * expected), 2.0 * expected)
+        sums *= self.forget
+        sums += (1.0, x, x * x, y, x * y)
+        self._seen[batch] += 1
+        self._lines.pop(batch, None)
+        self.observed += 1
 
     def to_dict(self) -> dict:
-        """Measured steps, and per batch size seen the learned cost of a step verifying t tokens
-        relative to one verifying one token a row (t in `CostModel.SIZES`, at least the batch)."""
-        curves = {}
-        for batch in sorted(self.model._speed):
-            sizes = [s for s in CostModel.SIZES if s >= batch] or [batch]
-            costs = np.asarray(self.model(np.array(sizes, np.float64), batch=batch), np.float64)
-            base = float(np.asarray(self.model(float(batch), batch=batch)))
-            curves[str(batch)] = {str(s): round(float(c) / base, 3) for s, c in zip(sizes, costs)}
-        return {"measured_steps": self.observed, "relative_by_batch": curves, **self.model.to_dict()}
+        """Measured steps; per batch size measured, its line (seconds at no draft, seconds per drafted
+        token, steps) and the cost relative to the one-token step at 1, 2, 4 and 8 drafted tokens a row."""
+        lines, curves = {}, {}
+        for batch in sorted(self._sums):
+            a, c = self.line(batch)
+            lines[str(batch)] = {"a": round(a, 6), "c": round(c, 7), "steps": self._seen[batch]}
+            curves[str(batch)] = {str(batch * (1 + d)): round(1.0 + c * batch * d / a, 3) for d in (1, 2, 4, 8)}
+        return {"measured_steps": self.observed, "lines": lines, "relative_by_batch": curves}
 
 
-def step_cost_from(points) -> StepCost | MeasuredStepCost:
+def step_cost_from(points, k: int = 8) -> StepCost | MeasuredStepCost:
     """The `step_cost` option's cost, or the measured one when it is not given."""
-    return MeasuredStepCost() if points is None else StepCost(points)
+    return MeasuredStepCost(k) if points is None else StepCost(points)
 
 
 @numba.njit(cache=True, nogil=True)
