@@ -112,3 +112,85 @@ def test_measured_cost_learns_the_curve_of_the_machine_per_batch_size():
             want = truth(t) / truth(batch + 1)
             assert float(cost(t, batch) / cost(batch + 1, batch)) == pytest.approx(want, rel=0.15), (batch, t)
     assert cost.observed == 400
+
+
+def brute_line(xs, ys, ws, rho, mu):
+    """argmin over (a, c) of sum w (y - a - c x)^2 + mu (c - rho a)^2, by least squares on rows."""
+    rows = [[np.sqrt(w), np.sqrt(w) * x] for x, w in zip(xs, ws)] + [[-np.sqrt(mu) * rho, np.sqrt(mu)]]
+    rhs = [np.sqrt(w) * y for y, w in zip(ys, ws)] + [0.0]
+    (a, c), *_ = np.linalg.lstsq(np.array(rows), np.array(rhs), rcond=None)
+    return a, c
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_measured_cost_is_the_weighted_ridge_line_of_its_steps(seed):
+    rng = np.random.default_rng(seed)
+    batch = int(rng.integers(1, 16))
+    cost = MeasuredStepCost(k=8, warm_steps=10**9)  # no clipping: the fit alone
+    a0, c0 = rng.uniform(0.01, 0.2), rng.uniform(0.0, 0.01)
+    xs, ys = [], []
+    for _ in range(int(rng.integers(1, 60))):
+        x = int(rng.integers(0, 8 * batch + 1))
+        y = (a0 + c0 * x) * rng.uniform(0.8, 1.2)
+        cost.observe(batch + x, y, batch)
+        xs.append(x)
+        ys.append(y)
+    n = len(xs)
+    ws = [cost.forget ** (n - 1 - i) for i in range(n)]
+    a, c = brute_line(xs, ys, ws, cost.prior_slope(batch), cost.prior_steps * (8.0 * batch) ** 2)
+    got_a, got_c = cost.line(batch)
+    if c >= 0 and a >= 0.02 * np.dot(ws, ys) / sum(ws):  # inside the bounds: exactly the least-squares line
+        assert (got_a, got_c) == pytest.approx((a, c), rel=1e-6, abs=1e-12)
+    assert got_a > 0 and got_c >= 0
+    assert float(cost(batch + 5, batch)) == pytest.approx(got_a + 5 * got_c)
+
+
+def test_measured_cost_stays_monotone_and_clips_a_spike():
+    cost = MeasuredStepCost(k=8)
+    for x in range(0, 64, 4):  # cheaper when wider (noise): flat, never falling
+        cost.observe(8 + x, 0.1 - 0.0005 * x, 8)
+    a, c = cost.line(8)
+    assert c == 0.0 and a == pytest.approx(np.mean([0.1 - 0.0005 * x for x in range(0, 64, 4)]), rel=0.05)
+    before = float(cost(40, 8))
+    cost.observe(40, 100 * before, 8)  # a load spike after warm-up counts as at most twice the prediction
+    assert float(cost(40, 8)) < 1.2 * before
+    # a batch size never measured takes the nearest measured one's line; nothing measured: the prior
+    assert cost.line(9) == cost.line(8)
+    assert MeasuredStepCost().line(8)[1] / MeasuredStepCost().line(8)[0] == pytest.approx(MeasuredStepCost.prior_slope(8))
+
+
+def closed_loop(truth, steps=300, seed=0, b=8, k=8):
+    """Draft with the measured cost, the engine answering with `truth`'s cost: the achieved expected
+    tokens per second over the best choice's under the true cost (after 50 steps), and the mean
+    drafted tokens per step."""
+    rng = np.random.default_rng(seed)
+    cost = MeasuredStepCost(k=k)
+    got, best, drafted = [], [], []
+    for step in range(steps):
+        p = rng.uniform(0.3, 0.97, size=b)
+        values = np.full((b, k + 1), -np.inf)
+        values[:, 0] = 0.0
+        values[:, 1:] = np.cumsum(p[:, None] ** np.arange(1, k + 1)[None, :], axis=1)
+        lengths = plan_lengths(values, lambda t: cost(t, b))
+        ideal = plan_lengths(values, lambda t: truth(np.asarray(t, np.float64)))
+        t = b + int(lengths.sum())
+        if step >= 50:
+            got.append((b + values[np.arange(b), lengths].sum()) / truth(t))
+            best.append((b + values[np.arange(b), ideal].sum()) / truth(b + int(ideal.sum())))
+            drafted.append(int(lengths.sum()))
+        cost.observe(t, truth(t) * rng.uniform(0.9, 1.1), b)
+    return np.mean(got) / np.mean(best), np.mean(drafted)
+
+
+def test_drafts_follow_the_engines_measured_cost_flat_or_steep():
+    """The same adapter drafts long where a step's cost is flat (a memory-bound GPU) and short where
+    it grows with the tokens verified (this CPU engine), near the best choice under the true cost
+    in both, having seen only the steps its own drafts made."""
+    flat = lambda t: 0.01 * (1 + 0.001 * (t - 1))
+    proportional = lambda t: 0.0143 * t
+    steep = lambda t: 0.05 * (1 + 0.2 * (t - 1))
+    eff_flat, n_flat = closed_loop(flat)
+    eff_prop, n_prop = closed_loop(proportional)
+    eff_steep, n_steep = closed_loop(steep)
+    assert min(eff_flat, eff_prop, eff_steep) >= 0.95, (eff_flat, eff_prop, eff_steep)
+    assert n_flat > 40 and n_prop < 12 and n_flat > 3 * n_steep, (n_flat, n_prop, n_steep)
