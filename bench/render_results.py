@@ -278,6 +278,9 @@ def _vllm_soak(r) -> list[str]:
     return [f"{r['requests']} requests, {r['errors']} errors, {r['tok_per_s']} tok/s, acceptance {r['acceptance_rate']}",
             f"RSS {mem.get('rss_after_warmup_mib')} MiB after warm-up, {mem.get('rss_end_mib')} MiB at the end "
             f"({mem.get('slope_mib_per_100_requests')} MiB per 100 requests)",
+            *([f"plain server: {r['plain_memory'].get('rss_after_warmup_mib')} MiB after warm-up, "
+               f"{r['plain_memory'].get('rss_end_mib')} MiB at the end; growth beyond plain's "
+               f"{r.get('growth_over_plain_mib')} MiB"] if r.get("plain_memory") else []),
             f"identical to plain: {r['identical_to_plain']} of {r['sample']}; passed {r.get('passed')}"]
 
 
@@ -418,7 +421,7 @@ def _h_vllm_grid(rows):
 
     def bound(m):  # what perfect drafts reach at this cap in the same engine
         c = ceiling.get(m["workload"])
-        return "" if c is None else f"; perfect drafts {x(c['x_suffix']['median'])}, {x(c.get('accepted_x_suffix'))}"
+        return "" if c is None else f"; perfect drafts reach {x(c['x_suffix']['median'])} throughput, {x(c.get('accepted_x_suffix'))} accepted"
 
     parts = [f"{m['workload'].replace('-', ' ')} {x(m['x_suffix']['median'])} vLLM's suffix"
              f" ({x(m['x_plain']['median'])} plain, accepted tokens {x(m.get('accepted_x_suffix'))} suffix's{bound(m)})"
