@@ -174,11 +174,14 @@ def parse_cells(text: str) -> list[tuple[int, int]]:
 
 def known_outputs(wl: dict, outputs: list[list[int]], stop: int) -> list[list[list[int]]]:
     """[[prompt ids, plain's output ids], ...] for every prompt the engine generates for workload
-    `wl` (second turns built as tests_vllm/engine.py builds them), for the clairvoyant drafter."""
+    `wl` (second turns by the engine's own `second_turn`), for the clairvoyant drafter."""
+    spec = importlib.util.spec_from_file_location("suffixspec_bench_engine", ENGINE)
+    engine = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(engine)  # stdlib imports and the engine's env defaults only
     prompts = [list(p) for p in wl["prompts"]]
     pairs = [[p, o] for p, o in zip(prompts, outputs)]
     for p, o, f, o2 in zip(prompts, outputs, wl.get("followups") or [], outputs[len(prompts):]):
-        pairs.append([p + [t for t in o if t != stop] + list(f), o2])
+        pairs.append([engine.second_turn(p, o, f, {stop}), o2])
     return pairs
 
 

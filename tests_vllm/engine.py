@@ -104,6 +104,11 @@ def instrument(llm) -> dict:
     return clock
 
 
+def second_turn(prompt: list[int], answer: list[int], followup: list[int], stop) -> list[int]:
+    """A conversation's second turn: the prompt, the first answer without its stop tokens, the followup."""
+    return list(prompt) + [t for t in answer if t not in stop] + list(followup)
+
+
 def generate_turns(llm, req: dict, prompts: list[list[int]], params) -> list[list[int]]:
     """The outputs of `prompts`, then (with "followups") of every conversation's second turn."""
     from vllm.inputs import TokensPrompt
@@ -117,7 +122,7 @@ def generate_turns(llm, req: dict, prompts: list[list[int]], params) -> list[lis
     if not followups:
         return outs
     stop = set(req.get("stop_token_ids") or [])
-    second = [list(p) + [t for t in o if t not in stop] + list(f) for p, o, f in zip(prompts, outs, followups)]
+    second = [second_turn(p, o, f, stop) for p, o, f in zip(prompts, outs, followups)]
     return outs + gen(second)
 
 

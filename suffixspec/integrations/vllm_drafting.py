@@ -119,7 +119,7 @@ class MeasuredStepCost:
         m11, m12, m22 = s0 + mu * rho * rho, s1 - mu * rho, s2 + mu
         det = m11 * m22 - m12 * m12
         mean = sy / s0
-        if det <= 1e-300 * max(m11 * m22, 1e-300):
+        if det <= 0.0:  # no spread and no prior weight: the mean at the prior's slope
             return mean, mean * rho
         a = (sy * m22 - m12 * sxy) / det
         c = (m11 * sxy - m12 * sy) / det
