@@ -67,8 +67,8 @@ def parameters(model) -> int:
 def _filled_state(model, batch: int, past: int, rng):
     """A `KVState` of `batch` rows holding the same `past` random tokens (one row's prefill, its rows
     repeated: the cost of a pass depends on the cache's length, not its contents)."""
-    from suffixspec.tree import DraftTree
-    from suffixspec.verify import KVState
+    from suffixspec.draft.tree import DraftTree
+    from suffixspec.verify.kv import KVState
 
     vocab = int(model.get_input_embeddings().weight.shape[0])
     state = KVState(model, 1)
@@ -82,7 +82,7 @@ def pass_times(model, points, past: int, warmup: int = 2, repeats: int = 5, dead
     """See the module docstring; one dict per measured point."""
     import torch
 
-    from suffixspec.tree import DraftTree
+    from suffixspec.draft.tree import DraftTree
 
     rng = np.random.default_rng(0)
     vocab = int(model.get_input_embeddings().weight.shape[0])

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from suffixspec.budget import CostModel
+from suffixspec.engine.budget import CostModel
 
 WORKLOADS = {"copy_edit": ("copy_edit_prompts.jsonl", "copy_edit_heldout.jsonl"),
              "chat": ("chat_traces_smollm2.jsonl",)}
@@ -135,7 +135,7 @@ def trace_model(sequences: list[np.ndarray], vocab: int, marker0: int):
 def _server(records, cost, concurrency: int, budget="auto"):
     """A server over a fresh generator and stand-in model holding `records`, every request added."""
     from suffixspec.generate import SpeculativeGenerator
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     vocab = 1 + max(t for p, a in records for t in p + a)
     seqs = [np.array([vocab + i] + p + a + [0], np.int64) for i, (p, a) in enumerate(records)]

@@ -35,7 +35,7 @@ import common
 import numpy as np
 
 from suffixspec import ResponseCache, SuffixAutomaton
-from suffixspec import cache as cache_mod
+from suffixspec.draft import response_cache as cache_mod
 from suffixspec.tokenids import as_tokens
 
 

@@ -40,11 +40,11 @@ import numpy as np
 
 from suffixspec import Proposer
 from suffixspec.corpus import CorpusIndex, Document, build_index
-from suffixspec.simulate import load_traces, oracle_mean_accepted, replay
+from suffixspec.draft.simulate import load_traces, oracle_mean_accepted, replay
 from suffixspec.tokenizer import load_tokenizer
 
 try:  # the context bound is newer than some revisions this script is run from (--data)
-    from suffixspec.simulate import context_bound_mean_accepted
+    from suffixspec.draft.simulate import context_bound_mean_accepted
 except ImportError:
     context_bound_mean_accepted = None
 

@@ -125,7 +125,7 @@ def main(argv=None) -> int:
     args.threads = torch.get_num_threads()
     from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.models import load_model
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     model, tok = load_model()
     first = args.budget.split(",")[0]
@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     for g, b in gens.values():
         g.generate([warm], max_new_tokens=8, budget=b)
 
-    from suffixspec.simulate import Trace, oracle_mean_accepted
+    from suffixspec.draft.simulate import Trace, oracle_mean_accepted
     import numpy as np
 
     def copy_oracle(ids, answer) -> float:

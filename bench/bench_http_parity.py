@@ -73,7 +73,7 @@ def main() -> int:
     from suffixspec import bench
     from suffixspec.bench import remote
     from suffixspec.models import load_model
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     torch.set_num_threads(args.threads)
     workload = bench.load_workload(args.workload, args.num_prompts)

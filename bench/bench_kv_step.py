@@ -36,10 +36,10 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from suffixspec.batch import RoundBatch
+    from suffixspec.verify.batch import RoundBatch
     from suffixspec.models import load_model
-    from suffixspec.tree import DraftTree
-    from suffixspec.verify import KVState, Sampler, accept
+    from suffixspec.draft.tree import DraftTree
+    from suffixspec.verify.kv import KVState, Sampler, accept
 
     model, _ = load_model()
     vocab = int(model.config.vocab_size)

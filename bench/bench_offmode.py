@@ -39,11 +39,11 @@ def main(argv=None) -> int:
 
     import torch
 
-    import suffixspec.proposer as proposer_module
+    import suffixspec.draft.proposer as proposer_module
     from suffixspec import SpeculativeGenerator
     from suffixspec.bench.workloads import load_workload
     from suffixspec.models import load_model
-    from suffixspec.warmup import warm_kernels
+    from suffixspec.engine.warmup import warm_kernels
 
     if args.threads:
         torch.set_num_threads(args.threads)

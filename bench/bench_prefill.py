@@ -53,7 +53,7 @@ def forward_s(model, ids) -> float:
 
 
 def serve(gen, step_tokens):
-    from suffixspec.engine import Server
+    from suffixspec.engine.engine import Server
 
     kwargs = dict(max_new_tokens=128, max_batch=8)
     if step_tokens and "max_step_tokens" in inspect.signature(Server.__init__).parameters:

@@ -32,7 +32,7 @@ import common
 import numpy as np
 
 from suffixspec import Proposer
-from suffixspec.simulate import load_traces, simulate
+from suffixspec.draft.simulate import load_traces, simulate
 from suffixspec.tokenizer import load_tokenizer
 
 ROOT, CACHE = common.ROOT, common.CACHE

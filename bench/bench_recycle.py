@@ -42,7 +42,7 @@ class FlatCost:
     one-token steps whatever this CPU measures (the policy's online observations are dropped)."""
 
     def __init__(self):
-        from suffixspec.budget import CostModel
+        from suffixspec.engine.budget import CostModel
 
         sizes = [1, 2, 4, 8, 16, 32, 64, 128]
         self.model = CostModel(sizes, [1.0 + 0.002 * (k - 1) for k in sizes])
@@ -57,7 +57,7 @@ class NullProposer:
             pass
 
         def propose(self, budget):
-            from suffixspec.tree import DraftTree
+            from suffixspec.draft.tree import DraftTree
 
             return DraftTree.empty()
 
@@ -107,7 +107,7 @@ def copy_ceiling(context: list[int], output: list[int], budget: int) -> int:
 def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_new: int, flat: bool,
                 warm: list[list[int]]):
     from suffixspec import SpeculativeGenerator
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     proposer = NullProposer() if source == "recycle" else Proposer()
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=source != "copy",

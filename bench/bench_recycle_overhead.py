@@ -63,12 +63,12 @@ def main(argv=None) -> int:
     import torch
 
     from suffixspec import SpeculativeGenerator
-    from suffixspec.batch import RoundBatch
+    from suffixspec.verify.batch import RoundBatch
     from suffixspec.bench.workloads import load_workload
     from suffixspec.models import load_model
-    from suffixspec.recycle import RecycleTable, harvest_round
-    from suffixspec.tree import DraftTree
-    from suffixspec.verify import RowResult
+    from suffixspec.draft.recycle import RecycleTable, harvest_round
+    from suffixspec.draft.tree import DraftTree
+    from suffixspec.verify.kv import RowResult
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

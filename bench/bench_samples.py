@@ -41,8 +41,8 @@ def main(argv=None) -> int:
     from suffixspec import SpeculativeGenerator
     from suffixspec.http.chat import chat_template_for, find_chat_template
     from suffixspec.models import load_model
-    from suffixspec.options import DecodeOptions
-    from suffixspec.warmup import warm_kernels
+    from suffixspec.engine.options import DecodeOptions
+    from suffixspec.engine.warmup import warm_kernels
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     rows = [json.loads(line) for line in (common.CORPORA / "code_edit_traces.jsonl").read_text().splitlines()]
     prompts = [tokenizer.encode(template.render([{"role": "user", "content": r["prompt"]}]))[: args.prompt_tokens]
                for r in rows[: args.prompts]]
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     # no cache of past responses: every setting runs the same prompts, and greedy answers repeat
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False))

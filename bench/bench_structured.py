@@ -48,9 +48,9 @@ def main(argv=None) -> int:
     from suffixspec import SpeculativeGenerator
     from suffixspec.http.chat import chat_template_for, find_chat_template
     from suffixspec.models import load_model
-    from suffixspec.options import DecodeOptions
-    from suffixspec.structured import Structure
-    from suffixspec.warmup import warm_kernels
+    from suffixspec.engine.options import DecodeOptions
+    from suffixspec.verify.structured import Structure
+    from suffixspec.engine.warmup import warm_kernels
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
@@ -58,13 +58,13 @@ def main(argv=None) -> int:
     rows = [json.loads(line) for line in (common.CORPORA / "copy_edit_prompts.jsonl").read_text().splitlines()]
     prompts = [tokenizer.encode(template.render([{"role": "user", "content": r["prompt"] + ASK}]))
                for r in rows[: args.prompts]]
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     # no cache of past responses: every setting runs the same prompts, and greedy answers repeat
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False))
     gen.policy.ensure_cost_model(model)
     warm_kernels()
-    import suffixspec.engine as engine_module
+    import suffixspec.engine.engine as engine_module
 
     view = engine_module.escaped_view
     # (constrained, budget, escaped view): the last constrained speculative setting drafts without

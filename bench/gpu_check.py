@@ -147,9 +147,9 @@ def _plain(torch, model, prompts, new_tokens) -> tuple[list[list[int]], float]:
 
 
 def _speculative(model, prompts, new_tokens, batch) -> dict:
-    from suffixspec.budget import CostModel
+    from suffixspec.engine.budget import CostModel
     from suffixspec.generate import SpeculativeGenerator
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False),
                                cost_model=CostModel.measure(model, past=32, repeats=1))
@@ -193,7 +193,7 @@ def _cycling(torch, model, period: int = 12, layer_scale: float = 0.1, seed: int
 
 def _variant(torch, device, cfg, deadline, prompts, cycling: bool) -> dict:
     from suffixspec.models import prepare_model
-    from suffixspec.verify import check_tree_logits
+    from suffixspec.verify.kv import check_tree_logits
 
     model = gm.build(EXACT_SHAPE, device, torch.float32, init_range=0.2, seed=0, prepare=False)
     if cycling:

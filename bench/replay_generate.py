@@ -117,7 +117,7 @@ def lookup_steps(prompt, answer, cost: StepCost, n_out: int, eos: int | None = N
 def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=None) -> float:
     """Per round, the prefix of the accepted path of the proposer's tree (`options`: its knobs) with
     the most tokens per charged step; the prefill is not charged."""
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     session = Proposer(**dict(options or {}, global_cache=False)).start(prompt)
     session.extend(answer[:1])
@@ -152,7 +152,7 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
     with an empty answer are skipped), with their ratios. `eos`: the token prompt lookup never drafts
     past (the default model's end of turn)."""
     from suffixspec.generate import CostModel, SpeculativeGenerator
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     class ChargedCost(CostModel):
         def observe(self, *a, **k):  # the replay's passes take no real time: keep the curve as given
@@ -192,7 +192,7 @@ def copier_steps(prompt, answer, cost: StepCost, budget: int = 64) -> float:
     """The clairvoyant copier: per round, the longest prefix of the rest of the answer found anywhere
     in the context (prompt and answer so far), at most `budget`, drafted as a chain: no proposer that
     copies spans of the request can do better per round."""
-    from suffixspec.automaton import SuffixAutomaton
+    from suffixspec.draft.automaton import SuffixAutomaton
 
     own = SuffixAutomaton(np.asarray(prompt + answer[:1], np.int32))
     pos, steps = 1, 0.0

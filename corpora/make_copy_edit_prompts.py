@@ -103,7 +103,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(1)
     from suffixspec.models import load_model
-    from suffixspec.simulate import Trace, oracle_mean_accepted
+    from suffixspec.draft.simulate import Trace, oracle_mean_accepted
 
     model, tok = load_model()
     pool = list(functions(Path(args.stdlib)))

@@ -6,7 +6,7 @@ them are resolved lazily on first access (module `__getattr__`).
 
 __version__ = "0.1.0"  # before the imports: submodules read it
 
-from .automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
+from .draft.automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
 from .corpus import (
     CorpusIndex,
     CorpusMatch,
@@ -18,9 +18,9 @@ from .corpus import (
     merge_indexes,
     read_documents,
 )
-from .proposer import Proposer, ResponseCache, Session
-from .proposer_config import ProposerConfig
-from .tree import DraftTree
+from .draft.proposer import Proposer, ResponseCache, Session
+from .draft.config import ProposerConfig
+from .draft.tree import DraftTree
 from .errors import (
     BadInputError,
     BadInputTypeError,
@@ -37,17 +37,17 @@ _LAZY = {
     "load_tokenizer": ".tokenizer",
     "Tokenizer": ".tokenizer",
     "SpeculativeGenerator": ".generate",
-    "GenerationResult": ".stats",
-    "GenerationStats": ".stats",
-    "RequestStats": ".stats",
-    "DecodeOptions": ".options",
-    "CostModel": ".budget",
-    "BudgetPolicy": ".budget",
-    "Server": ".engine",
-    "Event": ".engine",
-    "Step": ".engine",
+    "GenerationResult": ".engine.stats",
+    "GenerationStats": ".engine.stats",
+    "RequestStats": ".engine.stats",
+    "DecodeOptions": ".engine.options",
+    "CostModel": ".engine.budget",
+    "BudgetPolicy": ".engine.budget",
+    "Server": ".engine.engine",
+    "Event": ".engine.engine",
+    "Step": ".engine.engine",
     "load_model": ".models",
-    "warm_kernels": ".warmup",
+    "warm_kernels": ".engine.warmup",
 }
 
 __all__ = [

@@ -15,13 +15,13 @@ from typing import Any, Callable
 import numpy as np
 
 from .tokenids import as_tokens
-from .budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
-from .engine import Server, model_vocab_size
+from .engine.budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
+from .engine.engine import Server, model_vocab_size
 from .errors import BadInputError, BadInputTypeError
-from .fallback import PromptLookupProposer
-from .options import RECYCLE_DEFAULT, DecodeOptions
-from .stats import GenerationResult, GenerationStats, RequestStats
-from .tree import prune_tree
+from .engine.fallback import PromptLookupProposer
+from .engine.options import RECYCLE_DEFAULT, DecodeOptions
+from .engine.stats import GenerationResult, GenerationStats, RequestStats
+from .draft.tree import prune_tree
 
 __all__ = ["SpeculativeGenerator", "GenerationResult", "GenerationStats", "RequestStats", "CostModel",
            "RankCalibration", "PromptLookupProposer", "DecodeOptions", "prune_tree"]
@@ -87,7 +87,7 @@ class SpeculativeGenerator:
     def proposer(self):
         if self._proposer is None:
             try:
-                from .proposer import Proposer
+                from .draft.proposer import Proposer
             except ImportError:
                 log.warning("suffixspec.Proposer is unavailable; using a plain prompt-lookup proposer")
                 Proposer = PromptLookupProposer
@@ -98,7 +98,7 @@ class SpeculativeGenerator:
     def recycle_table(self):
         """The model's `RecycleTable` (made empty on first use; assignable, e.g. a loaded one)."""
         if self._recycle_table is None:
-            from .recycle import RecycleTable, model_identity
+            from .draft.recycle import RecycleTable, model_identity
 
             vocab = model_vocab_size(self.model)
             if vocab is None:
@@ -108,7 +108,7 @@ class SpeculativeGenerator:
 
     @recycle_table.setter
     def recycle_table(self, table) -> None:
-        from .recycle import RecycleTable
+        from .draft.recycle import RecycleTable
 
         if not isinstance(table, RecycleTable):
             raise BadInputTypeError(f"recycle_table: expected a RecycleTable, got {type(table).__name__}",
@@ -143,7 +143,7 @@ class SpeculativeGenerator:
 
     def check_support(self) -> str | None:
         """None when tree verification works with this model (checked once), else the reason."""
-        from .verify import check_tree_logits, tree_attention_support
+        from .verify.kv import check_tree_logits, tree_attention_support
 
         if not self._checked:
             self._unsupported = tree_attention_support(self.model)

@@ -9,7 +9,7 @@ import pytest
 from suffixspec import bench
 from suffixspec.bench import BenchSettings, Request, Workload
 from suffixspec.errors import BadInputError
-from suffixspec.stats import GenerationResult, GenerationStats, RequestStats
+from suffixspec.engine.stats import GenerationResult, GenerationStats, RequestStats
 
 # ------------------------------------------------------------------------------------------ arrivals
 
@@ -62,7 +62,7 @@ class FakeEngine:
         return q
 
     def step(self):
-        from suffixspec.engine import Event, Step
+        from suffixspec.engine.engine import Event, Step
 
         step = Step(self.clock, 0.0)
         while self.waiting and len(self.running) < self.max_batch:
@@ -467,7 +467,7 @@ def test_end_to_end_on_tiny_model(tmp_path):
     pytest.importorskip("transformers")
     from tiny_models import tiny_model
 
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     model = tiny_model("llama", vocab=97, sharpen=4.0)
     rng = np.random.default_rng(0)

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from suffixspec.batch import RoundBatch
-from suffixspec.budget import CostModel, RankCalibration
-from suffixspec.fallback import PromptLookupProposer
+from suffixspec.verify.batch import RoundBatch
+from suffixspec.engine.budget import CostModel, RankCalibration
+from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.tree import DraftTree, prune_tree
+from suffixspec.draft.tree import DraftTree, prune_tree
 
 from tiny_models import hf_generate, oracle_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
@@ -199,7 +199,7 @@ def test_rank_calibration_learns_per_rank_ratios():
 
 
 def test_request_draft_factor_scales_the_auto_budget():
-    from suffixspec.budget import REQUEST_PRIOR, REQUEST_PRIOR_RATIO, RequestTrust
+    from suffixspec.engine.budget import REQUEST_PRIOR, REQUEST_PRIOR_RATIO, RequestTrust
 
     lv = RequestTrust()
     assert lv.factor() == REQUEST_PRIOR_RATIO  # nothing drafted yet: the prior
@@ -220,7 +220,7 @@ def test_request_draft_factor_scales_the_auto_budget():
 def test_shadow_follows_committed_tokens_like_verification():
     """An unverified tree followed along tokens committed in pieces matches, node for node, the
     longest accepted path of the whole committed sequence (brute force: `DraftTree.longest_accepted`)."""
-    from suffixspec.budget import Shadow
+    from suffixspec.engine.budget import Shadow
 
     rng = np.random.default_rng(11)
     for _ in range(300):
@@ -311,7 +311,7 @@ def test_failing_drafts_lower_the_request_factor():
 
 def test_prefill_drafts_stay_within_the_ttft_slack():
     """A prompt's pass takes drafts only while they make it at most `prefill_slack` dearer."""
-    from suffixspec.budget import BudgetPolicy
+    from suffixspec.engine.budget import BudgetPolicy
 
     linear = CostModel([1, 1024], [1.0, 1024.0])  # cost proportional to the tokens fed
     sure = DraftTree(np.arange(1, 65), np.arange(64) - 1, np.full(64, 0.99))
@@ -325,7 +325,7 @@ def test_prefill_drafts_stay_within_the_ttft_slack():
 
 
 def test_draft_cadence_thins_out_while_quiet_and_wakes():
-    from suffixspec.budget import DraftCadence
+    from suffixspec.engine.budget import DraftCadence
 
     c = DraftCadence(max_skip=3)
     pattern = []
@@ -363,7 +363,7 @@ def test_draft_cadence_skips_only_as_far_as_drafting_costs(share):
     rounds that keep drafting within max_share of all rounds (brute force over the skip counts), never
     more than the streak and max_skip allow; drafting is never dearer than max_share, or than
     share / (max_skip + 1) where max_skip caps the skips, and cheap drafting never skips."""
-    from suffixspec.budget import DraftCadence
+    from suffixspec.engine.budget import DraftCadence
 
     c = DraftCadence(max_skip=3, max_share=0.004)
     pattern = []
@@ -388,7 +388,7 @@ def test_draft_cadence_skips_only_as_far_as_drafting_costs(share):
 
 
 def test_draft_cadence_share_decays_toward_new_rounds_and_untimed_rounds_skip_freely():
-    from suffixspec.budget import DraftCadence
+    from suffixspec.engine.budget import DraftCadence
 
     c = DraftCadence(max_skip=3, max_share=0.004)
     c.observe(False)
@@ -415,7 +415,7 @@ def _product_limit(seen, x, prior):
 
 
 def test_output_lengths_equal_the_product_limit_estimate():
-    from suffixspec.budget import OutputLengths
+    from suffixspec.engine.budget import OutputLengths
 
     rng = np.random.default_rng(3)
     for trial in range(20):
@@ -441,7 +441,7 @@ def test_output_lengths_equal_the_product_limit_estimate():
 def test_short_answers_draft_no_wider_than_they_repay():
     """Answers that always ended 2 tokens in: a deep chain is cut to the depth the output reaches, and
     with nothing seen the same chain is taken whole."""
-    from suffixspec.budget import BudgetPolicy, OutputLengths
+    from suffixspec.engine.budget import BudgetPolicy, OutputLengths
 
     chain = DraftTree.from_paths([list(range(1, 13))], [0.95])
     chain.scores[:] = 0.95 ** np.arange(1, 13)

@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import suffixspec.cache as cache_mod
+import suffixspec.draft.response_cache as cache_mod
 from suffixspec import IndexFormatError, Proposer, ResponseCache, SuffixAutomaton
 from suffixspec.errors import BadInputTypeError
-from suffixspec.simulate import load_traces, simulate
+from suffixspec.draft.simulate import load_traces, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 

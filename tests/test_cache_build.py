@@ -7,9 +7,9 @@ alone, then merged two by two, each merge rebuilt), after every add, ids include
 import numpy as np
 import pytest
 
-import suffixspec.cache as cache_mod
+import suffixspec.draft.response_cache as cache_mod
 from suffixspec import ResponseCache, SuffixAutomaton
-from suffixspec.automaton import FrozenAutomaton
+from suffixspec.draft.automaton import FrozenAutomaton
 from suffixspec.errors import BadInputError, BadInputTypeError
 
 

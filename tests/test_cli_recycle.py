@@ -10,7 +10,7 @@ import httpx
 import numpy as np
 import pytest
 
-from suffixspec.recycle import RecycleTable
+from suffixspec.draft.recycle import RecycleTable
 
 from test_http_support import ROOT, ServerProcess, make_tiny_model_dir
 

@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.budget import CostModel
+from suffixspec.engine.budget import CostModel
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.options import DecodeOptions
-from suffixspec.tree import DraftTree, subtree
-from suffixspec.verify import uniform_draw
+from suffixspec.engine.options import DecodeOptions
+from suffixspec.draft.tree import DraftTree, subtree
+from suffixspec.verify.kv import uniform_draw
 
 from tiny_models import random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
@@ -120,7 +120,7 @@ def test_samples_of_one_prompt_share_one_prefill_and_equal_their_own_runs():
 
 def test_grammar_prunes_exactly_the_nodes_it_forbids():
     pytest.importorskip("llguidance")
-    from suffixspec.structured import GrammarProcessor, Structure
+    from suffixspec.verify.structured import GrammarProcessor, Structure
     from suffixspec.tokenizer import load_tokenizer
 
     tok = load_tokenizer()

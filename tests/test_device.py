@@ -10,11 +10,11 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import suffixspec.verify as verify
-from suffixspec.batch import RoundBatch
-from suffixspec.tree import DraftTree
-from suffixspec.treemask import ancestor_closure
-from suffixspec.verify import KVState, Sampler, accept
+import suffixspec.verify.kv as verify
+from suffixspec.verify.batch import RoundBatch
+from suffixspec.draft.tree import DraftTree
+from suffixspec.verify.treemask import ancestor_closure
+from suffixspec.verify.kv import KVState, Sampler, accept
 
 from tiny_models import tiny_model
 
@@ -175,7 +175,7 @@ def test_cpu_only_layers_stay_off_other_devices():
 def test_masked_passes_on_cuda_use_a_kernel_that_takes_the_mask():
     """`tree_sdpa` leaves out flash attention (no arbitrary mask); under it a masked attention still
     runs (here on the CPU through the math kernel) and gives the unrestricted result."""
-    from suffixspec.treemask import TREE_SDPA_BACKENDS, tree_sdpa
+    from suffixspec.verify.treemask import TREE_SDPA_BACKENDS, tree_sdpa
 
     assert "FLASH_ATTENTION" not in TREE_SDPA_BACKENDS and "EFFICIENT_ATTENTION" in TREE_SDPA_BACKENDS
     q, k = torch.randn(2, 4, 5, 16), torch.randn(2, 4, 9, 16)

@@ -4,13 +4,13 @@ requests' sessions closed together."""
 
 import pytest
 
-from suffixspec.budget import CostModel
-from suffixspec.cache import ResponseCache
+from suffixspec.engine.budget import CostModel
+from suffixspec.draft.response_cache import ResponseCache
 from suffixspec.errors import BadInputError
-from suffixspec.fallback import PromptLookupProposer
+from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.proposer import Proposer
-from suffixspec.tree import DraftTree
+from suffixspec.draft.proposer import Proposer
+from suffixspec.draft.tree import DraftTree
 
 from tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
@@ -123,8 +123,8 @@ def test_serve_rejects_bad_options():
 
 
 def test_prefill_groups_bound_the_padding():
-    from suffixspec.prefill import prefill_groups
-    from suffixspec.lifecycle import Request
+    from suffixspec.engine.prefill import prefill_groups
+    from suffixspec.engine.lifecycle import Request
 
     lives = [Request(i, i, 8, None, "auto", [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
     assert [[lv.index for lv in g] for g in prefill_groups(lives)] == [[0, 1, 3], [4, 2]]
@@ -146,7 +146,7 @@ def test_time_is_charged_to_proposer_budget_and_verifier_apart():
     """A model whose passes cost 10 units, a proposer whose proposals cost 1 and extensions 0.5, a
     budget policy whose decisions cost 0.25 and whose learning costs 0.125: each statistic holds
     exactly its own part (the automatic budget's time once fell into verifier_s)."""
-    from suffixspec.budget import BudgetPolicy
+    from suffixspec.engine.budget import BudgetPolicy
 
     clock = FakeClock()
     model = tiny_model("llama")
@@ -236,7 +236,7 @@ def test_cancel_frees_the_slot_within_one_step():
 def test_a_failing_request_fails_alone():
     """One request whose logits processor raises in the middle of a shared round: it ends with
     finish reason "error" and its error recorded; the others' outputs equal a run without it."""
-    from suffixspec.options import DecodeOptions
+    from suffixspec.engine.options import DecodeOptions
 
     model = tiny_model("llama")
     prompts = prompts_for()
@@ -279,7 +279,7 @@ def test_add_validates_against_the_model():
 
 def test_per_request_options_equal_their_own_runs():
     """Greedy and seeded-sampling requests in one batch: each equals a run of its own."""
-    from suffixspec.options import DecodeOptions
+    from suffixspec.engine.options import DecodeOptions
 
     model = tiny_model("llama", sharpen=2.0)
     prompts = prompts_for()
@@ -358,8 +358,8 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
     on, every proposal sees the request's whole output so far, every session closes over the whole
     output, and the outputs equal plain decoding. (Drafting is taken to cost more than the cadence's
     share of any round, as it does next to a tiny model's passes.)"""
-    import suffixspec.budget as budget_mod
-    from suffixspec.options import DecodeOptions
+    import suffixspec.engine.budget as budget_mod
+    from suffixspec.engine.options import DecodeOptions
 
     monkeypatch.setattr(budget_mod, "CADENCE_MAX_SHARE", 1e-12)
 
@@ -422,8 +422,8 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
     plain decoding either way."""
     import functools
 
-    from suffixspec.budget import CADENCE_MAX_SHARE
-    from suffixspec.engine import Server
+    from suffixspec.engine.budget import CADENCE_MAX_SHARE
+    from suffixspec.engine.engine import Server
 
     share = 2 * draft_ms / (150 + 2 * draft_ms)  # two rows' proposals in a drafting round
     # cheap: under the cadence's share; dear: at least max_skip (3) times it, where the skips cap
@@ -598,7 +598,7 @@ def test_a_verified_draft_ends_the_quiet_streak():
 
 
 def test_round_budgets_are_bounded_and_their_mean_counts_every_round():
-    from suffixspec.stats import BUDGETS_KEPT, GenerationStats
+    from suffixspec.engine.stats import BUDGETS_KEPT, GenerationStats
 
     stats = GenerationStats(requests=[])
     sizes = [i % 7 for i in range(3 * BUDGETS_KEPT + 5)]
@@ -610,7 +610,7 @@ def test_round_budgets_are_bounded_and_their_mean_counts_every_round():
 
 
 def test_forgetting_rounds_keeps_the_requests_and_zeroes_every_round_counter():
-    from suffixspec.stats import GenerationStats, RequestStats
+    from suffixspec.engine.stats import GenerationStats, RequestStats
 
     kept = RequestStats(prompt_tokens=3, new_tokens=2, rounds=1)
     stats = GenerationStats(requests=[kept], rounds=5, plain_rounds=2, proposer_s=0.1, budget_s=0.2,

@@ -10,12 +10,12 @@ import torch
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor
 
 from suffixspec.errors import BadInputError
-from suffixspec.budget import CostModel
-from suffixspec.fallback import PromptLookupProposer
+from suffixspec.engine.budget import CostModel
+from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.tree import prune_tree
-from suffixspec.tree import DraftTree
-from suffixspec.verify import Sampler
+from suffixspec.draft.tree import prune_tree
+from suffixspec.draft.tree import DraftTree
+from suffixspec.verify.kv import Sampler
 
 from tiny_models import FAMILIES, StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 
@@ -246,7 +246,7 @@ def test_statistics_are_consistent():
 
 
 def test_unsupported_model_falls_back_with_one_warning(monkeypatch):
-    import suffixspec.verify as verify
+    import suffixspec.verify.kv as verify
 
     model = tiny_model("llama")
     prompts = prompts_for()

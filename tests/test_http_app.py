@@ -80,7 +80,7 @@ class FakeServer:
     """Just enough of `engine.Server` for the loop: `step` runs `on_step`."""
 
     def __init__(self, on_step):
-        from suffixspec.stats import GenerationStats, RequestStats
+        from suffixspec.engine.stats import GenerationStats, RequestStats
 
         self.on_step = on_step
         self.stats = GenerationStats(requests=[])
@@ -115,7 +115,7 @@ class FakeServer:
 
 def _request():
     from suffixspec.http.protocol import GenerationRequest, PromptInput
-    from suffixspec.options import DecodeOptions
+    from suffixspec.engine.options import DecodeOptions
 
     return GenerationRequest("completion", "m", [PromptInput([1, 2], None)], 4, DecodeOptions(max_new_tokens=4))
 

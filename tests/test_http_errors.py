@@ -12,7 +12,7 @@ import pytest
 
 def test_check_helpers_and_options_name_the_parameter():
     from suffixspec.errors import BadInputError, BadInputTypeError
-    from suffixspec.options import DecodeOptions, check_int
+    from suffixspec.engine.options import DecodeOptions, check_int
 
     for call, param in [(lambda: check_int(-1, "top_k", low=0), "top_k"),
                         (lambda: check_int("3", "seed"), "seed"),
@@ -46,7 +46,7 @@ class RefusingServer:
     """Just enough of `engine.Server` for the engine loop: `add` refuses with `error`."""
 
     def __init__(self, error):
-        from suffixspec.stats import GenerationStats
+        from suffixspec.engine.stats import GenerationStats
 
         self.error = error
         self.stats = GenerationStats(requests=[])
@@ -124,8 +124,8 @@ def test_library_refusals_name_their_param():
     """Refusals outside the HTTP layer carry `param` too: a server's prompt and prediction, a proposer
     knob, the vLLM adapter's options."""
     from suffixspec.errors import BadInputError, BadInputTypeError
-    from suffixspec.proposer import Proposer
-    from suffixspec.proposer_config import ProposerConfig
+    from suffixspec.draft.proposer import Proposer
+    from suffixspec.draft.config import ProposerConfig
     from suffixspec.tokenids import as_tokens
 
     for bad, param in [(None, "prompt"), ([1.5], "prompt"), ([-1], "prompt"), ([[1]], "prompt")]:

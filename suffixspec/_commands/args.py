@@ -72,7 +72,7 @@ def check_threads(threads) -> None:
 
 def recycle_default(flag: bool | None) -> bool:
     """`--recycle` / `--no-recycle`, or the default when neither was given."""
-    from ..options import RECYCLE_DEFAULT
+    from ..engine.options import RECYCLE_DEFAULT
 
     return RECYCLE_DEFAULT if flag is None else bool(flag)
 
@@ -85,7 +85,7 @@ def open_recycle_table(gen, path, log) -> None:
     from pathlib import Path
 
     from ..errors import IndexFormatError
-    from ..recycle import RecycleTable, model_identity
+    from ..draft.recycle import RecycleTable, model_identity
 
     if not Path(path).exists():
         log.info("recycle table %s: none yet, starting empty (written at shutdown)", path)

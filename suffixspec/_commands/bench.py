@@ -139,7 +139,7 @@ class LocalTarget:
         plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
         from .. import bench
         from ..models import load_model
-        from ..proposer import Proposer
+        from ..draft.proposer import Proposer
 
         self.allocator = bench.keep_freed_memory()  # before the model's memory is allocated
         self.args, self.filters = args, filters

@@ -33,7 +33,7 @@ def _generate(max_new_tokens: int, plan) -> dict:
 
     from ..generate import SpeculativeGenerator
     from ..models import load_model
-    from ..proposer import Proposer
+    from ..draft.proposer import Proposer
 
     with resources.as_file(resources.files("suffixspec.corpora") / "copy_edit_prompts.jsonl") as path:
         with open(path, encoding="utf-8") as f:
@@ -70,9 +70,9 @@ def run(args) -> int:
     plan = None if args.no_generate else ThreadPlan.start(args.threads)  # before torch is imported
     import numpy as np
 
-    from ..automaton import SuffixAutomaton
-    from ..proposer import Proposer
-    from ..simulate import load_traces, simulate
+    from ..draft.automaton import SuffixAutomaton
+    from ..draft.proposer import Proposer
+    from ..draft.simulate import load_traces, simulate
     from ..tokenizer import load_tokenizer
 
     tok = load_tokenizer(None)

@@ -9,7 +9,7 @@ import sys
 import time
 
 from ..errors import BadInputError
-from ..options import DecodeOptions
+from ..engine.options import DecodeOptions
 from ..textinput import read_utf8
 from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
 
@@ -71,7 +71,7 @@ def run(args) -> int:
 
     from ..generate import SpeculativeGenerator
     from ..models import load_model
-    from ..proposer import Proposer
+    from ..draft.proposer import Proposer
 
     model, tokenizer = load_model(args.model)
     print(f"suffixspec generate: {plan.finish().describe()}", file=sys.stderr)

@@ -27,7 +27,7 @@ import time
 
 from ..errors import BadInputError
 from ..http.limits import Limits
-from ..prefill import DEFAULT_MAX_STEP_TOKENS
+from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from .args import open_corpora, open_recycle_table, parse_budget, recycle_default, save_recycle_table
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
@@ -196,8 +196,8 @@ def _load(args, budget, template, state, log, plan):
     from ..http.fim import fim_tokens
     from ..http.protocol import ModelContext
     from ..models import load_model
-    from ..options import DecodeOptions
-    from ..proposer import Proposer
+    from ..engine.options import DecodeOptions
+    from ..draft.proposer import Proposer
 
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)
@@ -240,7 +240,7 @@ def _warm_up(server, tokenizer, proposer) -> None:
     """Before the first client's request: every kernel a round can reach compiles or loads
     (`warm_kernels`, on a scratch proposer over the same corpora), then one short request runs the
     model's first passes and its output's cache upkeep. Its statistics are forgotten."""
-    from ..warmup import warm_kernels
+    from ..engine.warmup import warm_kernels
 
     seconds = warm_kernels(proposer.corpora or None)
     logging.getLogger("suffixspec.serve").info("kernels ready in %.1f s", seconds)

@@ -23,8 +23,8 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    from ..proposer import Proposer
-    from ..simulate import load_traces, simulate
+    from ..draft.proposer import Proposer
+    from ..draft.simulate import load_traces, simulate
 
     if args.budget < 1:
         raise BadInputError(f"--budget: expected an integer >= 1, got {args.budget}")

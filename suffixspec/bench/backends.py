@@ -142,7 +142,7 @@ class PromptLookupBackend:
         import torch
         from transformers.generation.streamers import BaseStreamer
 
-        from ..stats import GenerationResult, GenerationStats, RequestStats, peak_memory
+        from ..engine.stats import GenerationResult, GenerationStats, RequestStats, peak_memory
 
         if len(prompts) != 1:
             raise BadInputError("prompt_lookup runs at batch size 1 only")
@@ -193,7 +193,7 @@ class OneAtATime:
 
     def __init__(self, generate_one: Callable[[list[int], int, int], Any], max_new_tokens: int,
                  clock: Callable[[], float] = time.perf_counter):
-        from ..stats import GenerationStats
+        from ..engine.stats import GenerationStats
 
         self._generate_one, self.max_new = generate_one, int(max_new_tokens)
         self._clock, self._t0 = clock, clock()
@@ -209,7 +209,7 @@ class OneAtATime:
         return not self._waiting
 
     def add(self, prompt, *, max_new_tokens=None, key=None, **_ignored) -> int:
-        from ..stats import RequestStats
+        from ..engine.stats import RequestStats
 
         q = len(self.outputs)
         limit = self.max_new if max_new_tokens is None else min(self.max_new, int(max_new_tokens))
@@ -219,7 +219,7 @@ class OneAtATime:
         return q
 
     def step(self):
-        from ..engine import Event, Step
+        from ..engine.engine import Event, Step
 
         q, prompt, limit, key = self._waiting.pop(0)
         start = self.now()
@@ -239,7 +239,7 @@ class OneAtATime:
         self._waiting = []
 
     def result(self):
-        from ..stats import GenerationResult
+        from ..engine.stats import GenerationResult
 
         self.stats.e2e_s = self.now()
         return GenerationResult([list(o) for o in self.outputs], self.stats)

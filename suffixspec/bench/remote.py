@@ -251,7 +251,7 @@ class HTTPEngine:
     def step(self):
         """Admit waiting requests up to `max_batch` open streams, then return the chunks that arrived
         (waiting at most `poll_s` for the first): one `Event` per chunk carrying text, one at the end."""
-        from ..engine import Event, Step
+        from ..engine.engine import Event, Step
 
         start = self.now()
         admitted = []
@@ -370,7 +370,7 @@ class HTTPEngine:
 
     def result(self):
         """Texts and per-request statistics (`suffixspec.stats`) of every request added."""
-        from ..stats import GenerationResult, GenerationStats, RequestStats
+        from ..engine.stats import GenerationResult, GenerationStats, RequestStats
 
         stats = GenerationStats(requests=[])
         for s in self._streams:

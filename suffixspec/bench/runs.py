@@ -23,8 +23,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..proposer import Proposer
-from ..warmup import warm_kernels
+from ..draft.proposer import Proposer
+from ..engine.warmup import warm_kernels
 from .backends import reserve_memory
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .workloads import Workload

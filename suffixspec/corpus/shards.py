@@ -20,7 +20,7 @@ import numpy as np
 from .._kernels import corpus as ck
 from .._kernels import frozen as fk
 from ..tokenids import as_tokens
-from ..automaton import SuffixAutomaton
+from ..draft.automaton import SuffixAutomaton
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
 from .documents import Document

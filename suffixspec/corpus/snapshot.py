@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..automaton import FrozenAutomaton
+from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
 from .format import DELETED_DTYPES, KIND_DELETED, KIND_MANIFEST, KIND_SHARD, MANIFEST, SHARD_DTYPES, Container, \
     MissingFileError

@@ -23,7 +23,7 @@ from typing import Any, AsyncIterator
 
 from starlette.responses import JSONResponse, Response
 
-from ..prediction import prediction_counts
+from ..draft.prediction import prediction_counts
 from . import protocol
 from .choices import ChoiceText, chat_logprobs, completion_logprobs, merge_stats
 from .engine_loop import Final, Handle, Tokens

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..logprobs import TokenLogprob
+from ..verify.logprobs import TokenLogprob
 from .protocol import PromptInput
 from .text import TextAssembler
 

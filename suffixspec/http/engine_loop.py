@@ -42,7 +42,7 @@ import time
 from dataclasses import dataclass, field, fields
 from typing import AsyncIterator
 
-from ..engine import Event
+from ..engine.engine import Event
 from ..errors import BadInputError, BadInputTypeError
 from .protocol import APIError, GenerationRequest
 

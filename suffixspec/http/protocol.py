@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import BadInputError, BadInputTypeError
-from ..options import DecodeOptions
+from ..engine.options import DecodeOptions
 from . import fim
 from .fields import APIError, bad, fits, text_content
 
@@ -385,7 +385,7 @@ def _structure(body: dict, ctx: ModelContext):
     if not isinstance(fmt, dict) or not isinstance(fmt.get("type"), str):
         raise bad('response_format: expected {"type": "text" | "json_object" | "json_schema", ...}',
                   "response_format", "invalid_type")
-    from ..structured import Structure
+    from ..verify.structured import Structure
 
     kind = fmt["type"]
     if kind == "text":
@@ -511,7 +511,7 @@ def parse_request(body, kind: str, ctx: ModelContext) -> GenerationRequest:
     if tools is not None and tools.forced:
         if options.structure is not None:
             raise bad("response_format: cannot be combined with a forced tool call (tool_choice)", "response_format")
-        from ..structured import Structure
+        from ..verify.structured import Structure
 
         options = options.replace(structure=Structure.from_lark(tools.grammar()))
     return GenerationRequest(kind, model, prompts, max_tokens, options, stream, include_usage, stops,

@@ -42,8 +42,8 @@ import time
 import numpy as np
 
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
-from ..proposer_config import KNOBS, ProposerConfig
-from ..warmup import warm_kernels
+from ..draft.config import KNOBS, ProposerConfig
+from ..engine.warmup import warm_kernels
 from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
 from .vllm_options import VllmSetup
 

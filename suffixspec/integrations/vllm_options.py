@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import BadInputError, BadInputTypeError
-from ..proposer_config import KNOBS
+from ..draft.config import KNOBS
 
 
 @dataclass(frozen=True)

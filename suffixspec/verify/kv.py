@@ -54,9 +54,9 @@ import numpy as np
 import torch
 
 from .batch import RoundBatch
-from .errors import InternalError
+from ..errors import InternalError
 from .logprobs import of_rows
-from .tree import DraftTree
+from ..draft.tree import DraftTree
 from .treemask import ancestor_closure, tree_sdpa
 
 __all__ = [

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .errors import BadInputError, BadInputTypeError
+from ..errors import BadInputError, BadInputTypeError
 
 __all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS", "RECYCLE_DEFAULT"]
 
@@ -157,8 +157,8 @@ class DecodeOptions:
     def resolve(self, model, tokenizer=None, prompt_len: int = 0) -> Decoding:
         """The sampler, EOS set and stop matchers of these options for `model` (and `tokenizer`,
         needed for string stop sequences and structured output) and a prompt of `prompt_len` tokens."""
-        from .processors import MinTokens, OutputPenalties
-        from .verify import Sampler
+        from ..verify.processors import MinTokens, OutputPenalties
+        from ..verify.kv import Sampler
 
         eos = _eos_set(self.eos_token_id, model)
         ends = eos | frozenset(int(t) for t in self.stop_token_ids)
@@ -170,7 +170,7 @@ class DecodeOptions:
             processors.append(MinTokens(prompt_len, self.min_tokens, ends))
         grammar = None
         if self.structure is not None:
-            from .structured import GrammarProcessor
+            from ..verify.structured import GrammarProcessor
 
             if tokenizer is None:
                 raise BadInputError("structure: structured output needs a tokenizer", param="structure")

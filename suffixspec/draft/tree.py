@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels.sizing import prune_keep
-from .errors import BadInputError
-from .tokenids import as_tokens
+from .._kernels.sizing import prune_keep
+from ..errors import BadInputError
+from ..tokenids import as_tokens
 
 
 class DraftTree:

@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
-from .batch import RoundBatch
+from ..verify.batch import RoundBatch
 from .budget import BudgetPolicy, CostModel
-from .cache import THAW_MIN_TOKENS, ResponseCache
-from .proposer import Proposer
-from .proposer_config import ProposerConfig
-from .tree import DraftTree, prune_tree
+from ..draft.response_cache import THAW_MIN_TOKENS, ResponseCache
+from ..draft.proposer import Proposer
+from ..draft.config import ProposerConfig
+from ..draft.tree import DraftTree, prune_tree
 
 __all__ = ["warm_kernels"]
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .lifecycle import Request
-from .tree import DraftTree
+from ..draft.tree import DraftTree
 
 __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups", "sample_families"]
 

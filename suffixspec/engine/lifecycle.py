@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import RequestTrust
-from .errors import InternalError
-from .prediction import Prediction
+from ..errors import InternalError
+from ..draft.prediction import Prediction
 from .stats import RequestStats
 
 __all__ = ["Stage", "SessionState", "Request", "PendingClose", "Event"]

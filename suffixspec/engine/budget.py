@@ -24,10 +24,10 @@ from collections import deque
 
 import numpy as np
 
-from .fileio import atomic_write_json, cache_dir
-from ._kernels import sizing as sk
-from .batch import RoundBatch
-from .tree import DraftTree, prune_tree
+from ..fileio import atomic_write_json, cache_dir
+from .._kernels import sizing as sk
+from ..verify.batch import RoundBatch
+from ..draft.tree import DraftTree, prune_tree
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
            "tail_weights",
@@ -169,7 +169,7 @@ class CostModel:
         keeps its first token, so the context grows by two tokens per size and repeat)."""
         import torch
 
-        from .verify import KVState
+        from ..verify.kv import KVState
 
         vocab = int(model.get_input_embeddings().weight.shape[0])
         rng = np.random.default_rng(0)

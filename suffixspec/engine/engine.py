@@ -51,18 +51,18 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .batch import RoundBatch
+from ..verify.batch import RoundBatch
 from .budget import DraftCadence, tail_weights
-from .errors import BadInputError
+from ..errors import BadInputError
 from .fallback import serve_plain
 from .lifecycle import Event, PendingClose, Request, SessionState, Stage
 from .options import DecodeOptions, check_int
-from .prediction import Prediction, prediction_counts, with_path
-from .recycle import harvest_round
+from ..draft.prediction import Prediction, prediction_counts, with_path
+from ..draft.recycle import harvest_round
 from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
 from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
-from .structured import escaped_view
-from .tree import DraftTree, prune_tree
+from ..verify.structured import escaped_view
+from ..draft.tree import DraftTree, prune_tree
 
 __all__ = ["Server", "Event", "Step"]
 
@@ -131,7 +131,7 @@ class Server:
                  stream: Callable[[int, list[int]], Any] | None = None, filter=None,
                  max_step_tokens: int | None = None, clock: Callable[[], float] = time.perf_counter,
                  **option_fields):
-        from .verify import KVState
+        from ..verify.kv import KVState
 
         if options is None:
             options = DecodeOptions(**option_fields)
@@ -272,7 +272,7 @@ class Server:
         """The log probability of each prompt token after the ones before it, with `top` alternatives
         (`logprobs.score_prompt`; the first entry is None): one pass over the prompt, on the verifier's
         time."""
-        from .logprobs import score_prompt
+        from ..verify.logprobs import score_prompt
 
         t = self._clock()
         try:
@@ -570,7 +570,7 @@ class Server:
 
     def _verify(self, state, rows: list[RowRound], batch: RoundBatch) -> None:
         """One forward pass over every row's pending tokens and tree; acceptance; cache commit."""
-        from .verify import accept
+        from ..verify.kv import accept
 
         t_pass = self._clock()
         logits, root = state.forward(batch.pending, batch.trees)

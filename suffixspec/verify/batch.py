@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import BadInputError
-from .tree import DraftTree
+from ..errors import BadInputError
+from ..draft.tree import DraftTree
 
 __all__ = ["RoundBatch"]
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import draft as dk
-from ._kernels import frozen as fk
-from ._kernels import learn as lk
+from .._kernels import draft as dk
+from .._kernels import frozen as fk
+from .._kernels import learn as lk
 from .automaton import FrozenAutomaton, SuffixAutomaton
-from .errors import BadInputError
+from ..errors import BadInputError
 
 __all__ = ["RestrictedSource", "Sources", "corpus_sources"]
 

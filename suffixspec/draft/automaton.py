@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ._kernels import build as bk
-from ._kernels import frozen as fk
-from ._kernels import lct as lk
-from ._kernels import sam as sk
-from ._kernels import walk as wk
-from .tokenids import as_tokens
-from .errors import BadInputError, BadInputTypeError, IndexFormatError
+from .._kernels import build as bk
+from .._kernels import frozen as fk
+from .._kernels import lct as lk
+from .._kernels import sam as sk
+from .._kernels import walk as wk
+from ..tokenids import as_tokens
+from ..errors import BadInputError, BadInputTypeError, IndexFormatError
 
 MODE_SETTLED = 2  # true counts in S, no link-cut tree yet (Python-side mode only)
 

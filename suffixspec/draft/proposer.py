@@ -55,17 +55,17 @@ import threading
 import numba
 import numpy as np
 
-from ._kernels import draft as dk
-from ._kernels import frozen as fk
-from ._kernels import learn as lk
-from ._kernels import propose as pk
-from ._kernels import sam as sk
-from ._kernels.address import address
-from .tokenids import as_tokens
+from .._kernels import draft as dk
+from .._kernels import frozen as fk
+from .._kernels import learn as lk
+from .._kernels import propose as pk
+from .._kernels import sam as sk
+from .._kernels.address import address
+from ..tokenids import as_tokens
 from .automaton import FrozenAutomaton, SuffixAutomaton
-from .cache import ResponseCache
-from .errors import BadInputError, BadInputTypeError, InternalError
-from .proposer_config import ProposerConfig
+from .response_cache import ResponseCache
+from ..errors import BadInputError, BadInputTypeError, InternalError
+from .config import ProposerConfig
 from .sources import RestrictedSource, Sources, corpus_sources
 from .tree import DraftTree
 from .upkeep import CacheUpkeep

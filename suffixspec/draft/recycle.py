@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ._kernels import recycle as rk
-from .errors import BadInputError, IndexFormatError
-from .fileio import atomic_write_bytes, read_regular
+from .._kernels import recycle as rk
+from ..errors import BadInputError, IndexFormatError
+from ..fileio import atomic_write_bytes, read_regular
 from .tree import DraftTree
 
 __all__ = ["RecycleTable", "RecycledDraft", "DEFAULT_K"]

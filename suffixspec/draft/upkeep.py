@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from typing import Callable
 
-from .tokenids import as_tokens
+from ..tokenids import as_tokens
 
 __all__ = ["CacheUpkeep"]
 
