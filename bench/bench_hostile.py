@@ -3,7 +3,7 @@ client keeps asking: per case the status it got (against the one expected), how 
 (against the case's limit), and the well-behaved client's latency meanwhile; the server's resident
 memory (VmRSS) before and after the suite (target: within 10%).
 
-The cases are those of `tests/test_http_hostile.py` (whose socket helpers this reuses), each bounded:
+The cases are those of `tests/test_http_hostile.py` (whose socket helpers, `tests/support/sockets.py`, this reuses), each bounded:
 a declared body over the limit, an oversized body sent anyway, a chunked body cut at the limit, a
 100,000-deep nested JSON, a lone surrogate, Latin-1 bytes, a non-JSON content type, 10,000 stop
 strings, a 100,000-entry logit_bias, a prompt at the context limit and one over it, max_tokens at
@@ -220,16 +220,13 @@ def main() -> None:
     ap.add_argument("--slack", type=float, default=6.0, help="seconds a deadline may be exceeded by (default 6)")
     common.add_record_flag(ap)
     args = ap.parse_args()
-    sys.path.insert(0, str(TESTS))
-    import test_http_hostile as h  # the tests' socket helpers
+    h = common.load_test_support("sockets")  # the hostile-client tests' raw-socket helpers
     from suffixspec.http.protocol import MAX_N
 
     with tempfile.TemporaryDirectory(prefix="suffixspec-hostile-") as tmp:
         root = Path(tmp)
         if args.model is None:
-            from test_http_support import make_tiny_model_dir
-
-            model_dir = str(make_tiny_model_dir(root / "tiny"))
+            model_dir = str(common.load_test_support("http").make_tiny_model_dir(root / "tiny"))
         else:
             model_dir = None if args.model == "default" else args.model
         extra = ["--max-new-tokens-limit", str(args.max_tokens_limit), "--max-body-bytes", str(args.max_body_bytes),

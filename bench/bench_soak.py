@@ -17,7 +17,7 @@ last (``--record``: ``bench/results/soak.jsonl``).
     python bench/bench_soak.py                      # 5,000 requests at concurrency 32, the tests' tiny model
     python bench/bench_soak.py --model DIR --requests 1000
 
-The default model is the HTTP tests' tiny random Qwen2 (`tests/test_http_support.make_tiny_model_dir`),
+The default model is the HTTP tests' tiny random Qwen2 (`tests/support/http.make_tiny_model_dir`),
 built in a temporary folder: the soak tests the server, not a model's speed.
 """
 
@@ -203,33 +203,13 @@ def soak(url: str, pid: int, model: str, n: int = 5000, concurrency: int = 32, w
 
 
 def start_server(model_dir: Path, log: Path, max_batch: int) -> tuple[subprocess.Popen, str]:
-    port = common.free_port()
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--model",
-                             str(model_dir), "--max-batch", str(max_batch)], stdout=subprocess.DEVNULL,
-                            stderr=open(log, "wb"), env=env)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}): {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("the server was not healthy within 600 s")
+    return common.spawn_server(model_dir, max_batch, log, env=env)
 
 
 def tiny_model_dir(root: Path) -> Path:
-    sys.path.insert(0, str(TESTS))  # the HTTP tests' tiny model
-    from test_http_support import make_tiny_model_dir
-
-    return make_tiny_model_dir(root / "tiny")
+    """The HTTP tests' tiny model."""
+    return common.load_test_support("http").make_tiny_model_dir(root / "tiny")
 
 
 def main() -> None:

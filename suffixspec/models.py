@@ -39,7 +39,7 @@ from pathlib import Path
 
 from .attention import use_grouped_sdpa
 from .errors import BadInputError
-from .fileio import cache_dir
+from .fileio import cache_entry
 from .tokenizer import DEFAULT_SPECS, default_gguf_path, gguf_model_name, load_tokenizer
 
 __all__ = ["load_model", "default_model_dir", "prepare_model", "prepack_linear_layers"]
@@ -178,7 +178,7 @@ def _packed_linear_class():
 def default_model_dir(gguf: str | os.PathLike | None = None) -> Path:
     """The cached converted copy of ``gguf`` (default: the shipped GGUF), converting it if needed."""
     gguf = Path(gguf) if gguf is not None else default_gguf_path()
-    entry = _cache_entry(gguf)
+    entry = cache_entry("models", gguf, gguf_model_name(gguf), MODEL_CONVERSION_VERSION)
     if _complete(entry):
         return entry
     log.warning("converting %s to a transformers model (one time, ~40 s; cached in %s)", gguf.name, entry)
@@ -211,14 +211,6 @@ def default_model_dir(gguf: str | os.PathLike | None = None) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return entry
-
-
-def _cache_entry(gguf: Path) -> Path:
-    stat = gguf.stat()
-    identity = f"{MODEL_CONVERSION_VERSION}\0{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    safe_name = re.sub(r"[^\w.-]", "_", gguf_model_name(gguf))
-    return cache_dir() / "models" / f"{safe_name}-{key}"
 
 
 def _complete(entry: Path) -> bool:

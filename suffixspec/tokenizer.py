@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from .errors import BadInputError, TokenizerError
-from .fileio import CACHE_ENV, cache_dir  # noqa: F401  (cache_dir is part of this module's public names)
+from .fileio import CACHE_ENV, atomic_write_bytes, cache_dir, cache_entry  # noqa: F401  (cache_dir is part of this module's public names)
 
 if TYPE_CHECKING:
     import tokenizers
@@ -184,27 +184,20 @@ def _eos_from_config(directory: Path, backend: tokenizers.Tokenizer) -> int | No
 
 
 def _load_gguf(path: Path) -> Tokenizer:
-    entry = _cache_entry(path)
+    entry = cache_entry("tokenizers", path, gguf_model_name(path), CONVERSION_VERSION)
     cached = _load_cached(entry)
     if cached is not None:
         return cached
     log.info("converting the tokenizer of %s (one time; cached in %s)", path, entry)
     backend, meta = _convert_gguf(path)
     try:
-        _write_atomic(entry / "tokenizer.json", backend.to_str().encode())
+        entry.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(entry / "tokenizer.json", backend.to_str().encode())
         # Written last: an entry counts as complete only once its metadata exists.
-        _write_atomic(entry / META_FILE, json.dumps(meta, indent=1).encode())
+        atomic_write_bytes(entry / META_FILE, json.dumps(meta, indent=1).encode())
     except OSError as exc:
         log.warning("could not cache the converted tokenizer in %s: %s", entry, exc)
     return Tokenizer(backend, meta["name"], meta["eos_token_id"])
-
-
-def _cache_entry(gguf: Path) -> Path:
-    stat = gguf.stat()
-    identity = f"{CONVERSION_VERSION}\0{gguf.resolve()}\0{stat.st_size}\0{stat.st_mtime_ns}"
-    key = hashlib.sha256(identity.encode()).hexdigest()[:16]
-    safe_name = re.sub(r"[^\w.-]", "_", gguf_model_name(gguf))
-    return cache_dir() / "tokenizers" / f"{safe_name}-{key}"
 
 
 def _load_cached(entry: Path) -> Tokenizer | None:
@@ -415,17 +408,3 @@ def _read_json(path: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return value if isinstance(value, dict) else {}
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -46,7 +46,7 @@ def real_streams():
 def family(request):
     """A tiny random model of each family with four prompts and their plain greedy references."""
     from test_generate import NEW, prompts_for
-    from tiny_models import hf_generate, tiny_model
+    from support.tiny_models import hf_generate, tiny_model
 
     model = tiny_model(request.param)
     prompts = prompts_for()

@@ -6,7 +6,7 @@ import random
 import numpy as np
 import pytest
 
-import naive
+from support import naive
 from suffixspec import BadInputError, BadInputTypeError, FrozenAutomaton, SuffixAutomaton
 from suffixspec.errors import InternalError
 

@@ -465,7 +465,7 @@ def test_cli_errors_are_messages(capsys):
 
 def test_end_to_end_on_tiny_model(tmp_path):
     pytest.importorskip("transformers")
-    from tiny_models import tiny_model
+    from support.tiny_models import tiny_model
 
     from suffixspec.draft.proposer import Proposer
 

@@ -199,7 +199,7 @@ def test_bench_cli_in_process_runs_the_modes_together_or_back_to_back(tmp_path, 
     import json
 
     pytest.importorskip("transformers")
-    from test_http_support import make_tiny_model_dir
+    from support.http import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path / "tiny", fim=False)
     prompts = [f"def g{i}(a, b):\n    return a * {i} + b\n\ndef g{i}(a, b):\n    return a" for i in range(3)]

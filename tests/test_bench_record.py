@@ -85,7 +85,7 @@ def test_suffixspec_bench_record(tmp_path):
     import pytest
 
     pytest.importorskip("transformers")
-    from test_http_support import make_tiny_model_dir
+    from support.http import make_tiny_model_dir
 
     model_dir = make_tiny_model_dir(tmp_path / "tiny", fim=False)
     workload = tmp_path / "w.jsonl"

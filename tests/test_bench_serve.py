@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from test_http_support import ServerProcess, make_tiny_model_dir
+from support.http import ServerProcess, make_tiny_model_dir
 
 KEY = "bench-key"
 PROMPTS = [f"def g{i}(a, b):\n    return a * {i} + b\n\ndef g{i}(a, b):\n    return a" for i in range(2)]
@@ -13,7 +13,7 @@ PROMPTS = [f"def g{i}(a, b):\n    return a * {i} + b\n\ndef g{i}(a, b):\n    ret
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("bench_serve")
     model_dir = make_tiny_model_dir(root / "tiny", fim=False)

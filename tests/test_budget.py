@@ -9,7 +9,7 @@ from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
 from suffixspec.draft.tree import DraftTree, prune_tree
 
-from tiny_models import hf_generate, oracle_proposer, tiny_model
+from support.tiny_models import hf_generate, oracle_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
 
 

@@ -177,7 +177,7 @@ def test_shipped_sample_corpora_index_and_filter(tmp_path, capsys):
 
 def test_delete_by_id_and_filter_then_merge(tmp_path, capsys, small_tokenizer):
     """Queries after `suffixspec delete` equal brute force over the remaining documents."""
-    import naive
+    from support import naive
 
     rows = ROWS + [{"id": f"gen/{i}.py", "text": f"def f{i % 3}(x):\n    return x + {i % 2}\n", "tags": {"repo": "gen", "half": str(i % 2)}}
                    for i in range(8)]

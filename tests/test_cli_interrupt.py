@@ -8,23 +8,13 @@ thread takes while the worker pool forks, a parent killed outright (its workers 
 rebuild's fresh temporary folder, shards moved into the index but not yet named, a shard's rename, a
 signal handled inside a Cython module's initialisation."""
 
-import importlib.util
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parent.parent / "bench"
+from support.harness import load_bench_script
 
 
 def load_harness():
-    import sys
-
-    sys.path.insert(0, str(BENCH))  # the harness imports its sibling `common`
-    try:
-        spec = importlib.util.spec_from_file_location("bench_interrupts", BENCH / "bench_interrupts.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_bench_script("bench_interrupts")
 
 
 def test_interrupted_writers_stop_cleanly(tmp_path):

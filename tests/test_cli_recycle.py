@@ -12,7 +12,7 @@ import pytest
 
 from suffixspec.draft.recycle import RecycleTable
 
-from test_http_support import ROOT, ServerProcess, make_tiny_model_dir
+from support.http import ROOT, ServerProcess, make_tiny_model_dir
 
 
 def cli(*args, timeout=120):

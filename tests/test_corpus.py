@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from pyroaring import BitMap
 
-import naive
+from support import naive
 from suffixspec import SuffixAutomaton
 from suffixspec.corpus import (
     CorpusIndex,

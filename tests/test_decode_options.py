@@ -14,7 +14,7 @@ from suffixspec.engine.options import DecodeOptions
 from suffixspec.draft.tree import DraftTree, subtree
 from suffixspec.verify.kv import uniform_draw
 
-from tiny_models import random_tree_proposer, tiny_model
+from support.tiny_models import random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
 
 EOS = 3

@@ -16,7 +16,7 @@ from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.treemask import ancestor_closure
 from suffixspec.verify.kv import KVState, Sampler, accept
 
-from tiny_models import tiny_model
+from support.tiny_models import tiny_model
 
 READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
 

@@ -11,7 +11,7 @@ import random
 
 import pytest
 
-import naive
+from support import naive
 from suffixspec import Proposer, SuffixAutomaton
 from suffixspec._kernels import draft as dk
 from suffixspec._kernels import sam as sk

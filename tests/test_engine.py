@@ -12,7 +12,7 @@ from suffixspec.generate import SpeculativeGenerator
 from suffixspec.draft.proposer import Proposer
 from suffixspec.draft.tree import DraftTree
 
-from tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
+from support.tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for
 
 

@@ -17,7 +17,7 @@ from suffixspec.draft.tree import prune_tree
 from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.kv import Sampler
 
-from tiny_models import FAMILIES, StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
+from support.tiny_models import FAMILIES, StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 
 VOCAB = 97
 LENGTHS = (5, 17, 1, 9)
@@ -104,7 +104,7 @@ def exact_first_tokens(model, prompt, depth, sampler):
 
 def static_tree_proposer(paths):
     tree = DraftTree.from_paths(paths, scores=np.linspace(0.9, 0.5, len(paths)))
-    from tiny_models import _sorted
+    from support.tiny_models import _sorted
 
     tree = _sorted(tree)
     return StandInProposer(lambda session, budget: prune_tree(tree, budget, budget))

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from test_http_support import make_tiny_model_dir
+from support.http import make_tiny_model_dir
 
 
 class Boom:
@@ -21,7 +21,7 @@ class Boom:
 
 @pytest.fixture(scope="module")
 def app_state(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread)
+    from support import tiny_models  # noqa: F401  (one torch thread)
 
     from suffixspec import SpeculativeGenerator, load_model
     from suffixspec.http.app import AppState

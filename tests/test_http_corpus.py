@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_http_support import ROOT, ServerProcess, make_tiny_model_dir
+from support.http import ROOT, ServerProcess, make_tiny_model_dir
 
 
 def cli(*args):

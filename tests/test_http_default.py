@@ -10,14 +10,14 @@ import openai
 import pytest
 import torch
 
-from test_http_support import ServerProcess
+from support.http import ServerProcess
 
 MAX_NEW = 48
 
 
 @pytest.fixture(scope="module")
 def default(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     from suffixspec import SpeculativeGenerator, load_model
 

@@ -10,7 +10,7 @@ import signal
 
 import httpx
 
-from test_http_support import ServerProcess, make_tiny_model_dir
+from support.http import ServerProcess, make_tiny_model_dir
 
 PROMPT = "def g(a):\n    return a + 1\n"
 
@@ -34,7 +34,7 @@ async def read_stream(response) -> list:
 
 
 def test_the_end_of_the_grace_period_tells_every_client(tmp_path):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     server = ServerProcess(["--model", str(make_tiny_model_dir(tmp_path / "tiny")), "--max-batch", "1",
                             "--grace-period", "0"], tmp_path / "server.log")

@@ -14,7 +14,8 @@ import time
 import httpx
 import pytest
 
-from test_http_support import ServerProcess, make_tiny_model_dir
+from support import sockets
+from support.http import ServerProcess, make_tiny_model_dir
 
 LIMIT = 2_000_000
 READ_TIMEOUT = 2.0
@@ -24,7 +25,7 @@ PYTHON_ERRORS = re.compile(r"RecursionError|TypeError|ValueError|UnicodeDecodeEr
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("http_hostile")
     model_dir = make_tiny_model_dir(root / "tiny")
@@ -40,58 +41,6 @@ def server(tmp_path_factory):
     assert "Traceback" not in log and " ERROR " not in log, log
 
 
-def connect(server) -> socket.socket:
-    return socket.create_connection(("127.0.0.1", server.port), timeout=READ_TIMEOUT + SLACK)
-
-
-def read_response(sock) -> tuple[int, dict, bytes]:
-    """One HTTP/1.1 response read off `sock` (Content-Length bodies; the server answers errors so)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError(f"closed before a response head: {data!r}")
-        data += chunk
-    head, _, rest = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in lines[1:])}
-    length = int(headers.get("content-length", 0))
-    while len(rest) < length:
-        chunk = sock.recv(65536)
-        if not chunk:
-            break
-        rest += chunk
-    return int(lines[0].split()[1]), headers, rest[:length]
-
-
-def closed_by_server(sock) -> bool:
-    try:
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except socket.timeout:
-        return False
-
-
-def post_head(length=None, ctype="application/json", chunked=False, path="/v1/completions") -> bytes:
-    lines = [f"POST {path} HTTP/1.1", "Host: 127.0.0.1"]
-    if ctype is not None:
-        lines.append(f"Content-Type: {ctype}")
-    if chunked:
-        lines.append("Transfer-Encoding: chunked")
-    elif length is not None:
-        lines.append(f"Content-Length: {length}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode()
-
-
-def post(server, content: bytes, ctype="application/json", path="/v1/completions") -> httpx.Response:
-    headers = {"Content-Type": ctype} if ctype is not None else {}
-    return httpx.post(server.url + path, content=content, headers=headers, timeout=60)
-
-
 def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dict:
     assert r.status_code == status, (r.status_code, r.text)
     err = r.json()["error"]
@@ -101,9 +50,8 @@ def assert_error(r: httpx.Response, status: int, code: str | None = None) -> dic
     return err
 
 
-def rss_kb(server) -> int:
-    with open(f"/proc/{server.proc.pid}/status") as f:
-        return int(next(line for line in f if line.startswith("VmRSS")).split()[1])
+def connect(server) -> socket.socket:
+    return sockets.connect(server, READ_TIMEOUT + SLACK)
 
 
 def completion(server, prompt="def f(x):\n", max_tokens=8) -> httpx.Response:
@@ -115,16 +63,16 @@ def completion(server, prompt="def f(x):\n", max_tokens=8) -> httpx.Response:
 
 
 def test_a_declared_length_over_the_limit_is_refused_before_the_body(server):
-    rss_before = rss_kb(server)
+    rss_before = sockets.rss_kb(server)
     with connect(server) as sock:
-        sock.sendall(post_head(length=200_000_000))  # the header alone: the server must not wait for the body
-        status, headers, body = read_response(sock)
+        sock.sendall(sockets.post_head(length=200_000_000))  # the header alone: the server must not wait for the body
+        status, headers, body = sockets.read_response(sock)
         assert status == 413 and headers.get("connection") == "close"
         assert json.loads(body)["error"]["code"] == "request_too_large"
-        assert closed_by_server(sock)
+        assert sockets.closed_by_server(sock)
     # a client that sends the body anyway gets its answer and the connection closed, not read to the end
     with connect(server) as sock:
-        sock.sendall(post_head(length=200_000_000))
+        sock.sendall(sockets.post_head(length=200_000_000))
         sent = 0
         try:
             while sent < 50_000_000:
@@ -134,12 +82,12 @@ def test_a_declared_length_over_the_limit_is_refused_before_the_body(server):
             pass
         assert sent < 50_000_000, "the server kept reading an oversized body"
     assert completion(server).status_code == 200
-    assert rss_kb(server) < rss_before * 1.1 + 20_000
+    assert sockets.rss_kb(server) < rss_before * 1.1 + 20_000
 
 
 def test_a_chunked_body_is_cut_at_the_limit(server):
     with connect(server) as sock:
-        sock.sendall(post_head(chunked=True))
+        sock.sendall(sockets.post_head(chunked=True))
         piece = b"[" + b"1," * 32000 + b"1]"
         status = None
         try:
@@ -147,7 +95,7 @@ def test_a_chunked_body_is_cut_at_the_limit(server):
                 sock.sendall(b"%x\r\n%s\r\n" % (len(piece), piece))
         except (BrokenPipeError, ConnectionResetError):
             pass
-        status, headers, body = read_response(sock)
+        status, headers, body = sockets.read_response(sock)
         assert status == 413 and json.loads(body)["error"]["code"] == "request_too_large"
     # under the limit, chunked is fine
     r = httpx.post(server.url + "/v1/completions", headers={"Content-Type": "application/json"},
@@ -157,43 +105,43 @@ def test_a_chunked_body_is_cut_at_the_limit(server):
 
 def test_deep_nesting_lone_surrogates_and_bad_utf8_answer_400(server):
     deep = b'{"model": "tiny", "prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
-    assert_error(post(server, deep), 400, "invalid_json")
+    assert_error(sockets.post(server, deep), 400, "invalid_json")
     nested = {"model": "tiny", "prompt": "x"}
     for _ in range(80):  # legal for Python's parser, deeper than any request
         nested = {"a": nested}
-    assert "nests deeper" in assert_error(post(server, json.dumps(nested).encode()), 400, "invalid_json")["message"]
+    assert "nests deeper" in assert_error(sockets.post(server, json.dumps(nested).encode()), 400, "invalid_json")["message"]
 
-    err = assert_error(post(server, b'{"model": "tiny", "prompt": "ab\\ud800cd", "max_tokens": 4}'), 400, "invalid_text")
+    err = assert_error(sockets.post(server, b'{"model": "tiny", "prompt": "ab\\ud800cd", "max_tokens": 4}'), 400, "invalid_text")
     assert err["param"] == "prompt" and "\\ud800" in err["message"]
     chat = b'{"model": "tiny", "messages": [{"role": "user", "content": "\\udfff"}]}'
-    err = assert_error(post(server, chat, path="/v1/chat/completions"), 400, "invalid_text")
+    err = assert_error(sockets.post(server, chat, path="/v1/chat/completions"), 400, "invalid_text")
     assert err["param"] == "messages[0].content"
-    assert_error(post(server, b'{"model": "tiny", "prompt": "caf\xe9"}'), 400, "invalid_json")  # Latin-1, not UTF-8
-    assert_error(post(server, b'{"model": "tiny", "prompt": '), 400, "invalid_json")
+    assert_error(sockets.post(server, b'{"model": "tiny", "prompt": "caf\xe9"}'), 400, "invalid_json")  # Latin-1, not UTF-8
+    assert_error(sockets.post(server, b'{"model": "tiny", "prompt": '), 400, "invalid_json")
     assert completion(server, "caf\u00e9 \U0001f600\n").status_code == 200  # real non-ASCII text is fine
 
 
 def test_content_types_other_than_json_answer_415(server):
     body = json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 2}).encode()
     for ctype in ("text/plain", "application/x-www-form-urlencoded", "garbage;;\x01", "multipart/form-data"):
-        assert_error(post(server, body, ctype=ctype), 415, "unsupported_media_type")
+        assert_error(sockets.post(server, body, ctype=ctype), 415, "unsupported_media_type")
     for ctype in ("application/json", "application/json; charset=utf-8", "Application/JSON", None):
-        assert post(server, body, ctype=ctype).status_code == 200
+        assert sockets.post(server, body, ctype=ctype).status_code == 200
 
 
 def test_huge_parameters_are_refused_quickly(server):
     stops = {"model": "tiny", "prompt": "x", "max_tokens": 4, "stop": [f"s{i}" for i in range(10_000)]}
-    assert_error(post(server, json.dumps(stops).encode()), 400)
+    assert_error(sockets.post(server, json.dumps(stops).encode()), 400)
     bias = {"model": "tiny", "prompt": "x", "max_tokens": 4, "logit_bias": {str(i): 1 for i in range(100_000)}}
-    assert assert_error(post(server, json.dumps(bias).encode()), 400)["param"] == "logit_bias"
-    assert_error(post(server, json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 65}).encode()), 400)
+    assert assert_error(sockets.post(server, json.dumps(bias).encode()), 400)["param"] == "logit_bias"
+    assert_error(sockets.post(server, json.dumps({"model": "tiny", "prompt": "x", "max_tokens": 65}).encode()), 400)
     assert completion(server, max_tokens=64).status_code == 200
     from suffixspec.http.protocol import MAX_N
 
     at_limit = {"model": "tiny", "prompt": "x", "max_tokens": 64, "n": MAX_N, "temperature": 0}  # both at their limit
-    r = post(server, json.dumps(at_limit).encode())
+    r = sockets.post(server, json.dumps(at_limit).encode())
     assert r.status_code == 200 and len(r.json()["choices"]) == MAX_N, r.text
-    assert assert_error(post(server, json.dumps(dict(at_limit, n=MAX_N + 1)).encode()), 400)["param"] == "n"
+    assert assert_error(sockets.post(server, json.dumps(dict(at_limit, n=MAX_N + 1)).encode()), 400)["param"] == "n"
 
 
 def test_a_prompt_at_the_context_limit(server):
@@ -214,23 +162,23 @@ def test_slow_heads_bodies_and_silent_connections_are_cut_at_the_deadline(server
     def silent():
         with connect(server) as sock:
             t0 = time.monotonic()
-            results["silent"] = closed_by_server(sock), time.monotonic() - t0
+            results["silent"] = sockets.closed_by_server(sock), time.monotonic() - t0
 
     def drip_head():
         with connect(server) as sock:
             t0 = time.monotonic()
             try:
-                for byte in post_head(length=10):
+                for byte in sockets.post_head(length=10):
                     sock.sendall(bytes([byte]))
                     time.sleep(0.25)
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            status = read_response(sock)[0]
+            status = sockets.read_response(sock)[0]
             results["head"] = status, time.monotonic() - t0
 
     def drip_body():
         with connect(server) as sock:
-            sock.sendall(post_head(length=1000))
+            sock.sendall(sockets.post_head(length=1000))
             t0 = time.monotonic()
             try:
                 for _ in range(1000):
@@ -238,7 +186,7 @@ def test_slow_heads_bodies_and_silent_connections_are_cut_at_the_deadline(server
                     time.sleep(0.25)
             except (BrokenPipeError, ConnectionResetError):
                 pass
-            status, _, body = read_response(sock)
+            status, _, body = sockets.read_response(sock)
             results["body"] = status, json.loads(body)["error"]["code"], time.monotonic() - t0
 
     threads = [threading.Thread(target=f) for f in (silent, drip_head, drip_body)]
@@ -263,9 +211,9 @@ def test_200_idle_keep_alive_connections_are_closed_and_others_served(server):
             sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
             socks.append(sock)
         for sock in socks:
-            assert read_response(sock)[0] == 200
+            assert sockets.read_response(sock)[0] == 200
         assert completion(server).status_code == 200  # while 200 connections idle
-        assert all(closed_by_server(sock) for sock in socks)  # the keep-alive timeout closes them
+        assert all(sockets.closed_by_server(sock) for sock in socks)  # the keep-alive timeout closes them
     finally:
         for sock in socks:
             sock.close()
@@ -273,7 +221,7 @@ def test_200_idle_keep_alive_connections_are_closed_and_others_served(server):
 
 def test_a_client_hanging_up_mid_body_is_one_info_line(server):
     with connect(server) as sock:
-        sock.sendall(post_head(length=1000) + b'{"model": "tiny", "pro')
+        sock.sendall(sockets.post_head(length=1000) + b'{"model": "tiny", "pro')
         time.sleep(0.2)
     deadline = time.monotonic() + 10
     while "hung up" not in server.log():

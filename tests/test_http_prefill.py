@@ -10,15 +10,15 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_http_support import ServerProcess, make_tiny_model_dir
-from tiny_models import hf_generate
+from support.http import ServerProcess, make_tiny_model_dir
+from support.tiny_models import hf_generate
 
 STEP = 16
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     from suffixspec import load_model
 

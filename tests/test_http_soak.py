@@ -4,26 +4,16 @@ tenth request, mixed lengths): no error but the drops, each drop cancelled insid
 of the outputs identical when sent again one at a time, the server healthy and its log clean after.
 The full soak (5,000 requests, memory before and after) is `python bench/bench_soak.py`."""
 
-import importlib.util
 import sys
 
 import httpx
 
-from test_http_support import ROOT, ServerProcess, make_tiny_model_dir
-
-BENCH = ROOT / "bench"
+from support.harness import load_bench_script
+from support.http import ServerProcess, make_tiny_model_dir
 
 
 def load_harness():
-    sys.path.insert(0, str(BENCH))  # the harness imports its sibling `common`
-    try:
-        spec = importlib.util.spec_from_file_location("bench_soak", BENCH / "bench_soak.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["bench_soak"] = module  # its dataclasses look their module up
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCH))
-    return module
+    return load_bench_script("bench_soak")
 
 
 def test_300_requests_at_concurrency_32(tmp_path):

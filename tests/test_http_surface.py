@@ -14,7 +14,7 @@ import openai
 import pytest
 import torch
 
-from test_http_support import ServerProcess, make_tiny_model_dir
+from support.http import ServerProcess, make_tiny_model_dir
 
 PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in range(8)]
 CHAT = [{"role": "user", "content": "def g(x):\n    return x + 1\n"}]
@@ -22,7 +22,7 @@ CHAT = [{"role": "user", "content": "def g(x):\n    return x + 1\n"}]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     from suffixspec import load_model
 

@@ -15,7 +15,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from test_http_support import ServerProcess, make_tiny_model_dir
+from support.http import ServerProcess, make_tiny_model_dir
 
 KEY = "test-key-123"
 PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in range(32)]
@@ -25,7 +25,7 @@ PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in 
 def servers(tmp_path_factory):
     """Both servers of the module, started together (their start-ups overlap): the main one (API key,
     8 slots) and a limited one (one slot, a queue of two, for 429 and the drain)."""
-    import tiny_models  # noqa: F401  (one torch thread, as the servers)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the servers)
 
     from suffixspec import SpeculativeGenerator, load_model
 

@@ -14,14 +14,14 @@ import numpy as np
 import openai
 import pytest
 
-from test_http_support import TINY_TEMPLATE, ServerProcess, make_tiny_model_dir
+from support.http import TINY_TEMPLATE, ServerProcess, make_tiny_model_dir
 
 USER = [{"role": "user", "content": "def g(x):\n    return x + 1\n"}]
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import tiny_models  # noqa: F401  (one torch thread, as the server)
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("http_tools")
     model_dir = make_tiny_model_dir(root / "tiny", positions=4096)  # (the tools prompt is long in 420 tokens)

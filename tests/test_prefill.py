@@ -11,7 +11,7 @@ from suffixspec.engine.lifecycle import Request
 from suffixspec.engine.prefill import prefill_groups
 from suffixspec.verify.kv import KVState
 
-from tiny_models import hf_generate, random_tree_proposer, tiny_model
+from support.tiny_models import hf_generate, random_tree_proposer, tiny_model
 
 CHUNK = 8
 VOCAB = 97

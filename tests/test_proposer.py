@@ -7,7 +7,7 @@ import time
 import numpy as np
 import pytest
 
-import naive
+from support import naive
 from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
 from suffixspec.errors import InternalError
 from suffixspec.cli import main as cli_main

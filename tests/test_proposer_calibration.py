@@ -11,7 +11,7 @@ import random
 import numpy as np
 import pytest
 
-import naive
+from support import naive
 from suffixspec import Proposer, SuffixAutomaton
 from suffixspec._kernels import learn as lk
 from test_proposer import _check_tree_invariants, _naive_part_candidates

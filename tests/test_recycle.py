@@ -17,7 +17,7 @@ from suffixspec.draft.recycle import DEPTH_BUCKETS, RecycledDraft, RecycleTable,
 from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.kv import RowResult
 
-from tiny_models import StandInProposer, hf_generate, tiny_model
+from support.tiny_models import StandInProposer, hf_generate, tiny_model
 
 
 # ------------------------------------------------------------------------------------ helpers

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from suffixspec.threads import WAIT_ENV, ThreadChoice, ThreadPlan, choose, usable_cores
-from test_http_support import ROOT, make_tiny_model_dir
+from support.http import ROOT, make_tiny_model_dir
 
 
 def test_a_given_count_wins_then_omp_num_threads_then_the_cores():

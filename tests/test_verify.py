@@ -9,7 +9,7 @@ from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.kv import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
                                uniform_draw)
 
-from tiny_models import FAMILIES, tiny_model
+from support.tiny_models import FAMILIES, tiny_model
 
 ALL = [(k, a) for k in (*FAMILIES, "gemma3") for a in ("sdpa", "eager")] + [
     (k, "suffixspec_sdpa") for k in ("llama", "qwen2", "gemma3")  # grouped key/value heads

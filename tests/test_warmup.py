@@ -27,7 +27,7 @@ before = signatures()
 if sys.argv[2] == "warm":
     suffixspec.warm_kernels()
 warmed = signatures()
-from tiny_models import tiny_model
+from support.tiny_models import tiny_model
 from suffixspec import CostModel, Proposer, SpeculativeGenerator
 
 # a cache of 2 generations of 600 tokens: its levels merge, a level of 256+ tokens is thawed, and it rotates
