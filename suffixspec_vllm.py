@@ -24,7 +24,7 @@ MIN_VLLM = (0, 34)
 SPECULATOR_CLASS = "suffixspec.integrations.vllm_speculator.SuffixSpecSpeculator"
 DEFAULT_DRAFT_TOKENS = 8
 
-__all__ = ["register", "vllm_version", "METHOD", "SuffixSpecSpeculatorConfig"]
+__all__ = ["register", "vllm_version", "METHOD", "SuffixSpecSpeculatorConfig"]  # noqa: F822 (resolved by __getattr__)
 
 
 def vllm_version() -> tuple[int, int] | None:

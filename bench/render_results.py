@@ -84,8 +84,25 @@ def command_line(argv) -> str:
             continue
         if a.startswith("--record="):
             continue
-        words.append(a if a and " " not in a else json.dumps(a))
+        words.append(portable(words[-1], a))
     return " ".join(words)
+
+
+# flags whose file a bench script also reads from an environment variable: a command shows the variable
+FLAG_ENV = {"--specbench": "$SUFFIXSPEC_SPECBENCH"}
+
+
+def portable(flag: str, arg: str) -> str:
+    """`arg` as a reader can type it: an absolute path outside /tmp (a file of the recording machine)
+    becomes the variable its flag also reads, else the path below the checkout, else its file name."""
+    name, eq, value = arg.partition("=") if arg.startswith("--") and "=" in arg else ("", "", arg)
+    if eq:
+        flag = name
+    if value.startswith("/") and not value.startswith("/tmp/"):
+        parts = Path(value).parts
+        value = FLAG_ENV.get(flag) or ("/".join(parts[parts.index("bench"):]) if "bench" in parts else parts[-1])
+    arg = f"{name}={value}" if eq else value
+    return arg if arg and " " not in arg else json.dumps(arg)
 
 
 def day(rec) -> str:

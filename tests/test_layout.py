@@ -5,21 +5,28 @@
 2. no module imports an underscore name, or from an underscore module, of another suffixspec
    module (the `_kernels` package of numba kernels aside; dunders such as `__version__` aside;
    modules inside a private package may import each other's public names);
-3. no module of `suffixspec/` is over 800 lines;
+3. no module of `suffixspec/` is over 650 lines, and at most 16 modules sit at the package root (the
+   stages live in `draft/`, `verify/` and `engine/`);
 4. no function is over 100 lines outside `_kernels/`, nor over 150 inside it, a function's length
    being its whole `def` span (docstring and nested functions included, decorators not);
 5. no function outside `_kernels/` takes more than 12 parameters besides `self`/`cls`, except a public
-   facade that mirrors an options dataclass as keywords (`FACADES`), which may take up to 16.
+   facade that mirrors an options dataclass as keywords (`FACADES`), which may take up to 16;
+6. every module has a docstring of at most 30 lines (a summary and its contract; rationale goes to
+   `docs/`);
+7. the README and `docs/` name no path of the machine they were written on.
 
 A package's `__init__` re-exporting its submodules does not count as an edge back from them: a
 submodule that imports its parent package's names would (`from . import x` of a name, not a module).
 """
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "suffixspec"
-MAX_LINES = 800
+MAX_LINES = 650
+MAX_ROOT_MODULES = 16
+MAX_DOCSTRING_LINES = 30
 MAX_FUNCTION_LINES, MAX_KERNEL_FUNCTION_LINES = 100, 150
 MAX_PARAMS, MAX_FACADE_PARAMS = 12, 16
 FACADES = {"suffixspec/generate.py:generate"}  # mirror DecodeOptions' fields as keywords
@@ -136,7 +143,7 @@ def test_no_underscore_import_across_modules():
     assert not bad, "underscore names imported across modules:\n" + "\n".join(bad)
 
 
-def test_no_module_over_800_lines():
+def test_no_module_over_650_lines():
     long = {str(p.relative_to(ROOT.parent)): n for p in ROOT.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"
@@ -195,3 +202,45 @@ def test_no_function_too_long_or_too_wide():
     for p in sorted(ROOT.rglob("*.py")):
         bad += function_rules(p, p.read_text(encoding="utf-8"), str(p.relative_to(ROOT.parent)))
     assert not bad, "functions breaking the layout rules:\n" + "\n".join(bad)
+
+
+def test_at_most_16_modules_at_the_package_root():
+    root = sorted(p.name for p in ROOT.glob("*.py") if p.name != "__init__.py")
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at the package root (at most {MAX_ROOT_MODULES}): {root}"
+
+
+def docstring_rule(source: str, rel: str) -> str | None:
+    doc = ast.get_docstring(ast.parse(source, rel), clean=False)
+    if doc is None:
+        return f"{rel}: no module docstring"
+    lines = len(doc.strip("\n").splitlines())
+    return f"{rel}: a {lines}-line docstring (at most {MAX_DOCSTRING_LINES})" if lines > MAX_DOCSTRING_LINES else None
+
+
+def test_the_docstring_rule_counts_lines():
+    assert docstring_rule("x = 1\n", "m.py") == "m.py: no module docstring"
+    assert docstring_rule('"""' + "line\n" * 30 + '"""\n', "m.py") is None
+    assert docstring_rule('"""' + "line\n" * 31 + '"""\n', "m.py") == "m.py: a 31-line docstring (at most 30)"
+
+
+def test_every_module_has_a_docstring_of_at_most_30_lines():
+    bad = [found for p in sorted(ROOT.rglob("*.py"))
+           if (found := docstring_rule(p.read_text(encoding="utf-8"), str(p.relative_to(ROOT.parent))))]
+    assert not bad, "module docstrings:\n" + "\n".join(bad)
+
+
+# an absolute path into a home, a checkout or a mount of one machine (temporary files aside)
+MACHINE_PATH = re.compile(r"(?<![\w.$~])/(?:work|root|home|Users|mnt|data|srv|opt|var/lib)/[\w.-]+")
+
+
+def test_the_machine_path_finder():
+    assert MACHINE_PATH.findall("--specbench /work/shared/data/x.jsonl and /home/me/x") == ["/work/shared",
+                                                                                          "/home/me"]
+    assert not MACHINE_PATH.findall("bench/results/x.jsonl, $SUFFIXSPEC_SPECBENCH, /tmp/grid, https://a.b/work/x")
+
+
+def test_the_readme_and_docs_name_no_machine_path():
+    docs = [ROOT.parent / "README.md", *sorted((ROOT.parent / "docs").glob("*.md"))]
+    bad = [f"{p.name}:{n}: {m}" for p in docs for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+           for m in MACHINE_PATH.findall(line)]
+    assert not bad, "machine paths in the README or docs:\n" + "\n".join(bad)
