@@ -6,11 +6,10 @@ Contract:
 * ``NAME`` (``"suffixspec_sdpa"``) is registered with transformers' attention and mask interfaces by
   `use_grouped_sdpa(model)`, which switches a model that uses ``"sdpa"`` to it and returns whether
   it did. The outputs are those of transformers' ``"sdpa"`` within float rounding.
-* Why: with a mask (every draft-tree pass), transformers' ``"sdpa"`` copies each layer's keys and
-  values once per query head group (`repeat_kv`) before attending, which on SmolLM2-135M (9 query
-  heads over 3 key/value heads) makes a tree pass over a 1000-token context 10-14% slower. The CPU
-  kernel takes grouped heads with a mask directly; other devices, calls without a mask and calls
-  with a position bias or a softcap go to transformers' own function unchanged.
+* With a mask (every draft-tree pass) transformers' ``"sdpa"`` copies each layer's keys and values
+  once per query head group before attending; the CPU kernel takes grouped heads with a mask
+  directly. Other devices, calls without a mask and calls with a position bias or a softcap go to
+  transformers' own function unchanged.
 """
 
 from __future__ import annotations

