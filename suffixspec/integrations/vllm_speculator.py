@@ -9,7 +9,7 @@ a light module outside this package) registers the method in every vLLM process,
 drafts from the same `DraftCore` as the <= 0.33 front end (`vllm.py`). vLLM imports this module in
 the worker that runs the model, after its engine started; it imports torch and vllm.
 
-Contract (vLLM 0.34.0's calling convention; docs/serving.md names the files it was read from):
+Contract (vLLM 0.34.0's calling convention; docs/architecture.md, "vLLM", names its files):
 - built as `cls(vllm_config, device, req_states=req_states)`; `propose(input_batch, ...,
   num_sampled, ..., num_speculative_tokens=None) -> Tensor` runs after the step's sampled tokens were
   written into `req_states`; row i's request-state slot is `input_batch.idx_mapping[i]`;
