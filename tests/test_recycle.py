@@ -1,4 +1,4 @@
-"""Recycled predictions (`suffixspec.recycle`): the merged tree against a brute-force enumeration,
+"""Recycled predictions (`suffixspec.draft.recycle`): the merged tree against a brute-force enumeration,
 the harvest against a per-position reference on random logits, the calibration, the file format
 (round trip, a fuzzer over damaged files), and the engine with the source on: greedy identity,
 seeded sampling identity and a chi-square test of the sampled distribution."""

@@ -1,50 +1,31 @@
-"""`Proposer`: per-request sessions that turn the longest matches of every source into a
-`DraftTree`, and the bounded global cache of past responses.
+"""`Proposer`: turns the longest matches of every source into a `DraftTree`, for many sessions.
 
 Sources, each giving the longest suffix of the request's context it contains:
 
-- the request itself (prompt + committed output) in a private, growable `SuffixAutomaton`;
-  its match is the longest suffix that also occurred earlier (the suffix link of the state
-  of the whole text), exact and unbounded. A session holds at most `max_session_tokens`
-  tokens: past that cap its automaton is rebuilt over the most recent half.
-- past responses: `ResponseCache` (suffixspec/cache.py): closed sessions' outputs, as whole
-  documents, in rotating generations (the oldest dropped whole), each a few frozen automata
-  (the live generation's geometric levels, rebuilt in amortised O(new tokens) per close, on the
-  closing request's time or the upkeep thread's, never on a proposal's). Sessions read those frozen automata only.
-  When the cache changes, a session keeps its cursors into unchanged ones and re-finds its
-  match over its last `resync_tokens` tokens in new ones, so a match into past responses
-  restarts at most that long and then grows token by token.
-- corpora: any number of frozen automata or corpus indexes.
+- the request itself (prompt + committed output), in its `session.Session`'s own automaton;
+- past responses: `ResponseCache` (`response_cache.py`), closed sessions' outputs as whole
+  documents in rotating generations of frozen automata, rebuilt on the closing request's time or
+  the upkeep thread's (`upkeep.py`), never on a proposal's;
+- corpora: any number of frozen automata or corpus indexes (`sources.py`).
 
-The tree is grown best-first over every source at once (see `_kernels/draft.py` for the scores):
-the `budget` most probable paths of the union of the sources' continuations, a path proposed by
-several sources scoring its best.
+Contract:
 
-Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live
-frame, its cursors, the sources' table, the knobs) and of its thread's workspace frame: three
-integer arguments (passing the arrays themselves costs a type check and unboxing per array).
-Trees are written into the thread's output arena and returned as views of it (an arena holds
-at least 64 trees of the budget, is replaced when full, and lives while any of its trees does).
-The empty tree is one shared, read-only instance. The knobs are fixed at construction
-(`params` is read-only): frames name them.
-
-Threads: a session's calls (`propose`, `extend`, `close`, its part of a batch) are serialised by
-its own lock, so no kernel reads an automaton that another thread is growing or freeing (the
-kernels read raw addresses: without the lock, a session closed during another thread's proposal
-was a use-after-free). Different sessions may propose concurrently from several threads
-(`propose` runs one nogil kernel call over the session's own automaton and immutable snapshots of
-the shared sources; the cache is guarded by a lock). The proposer's learned counts and its sibling
-calibration are shared by its sessions and updated without a lock: concurrent extensions may lose
-an increment, and a tree depends on what other sessions committed before it (with `learn=False`
-sessions are independent).
-`propose_batch` proposes every session in one kernel call; batches of one proposer are serialised
-by a lock, and a session may appear once per batch. With `threads` = 1 (the default) the kernel
-is a plain loop, with no parallel region: the proposer then never touches the OpenMP runtime
-that torch uses (a numba OpenMP region leaves that runtime in a state that slows torch's passes)
-nor competes with the model for cores. With more threads it is a prange over sessions; parallel
-launches are serialised process-wide and use numba's workqueue pool unless the process chose a
-threading layer (the pool takes one launch at a time). More threads help only when cores are
-idle: a busy process holding the second core makes a parallel launch wait for it.
+* The tree is grown best-first over every source at once (`_kernels/draft.py` for the scores): the
+  `budget` most probable paths of the union of the sources' continuations, a path proposed by
+  several sources scoring its best.
+* Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live frame,
+  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are views
+  of the thread's output arena (at least 64 trees of the budget; replaced when full; alive while
+  any of its trees is). The knobs are fixed at construction (`params` is read-only).
+* Threads: different sessions may propose concurrently (`propose` runs one nogil kernel call over
+  the session's own automaton and immutable snapshots of the shared sources; the cache has its own
+  lock). The learned counts and the sibling calibration are shared by the sessions and updated
+  without a lock: concurrent extensions may lose an increment (`learn=False`: sessions are
+  independent). `propose_batch` proposes every session in one kernel call; batches of one
+  proposer are serialised, and a session may appear once per batch.
+* `threads` = 1 (the default): the batch kernel is a plain loop, never touching the OpenMP runtime
+  torch uses. More threads: a prange over sessions, parallel launches serialised process-wide, on
+  numba's workqueue pool unless the process chose a threading layer.
 """
 
 from __future__ import annotations

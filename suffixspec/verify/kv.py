@@ -1,38 +1,32 @@
-"""Tree verification with a transformers causal LM: one forward pass for the whole batch (acceptance
-is `accept`).
+"""The batch's KV state: one forward pass over every row's pending tokens and draft tree, and the
+commit that keeps what acceptance (`accept.py`) chose.
 
 Terms (used the same way everywhere in suffixspec):
 
-* committed: tokens that are part of a request's output for good.
-* pending: committed tokens whose keys/values are not yet in the KV cache (the whole prompt before
-  the first pass, afterwards exactly one token: the previous round's bonus). The last pending token
-  is the root of the draft tree.
+* committed: tokens that are part of a request's output for good. pending: committed tokens whose
+  keys/values are not yet in the KV cache (the whole prompt before the first pass, afterwards
+  exactly one: the previous round's bonus); the last pending token is the root of the draft tree.
 * draft: the nodes of a request's `DraftTree`; accepted: drafted nodes whose token equals the
   target's choice at their parent; bonus: the target's own token where the walk stops.
 
-One pass (`KVState.forward`) feeds, per request, ``[pad..] [pending..] [draft nodes..]`` (left
-padded to a common width). Positions come from the request's committed length and the node depths;
-attention comes from an explicit additive float mask ``(batch, 1, new, cached + new)``: a pending
-token sees the valid cache slots and the earlier pending tokens, a node additionally sees its
-ancestors only, a pad sees only itself. Models with sliding-window layers get one such mask per
-layer type with the window applied on logical positions.
+Contract:
 
-The KV cache is a transformers ``DynamicCache`` whose layers (`_GrowingLayer`) keep keys and values
-as prefix views of buffers with spare room along the sequence, so a pass writes only its new slots
-(a plain ``DynamicLayer`` concatenates the whole cache on every pass). Its slots are tracked per request
-(`KVState.slot_pos`: the logical position a slot holds, -1 for a hole). After acceptance only the
-pending tokens and the accepted nodes stay; their slots are compacted to the front of the round's
-tail and the cache is cropped, so rejected branches never reach a later pass. Holes (requests that
-kept fewer slots than others) are masked, and squeezed out when they exceed a quarter of the cache.
-While no row has a hole the cache is dense (slot i of every row holds position i): no slot tensor is
-kept, and a one-token step uses the model's own causal mask. The prefix is never recomputed.
-
-Devices: every tensor of a pass lives on the model's device. The host sends one int64 buffer per pass
-or commit (tokens, positions, each input's parent, pads; on CUDA pinned and copied without waiting),
-and the mask is built from it on the device (`treemask.ancestor_closure`); the pass and the commit never wait
-for the device (a `meta`-device model runs them). On CUDA a masked pass runs scaled-dot-product
-attention on the memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`); the oneDNN layers and the grouped
-attention of `suffixspec.attention` are CPU-only.
+* `KVState.forward` feeds, per row, ``[pad..] [pending..] [draft nodes..]`` (left padded to a common
+  width), positions from the row's committed length and the node depths, and an additive float mask
+  ``(batch, 1, new, cached + new)``: a pending token sees the valid cache slots and the earlier
+  pending tokens, a node also its ancestors only, a pad only itself; sliding-window layers get one
+  mask per layer type, the window applied on logical positions. `PassLayout` records where the
+  inputs sat.
+* `KVState.commit` keeps only the pending tokens and the accepted nodes, compacted to the front of the
+  round's tail; rejected branches never reach a later pass and the prefix is never recomputed.
+  Slots are tracked per row (`slot_pos`, -1 a hole); holes are masked and squeezed out past a
+  quarter of the cache. While no row has a hole the cache is dense: no slot tensor, and a
+  one-token step or a prefill uses the model's own causal mask.
+* Devices: every tensor of a pass lives on the model's device; the host sends one int64 buffer per
+  pass or commit, the mask is built on the device (`treemask.ancestor_closure`), and neither waits
+  for the device (a `meta`-device model runs them). On CUDA a masked pass runs SDPA on the
+  memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`).
+* `check_tree_logits(model)`: a tree pass against sequential passes on a short input.
 """
 
 from __future__ import annotations
@@ -83,8 +77,7 @@ def _growing_layer_class():
         While `keys`/`values` are still the very views the last update returned (nothing cropped,
         regathered or replaced them since: any of those assigns new tensors), the next update writes
         into the buffers' room after checking only shapes kept as plain ints (`_grown`: b, kv heads,
-        key and value widths, length, room); otherwise `_append` checks the views against the buffers.
-        The checks were a per-layer cost of every pass, paid once per layer."""
+        key and value widths, length, room); otherwise `_append` checks the views against the buffers."""
 
         _kbuf = _vbuf = _klast = _vlast = None
         _grown = (0, 0, 0, 0, 0, 0, 0, 0)  # key buffer b, h, d; value buffer b, h, d; length; room
