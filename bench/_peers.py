@@ -20,7 +20,7 @@ Contract
 - ``arctic_replay_bench(traces, budgets, modes=("path", "tree"), timeout=1800) -> dict | None``:
   replays (prompt_ids, output_ids) traces in order through one ``SuffixDecodingCache(64, -1)``
   per (mode, budget), server style (start_request / speculate / add_active_response(accepted + bonus)
-  / stop_request), same rules as ``suffixspec.simulate.replay``; returns ``{..., mode: {str(budget):
+  / stop_request), same rules as ``suffixspec.draft.simulate.replay``; returns ``{..., mode: {str(budget):
   {"mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "rounds", "speculate_us_p50",
   "speculate_us_p99", ...}}}`` or ``None``. Draft tree convention: ``parents[i] == -1`` for a child of
   the root (the context's last token), else the index ``< i`` of its parent. With max_spec_factor=1
@@ -270,7 +270,7 @@ def arctic_replay_bench(traces: list[tuple[np.ndarray, np.ndarray]], budgets, mo
     the root, i.e. of the context's last token, else the index ``< i`` of the parent draft token; a
     path draft is the chain -1, 0, 1, ...); ``add_active_response(i, accepted + 1 bonus token)``
     (fewer at the end of the output); ``stop_request(i)`` once the output is consumed. Same rules
-    as ``suffixspec.simulate.replay``.
+    as ``suffixspec.draft.simulate.replay``.
 
     Returns ``{"peer", "version", "max_tree_depth", "max_cached_requests", "params", mode: {str(budget):
     {"mean_accepted_tokens" (output tokens / rounds), "acceptance_rate" (accepted / drafted tokens),

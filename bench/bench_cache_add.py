@@ -9,7 +9,7 @@ repeat loads that state afresh (`from_bytes`) once per variant and times `add` o
 - "per-document": the cache as it was (its module code, replicated here): the new document built as
   a level of its own, then merged with the level before it two by two, every level built by a fresh
   `SuffixAutomaton` one `add_document` at a time, frozen, then its kernel arrays and edge records made;
-- "current": `suffixspec.cache.ResponseCache` (merges decided on sizes, one build per add, one kernel
+- "current": `suffixspec.draft.response_cache.ResponseCache` (merges decided on sizes, one build per add, one kernel
   call over all its documents: `FrozenAutomaton.from_documents`);
 - "together": the same cache given `--batch` documents at a time (`add_many`, what a server round
   whose requests finish together does), timed per call and reported per document.

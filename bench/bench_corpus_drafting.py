@@ -9,7 +9,7 @@ corpus index is built here from the files that script names (a pyenv root: $PYEN
 
 Per set and budget (16, 64), each replayed through a fresh proposer (traces in order, the cache
 of past responses on): mean committed tokens per round without and with the corpus, the context
-bound without and with it (`suffixspec.simulate.context_bound_mean_accepted`: per round, the
+bound without and with it (`suffixspec.draft.simulate.context_bound_mean_accepted`: per round, the
 longest prefix of the rest of the output that continues some source's longest match of the context,
 in the request, earlier outputs or the corpus), the ratio to the bound, and the copy-oracle (the
 same without the match: any occurrence anywhere). Also acceptance without a corpus on the shipped chat and code-edit

@@ -39,7 +39,8 @@ def main(argv=None) -> int:
     from suffixspec.verify.batch import RoundBatch
     from suffixspec.models import load_model
     from suffixspec.draft.tree import DraftTree
-    from suffixspec.verify.kv import KVState, Sampler, accept
+    from suffixspec.verify.accept import Sampler, accept
+    from suffixspec.verify.kv import KVState
 
     model, _ = load_model()
     vocab = int(model.config.vocab_size)

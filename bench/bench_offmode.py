@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     import torch
 
     import suffixspec.draft.proposer as proposer_module
+    import suffixspec.draft.session as session_module
     from suffixspec import SpeculativeGenerator
     from suffixspec.bench.workloads import load_workload
     from suffixspec.models import load_model
@@ -60,7 +61,7 @@ def main(argv=None) -> int:
         return timed_method
 
     # the engine closes a round's finished sessions together; a checkout without that, one by one
-    proposer_module.Session.close = timed(proposer_module.Session.close)
+    session_module.Session.close = timed(session_module.Session.close)
     if hasattr(proposer_module.Proposer, "close_sessions"):
         proposer_module.Proposer.close_sessions = timed(proposer_module.Proposer.close_sessions)
     model, tokenizer = load_model()

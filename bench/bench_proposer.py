@@ -48,7 +48,7 @@ def code_edit_traces(tok, n):
 
 
 def replay_linear(traces, propose, budget):
-    """Replay with a linear (context -> token list) proposer; same rules as suffixspec.simulate."""
+    """Replay with a linear (context -> token list) proposer; same rules as suffixspec.draft.simulate."""
     rounds = drafted = accepted = total = 0
     for t in traces:
         ctx = list(t.prompt.tolist())

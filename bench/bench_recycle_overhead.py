@@ -68,7 +68,7 @@ def main(argv=None) -> int:
     from suffixspec.models import load_model
     from suffixspec.draft.recycle import RecycleTable, harvest_round
     from suffixspec.draft.tree import DraftTree
-    from suffixspec.verify.kv import RowResult
+    from suffixspec.verify.accept import RowResult
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

@@ -18,7 +18,9 @@ from .corpus import (
     merge_indexes,
     read_documents,
 )
-from .draft.proposer import Proposer, ResponseCache, Session
+from .draft.proposer import Proposer
+from .draft.response_cache import ResponseCache
+from .draft.session import Session
 from .draft.config import ProposerConfig
 from .draft.tree import DraftTree
 from .errors import (

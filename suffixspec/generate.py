@@ -143,7 +143,8 @@ class SpeculativeGenerator:
 
     def check_support(self) -> str | None:
         """None when tree verification works with this model (checked once), else the reason."""
-        from .verify.kv import check_tree_logits, tree_attention_support
+        from .verify.kv import check_tree_logits
+        from .verify.support import tree_attention_support
 
         if not self._checked:
             self._unsupported = tree_attention_support(self.model)

@@ -23,7 +23,7 @@ from suffixspec.draft.simulate import load_traces, simulate
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# the documented layout (suffixspec/cache.py, File format), declared here independently
+# the documented layout (suffixspec/draft/response_cache.py, above `_HEADER`), declared here independently
 HEADER = struct.Struct("<8sIIQQIIQ8sII")
 ENTRY = struct.Struct("<QIIQQQQII8s")
 

@@ -1,4 +1,4 @@
-"""The response cache's background upkeep (`Proposer(cache_upkeep="background")`, suffixspec/upkeep.py):
+"""The response cache's background upkeep (`Proposer(cache_upkeep="background")`, suffixspec/draft/upkeep.py):
 `close` returns before its output is added, proposals go on meanwhile from the last snapshot, outputs
 land in close order (the same cache bytes as inline upkeep), a failed add is counted and the upkeep
 goes on, and many threads closing and proposing together lose nothing. `Proposer.close_sessions`

@@ -12,7 +12,7 @@ from suffixspec.engine.budget import CostModel
 from suffixspec.generate import SpeculativeGenerator
 from suffixspec.engine.options import DecodeOptions
 from suffixspec.draft.tree import DraftTree, subtree
-from suffixspec.verify.kv import uniform_draw
+from suffixspec.verify.accept import uniform_draw
 
 from support.tiny_models import random_tree_proposer, tiny_model
 from test_generate import NEW, VOCAB, prompts_for

@@ -10,11 +10,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 
-import suffixspec.verify.kv as verify
+import suffixspec.verify.accept as acceptance
 from suffixspec.verify.batch import RoundBatch
 from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.treemask import ancestor_closure
-from suffixspec.verify.kv import KVState, Sampler, accept
+from suffixspec.verify.accept import Sampler, accept
+from suffixspec.verify.kv import KVState
 
 from support.tiny_models import tiny_model
 
@@ -90,7 +91,7 @@ def test_passes_and_commits_stay_on_the_device_without_reading_it(kind):
 def test_greedy_round_reads_the_device_once(monkeypatch):
     """Off the CPU, greedy acceptance copies every position's argmax at once: forward, accept and
     commit of a round read device data exactly once (forced here on the CPU)."""
-    monkeypatch.setattr(verify, "STEPWISE_DEVICES", frozenset())
+    monkeypatch.setattr(acceptance, "STEPWISE_DEVICES", frozenset())
     model = tiny_model("llama", sharpen=20.0)
     state = KVState(model, 2)
     state.forward([[1, 2, 3, 4], [5, 6, 7, 8]], [EMPTY, EMPTY])
@@ -151,9 +152,9 @@ def test_host_walk_equals_the_stepwise_walk(monkeypatch):
         limits = rng.integers(0, 8, b).tolist()
         batch = RoundBatch.build(trees, limits, pending=[[1]] * b, auto=[True] * b, samplers=[sampler] * b, eos=eos,
                                  contexts=[[1]] * b, keys=list(range(b)), generated=[1] * b)
-        monkeypatch.setattr(verify, "STEPWISE_DEVICES", frozenset({"cpu"}))
+        monkeypatch.setattr(acceptance, "STEPWISE_DEVICES", frozenset({"cpu"}))
         stepwise = accept(logits, root_index, batch)
-        monkeypatch.setattr(verify, "STEPWISE_DEVICES", frozenset())
+        monkeypatch.setattr(acceptance, "STEPWISE_DEVICES", frozenset())
         once = accept(logits, root_index, batch)
         assert [(r.tokens, r.accepted_nodes, r.stopped_on_eos) for r in once] == \
             [(r.tokens, r.accepted_nodes, r.stopped_on_eos) for r in stepwise]

@@ -15,7 +15,7 @@ from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
 from suffixspec.draft.tree import prune_tree
 from suffixspec.draft.tree import DraftTree
-from suffixspec.verify.kv import Sampler
+from suffixspec.verify.accept import Sampler
 
 from support.tiny_models import FAMILIES, StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
 
@@ -246,11 +246,11 @@ def test_statistics_are_consistent():
 
 
 def test_unsupported_model_falls_back_with_one_warning(monkeypatch):
-    import suffixspec.verify.kv as verify
+    import suffixspec.verify.support as support
 
     model = tiny_model("llama")
     prompts = prompts_for()
-    monkeypatch.setattr(verify, "tree_attention_support", lambda m: "pretend this model cannot take a tree mask")
+    monkeypatch.setattr(support, "tree_attention_support", lambda m: "pretend this model cannot take a tree mask")
     gen = SpeculativeGenerator(model, proposer=PromptLookupProposer())
     with pytest.warns(RuntimeWarning, match="plain decoding"):
         res = gen.generate(prompts, max_new_tokens=8)

@@ -1,4 +1,4 @@
-"""`ProposerConfig` (suffixspec/proposer_config.py): every knob's check refuses bad values by name,
+"""`ProposerConfig` (suffixspec/draft/config.py): every knob's check refuses bad values by name,
 and a `Proposer` built from a config is the one built from the same knobs as keywords."""
 
 import dataclasses

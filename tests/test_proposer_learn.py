@@ -189,7 +189,7 @@ def test_start_does_the_set_up_so_the_first_proposal_is_hot():
 
 
 def _naive_context_bound(traces, budget, corpus_docs):
-    """The context bound by brute force over token lists (suffixspec.simulate's docstring)."""
+    """The context bound by brute force over token lists (suffixspec.draft.simulate's docstring)."""
     history, rounds, total = [], 0, 0
     for prompt, out in traces:
         text, pos = list(prompt), 0

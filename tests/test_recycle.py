@@ -1,4 +1,4 @@
-"""Recycled predictions (`suffixspec.recycle`): the merged tree against a brute-force enumeration,
+"""Recycled predictions (`suffixspec.draft.recycle`): the merged tree against a brute-force enumeration,
 the harvest against a per-position reference on random logits, the calibration, the file format
 (round trip, a fuzzer over damaged files), and the engine with the source on: greedy identity,
 seeded sampling identity and a chi-square test of the sampled distribution."""
@@ -15,7 +15,7 @@ from suffixspec.generate import SpeculativeGenerator
 from suffixspec.engine.options import DecodeOptions
 from suffixspec.draft.recycle import DEPTH_BUCKETS, RecycledDraft, RecycleTable, harvest_round
 from suffixspec.draft.tree import DraftTree
-from suffixspec.verify.kv import RowResult
+from suffixspec.verify.accept import RowResult
 
 from support.tiny_models import StandInProposer, hf_generate, tiny_model
 
@@ -363,7 +363,7 @@ def test_seeded_sampling_with_recycled_drafts_equals_plain_sampling():
 
 def test_sampled_distribution_with_recycled_candidates_chi_square():
     from test_generate import exact_first_tokens, sampled_fit_pvalue
-    from suffixspec.verify.kv import Sampler
+    from suffixspec.verify.accept import Sampler
 
     vocab, depth, n = 5, 3, 12000
     model = tiny_model("llama", vocab=vocab, sharpen=4.0, seed=3)

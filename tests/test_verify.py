@@ -6,8 +6,9 @@ import torch
 
 from suffixspec.verify.batch import RoundBatch
 from suffixspec.draft.tree import DraftTree
-from suffixspec.verify.kv import (KVState, Sampler, _append, accept, argmax_rows, check_tree_logits, tree_attention_support,
-                               uniform_draw)
+from suffixspec.verify.accept import Sampler, accept, argmax_rows, uniform_draw
+from suffixspec.verify.kv import KVState, _append, check_tree_logits
+from suffixspec.verify.support import tree_attention_support
 
 from support.tiny_models import FAMILIES, tiny_model
 

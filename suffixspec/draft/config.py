@@ -3,7 +3,7 @@
 The one definition of every knob: its type (the field's annotation), its default, the values it
 accepts (`KnobSpec`, from the field's metadata) and what it does (`metadata["doc"]`). `Proposer`
 takes a `ProposerConfig` (or its fields as keyword arguments, `ProposerConfig.of`), and the vLLM
-adapter (`integrations/vllm.py`) derives the options it accepts from `KNOBS` instead of keeping a
+adapter (`integrations/vllm_options.py`) derives the options it accepts from `KNOBS` instead of keeping a
 second list. Constructing a config checks every value and raises a `BadInputError` naming the knob,
 what it expects and the value; `dataclasses.replace` (or `replace`) checks again.
 """

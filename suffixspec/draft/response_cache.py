@@ -1,52 +1,26 @@
 """`ResponseCache`: the bounded cache of past responses, its upkeep and its file format.
 
-Contents: whole documents (the outputs of closed sessions), never split, in rotating
-*generations* of about `max_tokens / generations` tokens. The newest (live) generation fills up;
-once it holds that many tokens it becomes a frozen generation and a new live one starts; beyond
-`generations - 1` frozen generations the oldest is dropped whole (an automaton cannot delete).
-Memory is therefore bounded by `max_tokens` plus one generation (plus the last document).
-
-Upkeep, amortised O(new tokens) (times a logarithm) per added document: the live generation
-is a short list of *levels*, each a `FrozenAutomaton` over some of its documents, oldest and
-largest first. A new document becomes a level of its own; then, while the level before the
-newest holds at most `MERGE_RATIO` times the newest, the two become one. Those merges are
-decided on the sizes alone, so each add makes one automaton, in one kernel call
-(`FrozenAutomaton.from_documents`): the new level, over the documents of the levels it absorbs
-and the new one, the first (largest) of those levels thawed and the others' documents and the new
-one added to it. Every level is always exactly the automaton a fresh `SuffixAutomaton` builds
-over its documents. Levels shrink geometrically (at most ~log base MERGE_RATIO of
-generation/document size of them) and a token is added to an automaton or laid out again O(log)
-times over its generation's life. A generation that rotates is laid out once as a single
-automaton. Nothing of this grows with the tokens already cached, unlike re-freezing the whole
-live generation. `add_many` adds several documents with one build per generation they reach: the
-documents that fill the live generation rotate with it, the rest become one level, merged as one
-document of their total size would be (the same documents in the same generations as one by one).
-Sources (`sources()`) are the frozen generations then the live levels; every level and
-generation has an id never reused, so a session's cursor into an unchanged one carries over and
-a new one is re-matched.
-
-Threads: `add` calls are serialised by their own lock and build outside the state lock, so
-`sources()` (what proposals read) waits only for the final swap. `version` changes on every
-change of any cache (a process-wide counter), so a proposer given another cache resyncs.
-
-File format (`save` / `load`), little-endian, version FORMAT_VERSION:
-
-    header  64 bytes: magic b"SFXSPRC\\0", format version u32, entry count u32, file length u64,
-            max_tokens u64, generations u32, reserved u32, next id u64, reserved 8 bytes,
-            crc32 of the entry table u32, crc32 of the header's first 60 bytes u32
-    entries 64 bytes each, frozen generations (oldest first) then live levels (oldest first):
-            id u64, kind u32 (0 frozen, 1 live), reserved u32, tokens u64, documents u64,
-            offset of the tokens u64, offset of the document starts u64, crc32 of each u32,
-            reserved 8 bytes
-    arrays  per entry: tokens int32[tokens], then document starts int64[documents], each
-            starting at the next multiple of 8, in entry order, up to the file's end
-
-Only token ids and document boundaries are stored: `load` checks every field, size, offset and
-checksum, every token id (in [0, 2**31 - 1]) and boundary (0 first, strictly increasing, within
-the tokens) and the generation invariants, then *rebuilds* every automaton from the tokens with
-the same code as `add` (`FrozenAutomaton.from_documents`). No array a kernel follows (links, edges, counts) ever comes from the
-file, so no damage can make a kernel read out of bounds, and no code is executed. Any damage is
-an `IndexFormatError` naming the file and what was wrong. Only regular files are opened.
+* Contents: whole documents (the outputs of closed sessions), never split, in rotating
+  *generations* of about `max_tokens / generations` tokens. The newest (live) generation fills up,
+  then becomes a frozen generation; beyond `generations - 1` frozen generations the oldest is
+  dropped whole. Memory is bounded by `max_tokens` plus one generation (plus the last document).
+* Upkeep, amortised O(new tokens) (times a logarithm) per added document: the live generation is a
+  short list of *levels*, each a `FrozenAutomaton` over some of its documents, oldest and largest
+  first. A new document becomes a level of its own; then, while the level before the newest holds
+  at most `MERGE_RATIO` times the newest, the two become one, in one kernel call
+  (`FrozenAutomaton.from_documents`). Every level is exactly the automaton a fresh
+  `SuffixAutomaton` builds over its documents. `add_many` adds several documents with one build per
+  generation they reach (the same documents in the same generations as one by one).
+* Sources (`sources()`): the frozen generations, then the live levels; every level and generation
+  has an id never reused, so a session's cursor into an unchanged one carries over.
+* Threads: `add` calls are serialised by their own lock and build outside the state lock, so
+  `sources()` waits only for the final swap. `version` changes on every change of any cache (a
+  process-wide counter), so a proposer given another cache resyncs.
+* File (`save` / `load`, version `FORMAT_VERSION`, layout at `_HEADER`): only token ids and document
+  boundaries are stored. `load` checks every field, size, offset, checksum, token id and boundary
+  and the generation invariants, then rebuilds every automaton from the tokens with the code `add`
+  uses: nothing a kernel follows comes from the file, and nothing is unpickled. Any damage is an
+  `IndexFormatError` naming the file and what was wrong. Only regular files are opened.
 """
 
 from __future__ import annotations
@@ -74,6 +48,16 @@ KIND_FROZEN, KIND_LIVE = 0, 1
 MAX_ENTRIES = 1 << 16
 MAX_GENERATIONS = 1 << 16
 
+# The file, little-endian:
+#   header  64 bytes: magic b"SFXSPRC\0", format version u32, entry count u32, file length u64,
+#           max_tokens u64, generations u32, reserved u32, next id u64, reserved 8 bytes,
+#           crc32 of the entry table u32, crc32 of the header's first 60 bytes u32
+#   entries 64 bytes each, frozen generations (oldest first) then live levels (oldest first):
+#           id u64, kind u32 (0 frozen, 1 live), reserved u32, tokens u64, documents u64,
+#           offset of the tokens u64, offset of the document starts u64, crc32 of each u32,
+#           reserved 8 bytes
+#   arrays  per entry: tokens int32[tokens], then document starts int64[documents], each
+#           starting at the next multiple of 8, in entry order, up to the file's end
 _HEADER = struct.Struct("<8sIIQQIIQ8sII")
 _ENTRY = struct.Struct("<QIIQQQQII8s")
 if _HEADER.size != 64 or _ENTRY.size != 64:  # pragma: no cover - a layout typo

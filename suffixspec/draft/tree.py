@@ -132,10 +132,6 @@ class DraftTree:
             mask[i, i] = True
         return mask
 
-    def position_offsets(self) -> np.ndarray:
-        """Position of each node relative to the last committed token (its depth)."""
-        return self.depths.copy()
-
     def longest_accepted(self, target) -> int:
         """Node index ending the longest root path that equals a prefix of `target` (-1: none)."""
         target = as_tokens(target, "target").tolist()

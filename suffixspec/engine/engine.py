@@ -570,7 +570,7 @@ class Server:
 
     def _verify(self, state, rows: list[RowRound], batch: RoundBatch) -> None:
         """One forward pass over every row's pending tokens and tree; acceptance; cache commit."""
-        from ..verify.kv import accept
+        from ..verify.accept import accept
 
         t_pass = self._clock()
         logits, root = state.forward(batch.pending, batch.trees)

@@ -76,7 +76,7 @@ def serve_plain(server, rq, step) -> None:
     """`Server`'s path for a model tree verification cannot serve: transformers' own generate for
     request `rq`, in one step (`step` gets its admission and its event)."""
     from .lifecycle import Event, Stage
-    from ..verify.kv import warn_once
+    from ..verify.support import warn_once
 
     warn_once(f"suffixspec: speculation disabled for this model ({server.unsupported}); using plain decoding")
     step.admitted.append(rq.index)

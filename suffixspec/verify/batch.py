@@ -1,8 +1,8 @@
 """`RoundBatch`: what one round of the engine hands the budget policy and the verifier.
 
-The engine builds one per round, after drafting (`RoundBatch.build` in `Server._round`). The policy
+The engine builds one per round, after drafting (`RoundBatch.build`, in the engine's round). The policy
 reads it to choose the round's draft size (`BudgetPolicy.size_round`), which replaces `trees`;
-the verifier's pass and acceptance (`KVState.forward`, `verify.accept`) read it after that. Every
+the verifier's pass and acceptance (`kv.KVState.forward`, `accept.accept`) read it after that. Every
 per-row field has one entry per row of the round's KV state, in the same order; nothing here is
 optional or either-or: a field that does not apply to a row holds its neutral value (weight 1,
 factor 1, a continuation chance of 1). Imports neither torch nor the model.
@@ -32,7 +32,7 @@ class RoundBatch:
     weights: np.ndarray  # float64[b] what a row's committed token is worth to the batch (`tail_weights`)
     factors: np.ndarray  # float64[b] how the row's own drafts fared so far (`RequestTrust.factor`)
     continuing: np.ndarray  # float64[b, D] [i, d]: chance row i's output runs past a node d deep
-    samplers: list[Any]  # [b] the row's `verify.Sampler` (rows may share one object; None: not for verifying)
+    samplers: list[Any]  # [b] the row's `accept.Sampler` (rows may share one object; None: not for verifying)
     eos: list[frozenset]  # [b] tokens that end the row's output (committed, then the walk stops)
     contexts: list[list[int]]  # [b] the row's committed tokens (prompt + output), for logits processors
     keys: np.ndarray  # int64[b] the row's sampling draw key

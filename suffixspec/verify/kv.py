@@ -1,214 +1,49 @@
-"""Tree verification with a transformers causal LM: one forward pass for the whole batch, then
-greedy or stochastic acceptance.
+"""The batch's KV state: one forward pass over every row's pending tokens and draft tree, and the
+commit that keeps what acceptance (`accept.py`) chose.
 
 Terms (used the same way everywhere in suffixspec):
 
-* committed: tokens that are part of a request's output for good.
-* pending: committed tokens whose keys/values are not yet in the KV cache (the whole prompt before
-  the first pass, afterwards exactly one token: the previous round's bonus). The last pending token
-  is the root of the draft tree.
+* committed: tokens that are part of a request's output for good. pending: committed tokens whose
+  keys/values are not yet in the KV cache (the whole prompt before the first pass, afterwards
+  exactly one: the previous round's bonus); the last pending token is the root of the draft tree.
 * draft: the nodes of a request's `DraftTree`; accepted: drafted nodes whose token equals the
   target's choice at their parent; bonus: the target's own token where the walk stops.
 
-One pass (`KVState.forward`) feeds, per request, ``[pad..] [pending..] [draft nodes..]`` (left
-padded to a common width). Positions come from the request's committed length and the node depths;
-attention comes from an explicit additive float mask ``(batch, 1, new, cached + new)``: a pending
-token sees the valid cache slots and the earlier pending tokens, a node additionally sees its
-ancestors only, a pad sees only itself. Models with sliding-window layers get one such mask per
-layer type with the window applied on logical positions.
+Contract:
 
-The KV cache is a transformers ``DynamicCache`` whose layers (`_GrowingLayer`) keep keys and values
-as prefix views of buffers with spare room along the sequence, so a pass writes only its new slots
-(a plain ``DynamicLayer`` concatenates the whole cache on every pass). Its slots are tracked per request
-(`KVState.slot_pos`: the logical position a slot holds, -1 for a hole). After acceptance only the
-pending tokens and the accepted nodes stay; their slots are compacted to the front of the round's
-tail and the cache is cropped, so rejected branches never reach a later pass. Holes (requests that
-kept fewer slots than others) are masked, and squeezed out when they exceed a quarter of the cache.
-While no row has a hole the cache is dense (slot i of every row holds position i): no slot tensor is
-kept, and a one-token step uses the model's own causal mask. The prefix is never recomputed.
-
-Devices: every tensor of a pass lives on the model's device. The host sends one int64 buffer per pass
-or commit (tokens, positions, each input's parent, pads; on CUDA pinned and copied without waiting),
-and the mask is built from it on the device (`treemask.ancestor_closure`); the pass and the commit never wait
-for the device (a `meta`-device model runs them). On CUDA a masked pass runs scaled-dot-product
-attention on the memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`); the oneDNN layers and the grouped
-attention of `suffixspec.attention` are CPU-only. Greedy acceptance off the CPU copies every
-position's choice to the host once per round (`greedy_choices`): the round's one device-to-host copy.
-
-Acceptance (`accept`) walks each tree from its root: at each node the target's logits are processed
-exactly as plain decoding would (user `LogitsProcessor`s with that node's full token context, then
-temperature, top-k, top-p), a token is chosen (argmax, or inverse-CDF sampling with a uniform drawn
-from (seed, request, output position)), and the walk follows the child drafting that token. With a
-deterministic draft this is the lossless rule "sample the target and follow the matching child",
-and the output equals plain decoding with the same draws whatever the trees were.
+* `KVState.forward` feeds, per row, ``[pad..] [pending..] [draft nodes..]`` (left padded to a common
+  width), positions from the row's committed length and the node depths, and an additive float mask
+  ``(batch, 1, new, cached + new)``: a pending token sees the valid cache slots and the earlier
+  pending tokens, a node also its ancestors only, a pad only itself; sliding-window layers get one
+  mask per layer type, the window applied on logical positions. `PassLayout` records where the
+  inputs sat.
+* `KVState.commit` keeps only the pending tokens and the accepted nodes, compacted to the front of the
+  round's tail; rejected branches never reach a later pass and the prefix is never recomputed.
+  Slots are tracked per row (`slot_pos`, -1 a hole); holes are masked and squeezed out past a
+  quarter of the cache. While no row has a hole the cache is dense: no slot tensor, and a
+  one-token step or a prefill uses the model's own causal mask.
+* Devices: every tensor of a pass lives on the model's device; the host sends one int64 buffer per
+  pass or commit, the mask is built on the device (`treemask.ancestor_closure`), and neither waits
+  for the device (a `meta`-device model runs them). On CUDA a masked pass runs SDPA on the
+  memory-efficient kernel (`treemask.TREE_SDPA_BACKENDS`).
+* `check_tree_logits(model)`: a tree pass against sequential passes on a short input.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from .batch import RoundBatch
-from ..errors import InternalError
-from .logprobs import of_rows
 from ..draft.tree import DraftTree
+from ..errors import InternalError
+from .support import accepts_logits_to_keep, cache_argument, layer_types
 from .treemask import ancestor_closure, tree_sdpa
 
-__all__ = [
-    "KVState",
-    "PassLayout",
-    "Sampler",
-    "RowResult",
-    "accept",
-    "argmax_rows",
-    "greedy_choices",
-    "tree_attention_support",
-    "uniform_draw",
-]
+__all__ = ["KVState", "PassLayout", "check_tree_logits"]
 
-_MASK64 = (1 << 64) - 1
-
-
-# ------------------------------------------------------------------------------------------ randomness
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def uniform_draw(seed: int, request: int, position: int) -> float:
-    """The uniform in [0, 1) that decides output token `position` of request `request` under `seed`."""
-    h = _splitmix64(int(seed) & _MASK64)
-    h = _splitmix64(h ^ (int(request) & _MASK64))
-    h = _splitmix64(h ^ (int(position) & _MASK64))
-    return (h >> 11) * (1.0 / (1 << 53))
-
-
-# ------------------------------------------------------------------------------------------ processing
-
-
-def argmax_rows(scores: torch.Tensor) -> list[int]:
-    """The index of each row's first maximum of `scores` [m, vocab] (a NaN counts as the maximum), as
-    `torch.argmax` gives it. On the CPU numpy's vectorised argmax reads the rows: torch's is several
-    times slower there, and it runs once per row of every decode round."""
-    if scores.device.type == "cpu" and scores.dtype in (torch.float32, torch.float64):
-        return scores.numpy().argmax(-1).tolist()
-    return scores.argmax(dim=-1).tolist()
-
-
-
-class Sampler:
-    """Turns target logits into tokens exactly as plain decoding does.
-
-    Order (as in transformers' `generate`): logits processors (the user's, then penalties, the least
-    length, the grammar), then temperature, top-k, top-p, min-p (transformers' own warpers), then
-    argmax (greedy) or sampling from the softmax. `logprobs` (None, or 0..20 top alternatives): the
-    walk reports each chosen token's log probability under the raw logits (before any processing).
-    """
-
-    def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None,
-                 min_p=None, logprobs=None):
-        from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                                  TopPLogitsWarper)
-
-        self.do_sample = bool(do_sample)
-        self.processors = LogitsProcessorList(list(logits_processor or []))
-        warpers = []
-        if self.do_sample:
-            if temperature is not None and float(temperature) != 1.0:
-                warpers.append(TemperatureLogitsWarper(float(temperature)))
-            if top_k is not None and int(top_k) > 0:
-                warpers.append(TopKLogitsWarper(top_k=int(top_k)))
-            if top_p is not None and float(top_p) < 1.0:
-                warpers.append(TopPLogitsWarper(top_p=float(top_p)))
-            if min_p is not None and float(min_p) > 0.0:
-                warpers.append(MinPLogitsWarper(min_p=float(min_p)))
-        self.logprobs = None if logprobs is None else int(logprobs)
-        self.warpers = LogitsProcessorList(warpers)
-        if seed is None:
-            seed = int(torch.randint(0, 2**62, (1,)).item()) if self.do_sample else 0
-        self.seed = int(seed)
-
-    def process(self, contexts: list[list[int]], scores: torch.Tensor) -> torch.Tensor:
-        """scores: [m, vocab] float32 raw logits; contexts: each row's full token context (prompt +
-        output so far) before the token being chosen. Returns processed scores [m, vocab]."""
-        if len(self.processors):
-            rows = []
-            for i, ctx in enumerate(contexts):
-                ids = torch.tensor([ctx], dtype=torch.long, device=scores.device)
-                rows.append(self.processors(ids, scores[i : i + 1]))
-            scores = torch.cat(rows, 0)
-        if len(self.warpers):
-            dummy = torch.zeros((scores.shape[0], 1), dtype=torch.long, device=scores.device)
-            scores = self.warpers(dummy, scores)
-        return scores
-
-    def choose(self, scores: torch.Tensor, keys: list[tuple[int, int]]) -> list[int]:
-        """One token per row of processed `scores` [m, vocab]; keys: (request, output position)."""
-        if not self.do_sample:
-            return argmax_rows(scores)
-        target_probs = torch.softmax(scores.double(), dim=-1)  # [m, vocab]
-        cdf = target_probs.cumsum(dim=-1)  # [m, vocab]
-        u = torch.tensor([uniform_draw(self.seed, r, p) for r, p in keys], dtype=torch.float64, device=cdf.device)
-        u = u * cdf[:, -1]
-        tokens = torch.searchsorted(cdf, u[:, None], right=True)[:, 0]
-        return tokens.clamp_(max=scores.shape[-1] - 1).tolist()
-
-
-# ------------------------------------------------------------------------------------------ the pass
-
-
-def _cache_argument(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _accepts_logits_to_keep(model) -> bool:
-    return "logits_to_keep" in inspect.signature(model.forward).parameters
-
-
-def _layer_types(config) -> tuple[list[str] | None, int | None]:
-    """Layer types and sliding window of a text config (None: one plain causal mask for all)."""
-    config = config.get_text_config() if hasattr(config, "get_text_config") else config
-    types = getattr(config, "layer_types", None)
-    window = getattr(config, "sliding_window", None)
-    if types is not None:
-        return list(types), window
-    if window is not None and getattr(config, "use_sliding_window", True):
-        return ["sliding_attention"] * int(getattr(config, "num_hidden_layers", 1)), window
-    return None, None
-
-
-def tree_attention_support(model) -> str | None:
-    """None when `KVState` can verify trees with `model`, else the reason it cannot."""
-    impl = getattr(model.config, "_attn_implementation", None)
-    if impl not in (None, "eager", "sdpa", "suffixspec_sdpa"):
-        return f"attention implementation {impl!r} does not take an explicit float tree mask (use 'sdpa' or 'eager')"
-    types, window = _layer_types(model.config)
-    if types is not None:
-        unknown = sorted(set(types) - {"full_attention", "sliding_attention"})
-        if unknown:
-            return f"layer types {unknown} are not supported by tree verification"
-        if "sliding_attention" in types and not window:
-            return "sliding-window layers without a window size"
-    if getattr(model.config, "is_encoder_decoder", False):
-        return "encoder-decoder models are not supported"
-    try:
-        from transformers import DynamicCache
-
-        if not hasattr(DynamicCache(), "layers"):
-            return "this transformers version's DynamicCache has no per-layer tensors"
-    except Exception as exc:  # pragma: no cover - very old transformers
-        return f"transformers has no usable DynamicCache ({exc})"
-    return None
 
 
 def _append(view: torch.Tensor, buf: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -242,8 +77,7 @@ def _growing_layer_class():
         While `keys`/`values` are still the very views the last update returned (nothing cropped,
         regathered or replaced them since: any of those assigns new tensors), the next update writes
         into the buffers' room after checking only shapes kept as plain ints (`_grown`: b, kv heads,
-        key and value widths, length, room); otherwise `_append` checks the views against the buffers.
-        The checks were a per-layer cost of every pass, paid once per layer."""
+        key and value widths, length, room); otherwise `_append` checks the views against the buffers."""
 
         _kbuf = _vbuf = _klast = _vlast = None
         _grown = (0, 0, 0, 0, 0, 0, 0, 0)  # key buffer b, h, d; value buffer b, h, d; length; room
@@ -321,9 +155,9 @@ class KVState:
         # logical tokens in the cache, per row: always exactly the row's valid (>= 0) slots, so the
         # cache is dense exactly when every row has L of them
         self.n_cached = np.zeros(batch_size, np.int64)
-        self._cache_arg = _cache_argument(model)
-        self._logits_to_keep = _accepts_logits_to_keep(model)
-        self._types, self._window = _layer_types(model.config)
+        self._cache_arg = cache_argument(model)
+        self._logits_to_keep = accepts_logits_to_keep(model)
+        self._types, self._window = layer_types(model.config)
         self._sliding = "sliding_attention" in (self._types or ())
         self._last: PassLayout | None = None  # the last pass, until it is committed
         self._step_layout: PassLayout | None = None  # the one-token step's (read-only arrays)
@@ -629,134 +463,6 @@ class KVState:
             layer.values = torch.gather(layer.values, 2, index[:, None, :, None].expand(b, h, index.shape[1], vd))
 
 
-# ------------------------------------------------------------------------------------------ acceptance
-
-
-@dataclass
-class RowResult:
-    tokens: list[int] = field(default_factory=list)  # committed this round (accepted drafts, then the bonus)
-    accepted_nodes: list[int] = field(default_factory=list)  # draft nodes whose tokens were committed
-    stopped_on_eos: bool = False
-    logprobs: list | None = None  # a `logprobs.TokenLogprob` per token, when its sampler asks for them
-
-
-def accept(logits: torch.Tensor, root_index: np.ndarray, batch: RoundBatch) -> list[RowResult]:
-    """Walk every row's tree, as `KVState.forward` fed them, and choose each row's tokens.
-
-    logits: [b, K, vocab] from the pass; root_index: int[b], the position of each row's root (its
-    last pending token) in `logits`. From `batch` (one entry per row): `trees`, `samplers` (rows
-    sharing a sampler object are processed together), `contexts` (committed tokens, for logits
-    processors), `keys` and `generated` (a draw's key and output position), `limits` (most tokens
-    to commit this round; 0: none) and `eos` (the walk stops at such a token, which is committed).
-    `accepted_nodes` excludes the node of the last committed token, whose KV is never needed (it
-    becomes the next pending token).
-    """
-    trees, row_samplers, row_eos = batch.trees, batch.samplers, batch.eos
-    limits = batch.limits.tolist()
-    contexts, request_keys, n_generated = batch.contexts, batch.keys.tolist(), batch.generated.tolist()
-    b = len(trees)
-    if any(s is None for s in row_samplers):
-        raise InternalError("accept: expected a Sampler for every row of the batch, got None")
-    first = row_samplers[0] if b else None
-    if (b and not first.do_sample and not len(first.processors) and first.logprobs is None
-            and all(s is first for s in row_samplers)
-            and (logits.shape[1] == 1 or logits.device.type not in STEPWISE_DEVICES)):
-        return _accept_greedy(greedy_choices(logits), root_index, trees, limits, row_eos)
-    results = [RowResult() for _ in range(b)]
-    children = [{(int(pa), int(t)): i for i, (pa, t) in enumerate(zip(tr.parents, tr.tokens))} for tr in trees]
-    current = [-1] * b
-    path_nodes: list[list[int]] = [[] for _ in range(b)]
-    active = [r for r in range(b) if limits[r] > 0]
-    while active:
-        idx = torch.tensor([int(root_index[r]) + 1 + current[r] for r in active], device=logits.device)
-        rows = torch.tensor(active, device=logits.device)
-        scores = logits[rows, idx]  # [m, vocab]
-        groups: dict[int, list[int]] = {}  # sampler -> positions in `active`
-        for j, r in enumerate(active):
-            groups.setdefault(id(row_samplers[r]), []).append(j)
-        chosen = [0] * len(active)
-        for js in groups.values():
-            sampler = row_samplers[active[js[0]]]
-            rows_g = [active[j] for j in js]
-            group_scores = scores if len(js) == len(active) else scores[torch.tensor(js, device=scores.device)]
-            raw = group_scores
-            ctx = [contexts[r] + results[r].tokens for r in rows_g] if len(sampler.processors) else []
-            group_scores = sampler.process(ctx, group_scores)
-            keys = [(request_keys[r], n_generated[r] + len(results[r].tokens)) for r in rows_g]
-            picked = sampler.choose(group_scores, keys)
-            for j, tok in zip(js, picked):
-                chosen[j] = tok
-            if sampler.logprobs is not None:  # the hook every per-position report reads: the raw logits
-                for r, entry in zip(rows_g, of_rows(raw, picked, sampler.logprobs)):
-                    if results[r].logprobs is None:
-                        results[r].logprobs = []
-                    results[r].logprobs.append(entry)
-        still = []
-        for r, tok in zip(active, chosen):
-            res = results[r]
-            res.tokens.append(int(tok))
-            if tok in row_eos[r]:
-                res.stopped_on_eos = True
-                continue
-            if len(res.tokens) >= limits[r]:
-                continue
-            child = children[r].get((current[r], int(tok)))
-            if child is None:
-                continue
-            path_nodes[r].append(child)
-            current[r] = child
-            still.append(r)
-        active = still
-    for r in range(b):
-        results[r].accepted_nodes = path_nodes[r][: len(results[r].tokens) - 1]
-    return results
-
-
-# Devices where greedy acceptance takes the argmax along the walk, one tree level at a time: host
-# syncs cost nothing there, and the positions off the accepted path are never read. Elsewhere every
-# position's argmax is taken on the device and copied to the host once (`greedy_choices`).
-STEPWISE_DEVICES = frozenset({"cpu"})
-
-
-def greedy_choices(logits: torch.Tensor) -> list[list[int]]:
-    """The argmax of every position of `logits` [b, K, vocab], as `argmax_rows`: on the device, then
-    the round's one device-to-host copy ([b, K] int64)."""
-    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64):
-        return logits.numpy().argmax(-1).tolist()
-    return logits.argmax(dim=-1).cpu().tolist()
-
-
-def _accept_greedy(chosen: list[list[int]], root_index: np.ndarray, trees: list[DraftTree], limits: list[int],
-                   row_eos) -> list[RowResult]:
-    """`accept` of greedy rows without logits processors, from the target's choice at every
-    position (`chosen` [b][K]): the same walk, on the host."""
-    results = []
-    for r, tree in enumerate(trees):
-        limit, eos, at = limits[r], row_eos[r], int(root_index[r]) + 1
-        if limit <= 0:
-            results.append(RowResult())
-            continue
-        tok = chosen[r][at - 1]
-        if not len(tree):  # no drafts: the root's choice
-            results.append(RowResult([tok], [], tok in eos))
-            continue
-        children = dict(zip(zip(tree.parents.tolist(), tree.tokens.tolist()), range(len(tree))))
-        res, node, path = RowResult(), -1, []
-        while True:
-            tok = chosen[r][at + node]
-            res.tokens.append(tok)
-            if tok in eos:
-                res.stopped_on_eos = True
-                break
-            node = children.get((node, tok)) if len(res.tokens) < limit else None
-            if node is None:
-                break
-            path.append(node)
-        res.accepted_nodes = path[: len(res.tokens) - 1]
-        results.append(res)
-    return results
-
-
 # ------------------------------------------------------------------------------------------ self-check
 
 
@@ -783,9 +489,3 @@ def check_tree_logits(model, atol: float | None = None) -> float:
     if worst > atol:
         raise InternalError(f"tree logits differ from sequential logits by {worst:.3g} (> {atol:.1g})")
     return worst
-
-
-def warn_once(message: str, _seen=set()) -> None:  # noqa: B006 - deliberate module-level memo
-    if message not in _seen:
-        _seen.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)

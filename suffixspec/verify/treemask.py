@@ -1,4 +1,4 @@
-"""Device-side pieces of a tree pass (`suffixspec.verify.KVState.forward`).
+"""Device-side pieces of a tree pass (`suffixspec.verify.kv.KVState.forward`).
 
 Contract:
 
