@@ -19,7 +19,7 @@ shrinking the session's own counts (`_s`) toward the proposer's counts over ever
 and those toward the prior; with no counts at all it is exactly base(L). The global table halves a
 bucket's counts once its trials pass GLOBAL_CAP (older requests fade).
 
-`count_frozen` / `count_own` advance a cursor exactly as `frozen.advance` / `sam.advance` do,
+`count_frozen` / `count_own` advance a cursor exactly as `frozen.advance` / `sam_query.advance` do,
 adding the events to two tables (the session's and the proposer's).
 """
 
@@ -126,7 +126,7 @@ def count_frozen(offsets, etok, eto, links, lens, state, length, tokens, min_mat
 @njit(cache=True, nogil=True)
 def count_own(S, E, H, M, tokens, min_match, local, glob):
     """The events of the request's own match (the longest earlier occurrence of the context's
-    suffix: the suffix link of the whole text), advanced like `sam.advance` through the automaton
+    suffix: the suffix link of the whole text), advanced like `sam_query.advance` through the automaton
     as it stands, before `tokens` are added to it; returns the final matched length."""
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
