@@ -109,6 +109,19 @@ def transition(S, E, H, src, tok):
     return -1 if e == -1 else E[e, TO]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def edge_to(g, state, tok):
+    """`follow.follow`'s lookup over g = (S, E, H)."""
+    return transition(g[0], g[1], g[2], state, tok)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def link_up(g, state, steps):
+    """`follow.follow`'s suffix-link step over g = (S, E, H)."""
+    p = g[0][state, LINK]
+    return p, g[0][p, LEN]
+
+
 @njit(cache=True)
 def _resized(a, used, new_cap):
     b = np.empty((new_cap, a.shape[1]), a.dtype)

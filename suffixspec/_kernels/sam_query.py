@@ -11,25 +11,16 @@ import numpy as np
 from numba import njit
 
 from . import lct
-from .sam import CNT, HEAD, LAST, LEN, LINK, MODE, MODE_ONLINE, NEXT, TO, TOK, transition
+from .follow import follow
+from .sam import CNT, HEAD, LAST, LEN, LINK, MODE, MODE_ONLINE, NEXT, TO, TOK, edge_to, link_up, transition
 
 
 @njit(cache=True)
 def advance(S, E, H, state, length, tokens):
     """Follow a growing context: longest suffix of (context + tokens) present in the text."""
+    g = (S, E, H)
     for j in range(tokens.shape[0]):
-        c = tokens[j]
-        while True:
-            nxt = transition(S, E, H, state, c)
-            if nxt != -1:
-                state = nxt
-                length += 1
-                break
-            if state == 0:
-                length = 0
-                break
-            state = S[state, LINK]
-            length = S[state, LEN]
+        state, length, _ = follow(edge_to, link_up, g, state, length, tokens[j])
     return state, length
 
 
