@@ -10,7 +10,8 @@ without a Python round trip per document and with the arrays sized for all the t
 (capacities never change the result). `extend_frozen` returns the same arrays given the frozen
 automaton over the first documents: it thaws that one (`sam_freeze.thaw`, a pass over its arrays) and
 adds only the later documents. Inputs are checked first by `check_documents` and `layout_ok`; the
-caller (`FrozenAutomaton.from_documents`) raises on a bad one.
+caller (`FrozenAutomaton.from_documents`) raises on a bad one. `documents_automaton` stops
+before freezing, for the corpus shards, which freeze into their mapped file.
 
 Arrays: `tokens` int32[n] (token ids, every one >= 0), `starts` int64[d] (0 first, strictly
 increasing, each below n; [0] when n is 0).
@@ -72,9 +73,9 @@ def layout_ok(links, lens, counts, lasts, offsets, etok, eto, n_tokens):
 
 
 @njit(cache=True, nogil=True)
-def _frozen(S, E, H, M, tokens, starts, first):
+def _add_documents(S, E, H, M, tokens, starts, first):
     """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
-    the ones before, then the arrays `build_frozen` returns."""
+    the ones before and accumulate its counts: (S, E, H, T, M), T the tokens."""
     n = tokens.shape[0]
     T = np.empty(n, np.int32)  # exactly the tokens: extend never grows it
     T[:] = tokens
@@ -87,6 +88,15 @@ def _frozen(S, E, H, M, tokens, starts, first):
         M[sk.LAST_STATE] = 0  # start_document
         S, E, H, T, L, stack = sk.extend(S, E, H, T, L, M, tokens[a:b], stack)
     sk.accumulate(S, M)
+    return S, E, H, T, M
+
+
+@njit(cache=True, nogil=True)
+def _frozen(S, E, H, M, tokens, starts, first):
+    """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
+    the ones before, then the arrays `build_frozen` returns."""
+    n = tokens.shape[0]
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, first)
     offsets, etok, eto = sfk.to_csr(S, E, M)
     links, lens, counts, lasts = sfk.state_columns(S, M)
     # edge rows are int32 ids, so every offset fits int32
@@ -96,12 +106,8 @@ def _frozen(S, E, H, M, tokens, starts, first):
 
 
 @njit(cache=True, nogil=True)
-def build_frozen(tokens, starts):
-    """(links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, offsets32, records):
-    the fields of the `FrozenAutomaton` over the documents (`offsets` int64, as `freeze()` gives),
-    then the int32 copy of `offsets` that its `kernel_arrays()` holds and its `edge_records()`.
-    The inputs must pass `check_documents`."""
-    n = tokens.shape[0]
+def _empty(n):
+    """(S, E, H, M): the bulk-mode automaton with the root only, with room for n tokens."""
     # a generalized automaton over n tokens has at most 2n states and about 3n edges
     S = np.empty((2 * n + 2, sk.STATE_COLS), np.int32)
     S[0, sk.LINK] = -1
@@ -114,7 +120,28 @@ def build_frozen(tokens, starts):
     H = np.full(32, -1, np.int32)
     M = np.zeros(sk.META, np.int64)
     M[sk.N_STATES] = 1
+    return S, E, H, M
+
+
+@njit(cache=True, nogil=True)
+def build_frozen(tokens, starts):
+    """(links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, offsets32, records):
+    the fields of the `FrozenAutomaton` over the documents (`offsets` int64, as `freeze()` gives),
+    then the int32 copy of `offsets` that its `kernel_arrays()` holds and its `edge_records()`.
+    The inputs must pass `check_documents`."""
+    S, E, H, M = _empty(tokens.shape[0])
     return _frozen(S, E, H, M, tokens, starts, 0)
+
+
+@njit(cache=True, nogil=True)
+def documents_automaton(tokens, starts):
+    """(S, E, M): the automaton `build_frozen` freezes, counts accumulated (MODE_BULK layout, see
+    sam.py), for a caller that freezes it into arrays of its own (`sam_freeze.to_csr_into`,
+    `sam_freeze.state_columns_into`: a corpus shard's mapped file). The inputs must pass
+    `check_documents`."""
+    S, E, H, M = _empty(tokens.shape[0])
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, 0)
+    return S, E, M
 
 
 @njit(cache=True, nogil=True)
