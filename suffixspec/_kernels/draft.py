@@ -178,13 +178,6 @@ def framed_workspace(wsf):
                            view_i64(wsf[WS_I64], wsf[WS_I64_LEN]))
 
 
-@njit(cache=True, nogil=True)
-def make_workspace(budget, max_children, n_sources):
-    """A fresh workspace (see `workspace_views`)."""
-    i32, f64, i64 = workspace_buffers(budget, max_children, n_sources)
-    return workspace_views(i32, f64, i64)
-
-
 # -- The tree growth (`expand`), in phases. Every phase is inlined into the one compiled loop
 # (`inline="always"`): a call that passes arrays costs reference-count traffic per node, and the
 # phases run per node.

@@ -299,15 +299,6 @@ class SuffixAutomaton(_Queries):
         if self._mode == sk.MODE_ONLINE:
             lct.settle(self._L, self._S, self.n_states)
 
-    def _freeze_into(self, out: dict) -> None:
-        """Write the arrays of `freeze()` into the preallocated arrays `out[name]` (names of
-        `FrozenAutomaton._FIELDS`, shapes as `freeze()` gives; `offsets` may be int32)."""
-        self._settle_values()
-        sfk.to_csr_into(self._S, self._E, self._M, out["offsets"], out["etok"], out["eto"])
-        sfk.state_columns_into(self._S, self._M, out["links"], out["lens"], out["counts"], out["lasts"])
-        out["tokens"][:] = self._T[: len(self)]
-        out["doc_starts"][:] = self._doc_starts()
-
     def __getstate__(self):
         n, m, t = self.n_states, self.n_edges, len(self)
         if self._mode == sk.MODE_ONLINE:
