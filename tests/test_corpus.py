@@ -394,22 +394,10 @@ def test_parallel_build_equals_serial(tmp_path):
         assert s.file.payload_crc == t.file.payload_crc
 
 
-def test_shard_of_huge_token_ids_equals_the_dense_builder(tmp_path, monkeypatch):
-    """Token ids past the dense root row's limit take the growable automaton's path; its shard file
-    has the bytes the dense builder writes for the same tokens, and a file of really huge ids opens
-    and answers like the automaton."""
-    from suffixspec.corpus import shards as C
-
+def test_shard_of_huge_token_ids_answers_like_the_automaton(tmp_path):
+    """A shard over really huge token ids (the automaton hashes its edges, no dense row) opens and
+    answers like the automaton."""
     docs = [d for d in random_docs(23, n_docs=25, max_len=90) if d]
-    lens = np.array([len(d) for d in docs], np.int64)
-    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
-    ids, tags = [f"d{i}" for i in range(len(docs))], [{} for _ in docs]
-    dense = C.build_shard_file(str(tmp_path / "dense.ssx"), tokens, lens, ids, tags)
-    monkeypatch.setattr(C, "ROOT_DENSE_LIMIT", 0)
-    hashed = C.build_shard_file(str(tmp_path / "hashed.ssx"), tokens, lens, ids, tags)
-    assert dense["payload_crc"] == hashed["payload_crc"]
-    assert (tmp_path / "dense.ssx").read_bytes() == (tmp_path / "hashed.ssx").read_bytes()
-    monkeypatch.undo()
     big = [[(1 << 30) + t for t in d] for d in docs]
     ix = build(tmp_path, big, name="big", shard_tokens=10_000, tokenizer={**TOK, "vocab_size": 1 << 31})
     sa = SuffixAutomaton()
@@ -426,7 +414,7 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     import json
 
     from suffixspec.corpus import shards as C
-    from suffixspec._kernels import corpus as ck
+    from suffixspec._kernels import corpus_build as cbk
 
     docs = [d for d in random_docs(17, n_docs=20, max_len=80) if d]
     lens = np.array([len(d) for d in docs], np.int64)
@@ -437,7 +425,7 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     for d in docs:
         sa.add_document(d)
     fa = sa.freeze()
-    pstate = ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+    pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
     occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     arrays = {**fa.arrays(), "occ": np.array(occ, np.int32), "occ_start": np.array(occ_start, np.int32)}
     arrays["offsets"] = arrays["offsets"].astype(np.int32)
@@ -620,51 +608,56 @@ def test_interrupted_append_leaves_index_unchanged(tmp_path):
 # -- bulk shard builder -------------------------------------------------------------------------
 
 
-def _bulk_frozen(docs, **kw):
-    """Frozen arrays of the shard builder's automaton (corpus.shards.bulk_automaton + kernels)."""
-    from suffixspec.corpus import shards as C
-    from suffixspec._kernels import corpus as ck
+def _bulk_frozen(docs):
+    """Frozen arrays of the shard builder's automaton (build.documents_automaton frozen by the
+    sam_freeze kernels, then the occurrence kernels), as build_shard_file writes them."""
+    from suffixspec._kernels import build as bk
+    from suffixspec._kernels import corpus_build as cbk
+    from suffixspec._kernels import sam as sk
+    from suffixspec._kernels import sam_freeze as sfk
 
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     starts = np.zeros(len(docs), np.int64)
     np.cumsum([len(d) for d in docs[:-1]], out=starts[1:])
-    S, E, R, P, BM = C.bulk_automaton(tokens, starts, **kw)
-    ns, m = int(BM[ck.B_NS]), int(BM[ck.B_EDGES])
+    S, E, M = bk.documents_automaton(tokens, starts)
+    ns, m = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
     out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
-    out.update(offsets=np.empty(ns + 1, np.int64), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
-    assert ck.build_freeze(S, E, R, BM, out["links"], out["lens"], out["offsets"], out["etok"], out["eto"]) == m
+    out.update(offsets=np.empty(ns + 1, np.int32), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
+    sfk.to_csr_into(S, E, M, out["offsets"], out["etok"], out["eto"])
+    sfk.state_columns_into(S, M, out["links"], out["lens"], out["counts"], out["lasts"])
+    P = cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts)
     scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
-    assert ck.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
-                                np.empty(ns, np.int32), *scratch)
+    assert cbk.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
+                                 np.empty(ns, np.int32), *scratch)
     return out, P
 
 
-def _assert_bulk_equals_automaton(docs, **kw):
-    got, pstate = _bulk_frozen(docs, **kw)
+def _assert_bulk_equals_automaton(docs):
+    got, pstate = _bulk_frozen(docs)
     sa = SuffixAutomaton()
     for d in docs:
         sa.add_document(d)
     fa = sa.freeze()
     for name, a in got.items():
         assert np.array_equal(a, getattr(fa, name)), name
-    from suffixspec._kernels import corpus as ck
+    from suffixspec._kernels import corpus_build as cbk
 
-    assert np.array_equal(pstate, ck.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
+    assert np.array_equal(pstate, cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
     # the occurrence kernel gives the automaton's counts and last ends, and the layout of the reference
     occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     ns, n = fa.n_states, len(fa)
     got = [np.empty(ns, np.int32), np.empty(ns, np.int32), np.empty(n, np.int32), np.empty(ns, np.int32)]
     scratch = (np.full((ns, 4), 7, np.int32), np.full(ns, 7, np.int32))
-    assert ck.build_occurrences(fa.links, fa.lens, pstate, *got, *scratch)
+    assert cbk.build_occurrences(fa.links, fa.lens, pstate, *got, *scratch)
     for a, b in zip(got, (fa.counts, fa.lasts, occ, occ_start)):
         assert np.array_equal(a, np.asarray(b, np.int32))
     bad = pstate.copy()
     bad[len(bad) // 2] = ns  # no such state
-    assert not ck.build_occurrences(fa.links, fa.lens, bad, *got, *scratch)
+    assert not cbk.build_occurrences(fa.links, fa.lens, bad, *got, *scratch)
     bad_links = fa.links.copy()
     bad_links[1] = 1  # a state its own suffix link
-    assert not ck.build_occurrences(bad_links, fa.lens, pstate, *got, *scratch)
-    assert not ck.build_occurrences(fa.links, fa.lens, pstate, *got, scratch[0][:-1], scratch[1])  # scratch too small
+    assert not cbk.build_occurrences(bad_links, fa.lens, pstate, *got, *scratch)
+    assert not cbk.build_occurrences(fa.links, fa.lens, pstate, *got, scratch[0][:-1], scratch[1])  # scratch too small
 
 
 def _real_docs():
@@ -683,14 +676,12 @@ def test_bulk_builder_equals_automaton_random(seed, alphabet):
     docs += [docs[0], docs[0][: len(docs[0]) // 2], docs[1] + docs[0]]  # repeated prefixes: the generalized cases
     rng.shuffle(docs)
     _assert_bulk_equals_automaton(docs)
-    # tiny starting room: overflow rows and the hash grow between kernel calls
-    _assert_bulk_equals_automaton(docs, e_rows=1, h_rows=1)
 
 
 def test_bulk_builder_equals_automaton_real_text():
     docs = _real_docs()
     _assert_bulk_equals_automaton(docs)
-    _assert_bulk_equals_automaton(docs + docs[:3], e_rows=16, h_rows=16)
+    _assert_bulk_equals_automaton(docs + docs[:3])
 
 
 def test_bulk_builder_hubs_and_sparse_root():
@@ -699,11 +690,11 @@ def test_bulk_builder_hubs_and_sparse_root():
     base = rng.integers(0, 40, 3000)
     docs = [np.concatenate([base[i * 50 : i * 50 + 30], rng.integers(0, 40, 20)]) * 99991 % 5_000_000 for i in range(60)]
     docs += [np.full(50, 7), np.arange(400) % 9, np.arange(400)[::-1].copy()]
-    _assert_bulk_equals_automaton([d.astype(np.int32) for d in docs], e_rows=4, h_rows=4)
+    _assert_bulk_equals_automaton([d.astype(np.int32) for d in docs])
 
 
 def test_shard_file_large_token_ids_fallback(tmp_path):
-    """Token ids past the dense root row go through the growable automaton: same queries."""
+    """The largest int32 token ids: same queries as the automaton."""
     big = 2**31 - 1
     docs = [[big, 3, big, 3, 5], [3, big, 3], [big - 7, big]]
     ix = build(tmp_path, docs, tokenizer={**TOK, "vocab_size": big + 1})

@@ -1,8 +1,8 @@
 """Arrays passed to kernels as raw addresses in an int64 frame.
 
-Numba's dispatcher type-checks and unboxes every argument of a call (~35-50 ns each); a hot call
-that needs a dozen arrays takes instead one int64 array holding their addresses and lengths and
-views them again with `view_*`. Contract: whoever writes an address into a frame keeps that array
+Numba's dispatcher type-checks and unboxes every argument of a call; a hot call that needs a
+dozen arrays takes instead one int64 array holding their addresses and lengths and views them
+again with `view_*`. Contract: whoever writes an address into a frame keeps that array
 alive, C-contiguous and of the dtype the reader expects for as long as the frame can be read, and
 rewrites the frame when the array is replaced. Kernels trust the addresses.
 """

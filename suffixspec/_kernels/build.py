@@ -5,12 +5,13 @@ Contract: `build_frozen(tokens, starts)` returns exactly the arrays that
 running to the end), then `freeze()`, `kernel_arrays()` and `edge_records()` give: the same
 states in the same order, the same edges, counts and last end positions. It runs the same code
 (`sam.extend` per document from the last state reset to the root, as `start_document` does,
-then `sam.accumulate`, `sam.to_csr`, `sam.state_columns` and `frozen.edge_records`), only
+then `sam.accumulate`, `sam_freeze.to_csr`, `sam_freeze.state_columns` and `frozen.edge_records`), only
 without a Python round trip per document and with the arrays sized for all the tokens up front
 (capacities never change the result). `extend_frozen` returns the same arrays given the frozen
-automaton over the first documents: it thaws that one (`sam.thaw`, a pass over its arrays) and
+automaton over the first documents: it thaws that one (`sam_freeze.thaw`, a pass over its arrays) and
 adds only the later documents. Inputs are checked first by `check_documents` and `layout_ok`; the
-caller (`FrozenAutomaton.from_documents`) raises on a bad one.
+caller (`FrozenAutomaton.from_documents`) raises on a bad one. `documents_automaton` stops
+before freezing, for the corpus shards, which freeze into their mapped file.
 
 Arrays: `tokens` int32[n] (token ids, every one >= 0), `starts` int64[d] (0 first, strictly
 increasing, each below n; [0] when n is 0).
@@ -21,6 +22,7 @@ from numba import njit
 
 from . import frozen as fk
 from . import sam as sk
+from . import sam_freeze as sfk
 
 DOCS_OK, DOCS_NEGATIVE_TOKEN, DOCS_BAD_STARTS = 0, 1, 2
 
@@ -47,7 +49,7 @@ def check_documents(tokens, starts):
 
 @njit(cache=True, nogil=True)
 def layout_ok(links, lens, counts, lasts, offsets, etok, eto, n_tokens):
-    """Whether the frozen arrays are a layout `sam.thaw` can follow: every array its length, the
+    """Whether the frozen arrays are a layout `sam_freeze.thaw` can follow: every array its length, the
     root first (link -1, length 0), every other state's suffix link to a shorter state (so links
     end at the root) and no state longer than the n_tokens tokens, edge offsets increasing from 0
     to the edge count, targets among the states."""
@@ -71,9 +73,9 @@ def layout_ok(links, lens, counts, lasts, offsets, etok, eto, n_tokens):
 
 
 @njit(cache=True, nogil=True)
-def _frozen(S, E, H, M, tokens, starts, first):
+def _add_documents(S, E, H, M, tokens, starts, first):
     """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
-    the ones before, then the arrays `build_frozen` returns."""
+    the ones before and accumulate its counts: (S, E, H, T, M), T the tokens."""
     n = tokens.shape[0]
     T = np.empty(n, np.int32)  # exactly the tokens: extend never grows it
     T[:] = tokens
@@ -86,8 +88,17 @@ def _frozen(S, E, H, M, tokens, starts, first):
         M[sk.LAST_STATE] = 0  # start_document
         S, E, H, T, L, stack = sk.extend(S, E, H, T, L, M, tokens[a:b], stack)
     sk.accumulate(S, M)
-    offsets, etok, eto = sk.to_csr(S, E, M)
-    links, lens, counts, lasts = sk.state_columns(S, M)
+    return S, E, H, T, M
+
+
+@njit(cache=True, nogil=True)
+def _frozen(S, E, H, M, tokens, starts, first):
+    """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
+    the ones before, then the arrays `build_frozen` returns."""
+    n = tokens.shape[0]
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, first)
+    offsets, etok, eto = sfk.to_csr(S, E, M)
+    links, lens, counts, lasts = sfk.state_columns(S, M)
     # edge rows are int32 ids, so every offset fits int32
     offsets32 = offsets.astype(np.int32)
     records = fk.edge_records(etok, eto, counts, lasts)
@@ -95,12 +106,8 @@ def _frozen(S, E, H, M, tokens, starts, first):
 
 
 @njit(cache=True, nogil=True)
-def build_frozen(tokens, starts):
-    """(links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, offsets32, records):
-    the fields of the `FrozenAutomaton` over the documents (`offsets` int64, as `freeze()` gives),
-    then the int32 copy of `offsets` that its `kernel_arrays()` holds and its `edge_records()`.
-    The inputs must pass `check_documents`."""
-    n = tokens.shape[0]
+def _empty(n):
+    """(S, E, H, M): the bulk-mode automaton with the root only, with room for n tokens."""
     # a generalized automaton over n tokens has at most 2n states and about 3n edges
     S = np.empty((2 * n + 2, sk.STATE_COLS), np.int32)
     S[0, sk.LINK] = -1
@@ -113,16 +120,37 @@ def build_frozen(tokens, starts):
     H = np.full(32, -1, np.int32)
     M = np.zeros(sk.META, np.int64)
     M[sk.N_STATES] = 1
+    return S, E, H, M
+
+
+@njit(cache=True, nogil=True)
+def build_frozen(tokens, starts):
+    """(links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, offsets32, records):
+    the fields of the `FrozenAutomaton` over the documents (`offsets` int64, as `freeze()` gives),
+    then the int32 copy of `offsets` that its `kernel_arrays()` holds and its `edge_records()`.
+    The inputs must pass `check_documents`."""
+    S, E, H, M = _empty(tokens.shape[0])
     return _frozen(S, E, H, M, tokens, starts, 0)
+
+
+@njit(cache=True, nogil=True)
+def documents_automaton(tokens, starts):
+    """(S, E, M): the automaton `build_frozen` freezes, counts accumulated (MODE_BULK layout, see
+    sam.py), for a caller that freezes it into arrays of its own (`sam_freeze.to_csr_into`,
+    `sam_freeze.state_columns_into`: a corpus shard's mapped file). The inputs must pass
+    `check_documents`."""
+    S, E, H, M = _empty(tokens.shape[0])
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, 0)
+    return S, E, M
 
 
 @njit(cache=True, nogil=True)
 def extend_frozen(links, lens, counts, lasts, offsets, etok, eto, tokens, starts, first):
     """`build_frozen(tokens, starts)`, given the frozen arrays (`layout_ok`) of the automaton over
-    the first `first` documents (1 <= first <= len(starts)): thawed (`sam.thaw`), not rebuilt,
+    the first `first` documents (1 <= first <= len(starts)): thawed (`sam_freeze.thaw`), not rebuilt,
     then the later documents added."""
     n = tokens.shape[0]
     done = starts[first] if first < starts.shape[0] else n
     more = n - done
-    S, E, H, M = sk.thaw(links, lens, counts, lasts, offsets, etok, eto, done, 2 * more + 2, 3 * more + 16)
+    S, E, H, M = sfk.thaw(links, lens, counts, lasts, offsets, etok, eto, done, 2 * more + 2, 3 * more + 16)
     return _frozen(S, E, H, M, tokens, starts, first)

@@ -12,26 +12,21 @@ children's counts, conf(L) the chance that a copy continues at all (learned per 
 length bucket from the request's committed tokens, `learn.conf`; L / (L + match_prior) before any
 count), and [most recent] marks the continuation of the most recent occurrence (recency matters
 for text being edited). A frozen state with many children is read through its precomputed best
-ones and their count total (`frozen.top_children`: the same children and shares as a scan of them
-all, in max_children + 1 reads); elsewhere at most CHILD_BUF children of a state are read (a
-frozen state with more, and no table, keeps its own count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
-parts (`expand`); a path's node scores the max over the parts that propose it, and the `budget`
-most probable nodes are kept. Probabilities never increase down a path.
+ones and their count total (`frozen.top_children`, the shares a full scan gives); elsewhere at most
+CHILD_BUF children of a state are read (a frozen state with more, and no table, keeps its own
+count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
+parts (`expand`); a node scores the max over the parts that propose it, and the `budget` most
+probable nodes are kept. Probabilities never increase down a path.
 
-Sibling calibration: a node's *rank* is the number of siblings created before it (nodes are
-created best first), its *share* in a part is the factor above (conf(L) times the child's count
-share). Each part's step into a node is multiplied by `learn.rank_factor` of that rank and share,
-learned from which drafts the committed tokens accepted (`learn.count_tree`): alternatives to a
-better sibling (often another part's disagreeing guess) are worth what they were seen to be
-worth. The factor never grows with the rank, so a heap key computed at a lower rank is an upper
-bound: a popped candidate whose rank has grown since is pushed back with its new key (lazy
-re-evaluation), and the tree is still built best first. With an empty table the factor is 1.
+Sibling calibration: each part's step into a node is multiplied by `learn.rank_factor` of its
+rank (siblings created before it) and share (the factor above). It never grows with the rank, so a
+key computed at a lower rank bounds the node's score: a popped candidate whose rank has grown is
+pushed back with its new key (lazy re-evaluation), and the tree is still built best first.
 
-Layouts: the live automaton (source -1) is read through its growable arrays, counts through its
-link-cut tree, which expanding may restructure (the automaton must not be used concurrently);
-frozen automata through `frozen.source_table` (read-only, safe to share across threads).
-`_kernels/propose.py` lists the parts of a session. `merge` merges candidate lists that are not
-best-first (a session's document-restricted corpus chains).
+Layouts: the live automaton (source -1) through its growable arrays, counts through its link-cut
+tree, which expanding may restructure (not to be used concurrently); frozen automata through
+`frozen.source_table` (read-only). propose.py lists a session's parts. `merge` merges candidate
+lists that are not best-first (a session's document-restricted corpus chains).
 """
 
 from collections import namedtuple
@@ -176,13 +171,6 @@ def framed_workspace(wsf):
     """`workspace_views` of the buffers a workspace frame names."""
     return workspace_views(view_i32(wsf[WS_I32], wsf[WS_I32_LEN]), view_f64(wsf[WS_F64], wsf[WS_F64_LEN]),
                            view_i64(wsf[WS_I64], wsf[WS_I64_LEN]))
-
-
-@njit(cache=True, nogil=True)
-def make_workspace(budget, max_children, n_sources):
-    """A fresh workspace (see `workspace_views`)."""
-    i32, f64, i64 = workspace_buffers(budget, max_children, n_sources)
-    return workspace_views(i32, f64, i64)
 
 
 # -- The tree growth (`expand`), in phases. Every phase is inlined into the one compiled loop

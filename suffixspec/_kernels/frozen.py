@@ -11,6 +11,7 @@ import numpy as np
 from numba import njit
 
 from .address import address, view_i32
+from .follow import follow
 from ..errors import InternalError
 
 CORRUPT = -2
@@ -41,6 +42,26 @@ def transition(offsets, etok, eto, state, tok):
     return -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def edge_to(g, state, tok):
+    """`follow`'s lookup over g = (offsets, etok, eto, links, lens)."""
+    return transition(g[0], g[1], g[2], state, tok)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def link_up(g, state, steps):
+    """`follow`'s suffix-link step over g = (offsets, etok, eto, links, lens): CORRUPT for a link
+    outside the states, a negative length, or more steps than states (a cycle)."""
+    n = g[0].shape[0] - 1
+    p = g[3][state]
+    if p < 0 or p >= n or steps > n:
+        return CORRUPT, 0
+    length = g[4][p]
+    if length < 0:
+        return CORRUPT, 0
+    return p, length
+
+
 @njit(cache=True)
 def advance(offsets, etok, eto, links, lens, state, length, tokens):
     n = offsets.shape[0] - 1
@@ -55,28 +76,11 @@ def advance(offsets, etok, eto, links, lens, state, length, tokens):
             break
         state = p
         guard += 1
+    g = (offsets, etok, eto, links, lens)
     for j in range(tokens.shape[0]):
-        c = tokens[j]
-        steps = 0
-        while True:
-            nxt = transition(offsets, etok, eto, state, c)
-            if nxt == CORRUPT:
-                return CORRUPT, 0
-            if nxt != -1:
-                state = nxt
-                length += 1
-                break
-            if state == 0:
-                length = 0
-                break
-            p = links[state]
-            steps += 1
-            if p < 0 or p >= n or steps > n:
-                return CORRUPT, 0
-            state = p
-            length = lens[state]
-            if length < 0:
-                return CORRUPT, 0
+        state, length, _ = follow(edge_to, link_up, g, state, length, tokens[j])
+        if state == CORRUPT:
+            return CORRUPT, 0
     return state, length
 
 

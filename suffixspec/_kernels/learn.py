@@ -19,7 +19,7 @@ shrinking the session's own counts (`_s`) toward the proposer's counts over ever
 and those toward the prior; with no counts at all it is exactly base(L). The global table halves a
 bucket's counts once its trials pass GLOBAL_CAP (older requests fade).
 
-`count_frozen` / `count_own` advance a cursor exactly as `frozen.advance` / `sam.advance` do,
+`count_frozen` / `count_own` advance a cursor exactly as `frozen.advance` / `sam_query.advance` do,
 adding the events to two tables (the session's and the proposer's).
 """
 
@@ -28,6 +28,7 @@ from numba import njit
 
 from . import frozen as fk
 from . import sam as sk
+from .follow import follow
 
 CLS_OWN, CLS_CACHE, CLS_CORPUS = 0, 1, 2
 N_CLASSES = 3
@@ -94,60 +95,31 @@ def count_frozen(offsets, etok, eto, links, lens, state, length, tokens, min_mat
             break
         state = p
         guard += 1
+    g = (offsets, etok, eto, links, lens)
     for j in range(tokens.shape[0]):
-        c = tokens[j]
-        steps = 0
-        first = True
-        while True:
-            nxt = fk.transition(offsets, etok, eto, state, c)
-            if nxt == fk.CORRUPT:
-                return fk.CORRUPT, 0
-            if first and length >= min_match:
-                _add(local, glob, cls, length, nxt != -1)
-            first = False
-            if nxt != -1:
-                state = nxt
-                length += 1
-                break
-            if state == 0:
-                length = 0
-                break
-            p = links[state]
-            steps += 1
-            if p < 0 or p >= n or steps > n:
-                return fk.CORRUPT, 0
-            state = p
-            length = lens[state]
-            if length < 0:
-                return fk.CORRUPT, 0
+        before = length
+        state, length, first = follow(fk.edge_to, fk.link_up, g, state, length, tokens[j])
+        if first >= 0 and before >= min_match:
+            _add(local, glob, cls, before, first == 1)
+        if state == fk.CORRUPT:
+            return fk.CORRUPT, 0
     return state, length
 
 
 @njit(cache=True, nogil=True)
 def count_own(S, E, H, M, tokens, min_match, local, glob):
     """The events of the request's own match (the longest earlier occurrence of the context's
-    suffix: the suffix link of the whole text), advanced like `sam.advance` through the automaton
+    suffix: the suffix link of the whole text), advanced like `sam_query.advance` through the automaton
     as it stands, before `tokens` are added to it; returns the final matched length."""
     last = M[sk.LAST_STATE]
     state = S[last, sk.LINK] if last > 0 else 0
     length = S[state, sk.LEN] if state > 0 else 0
+    g = (S, E, H)
     for j in range(tokens.shape[0]):
-        c = tokens[j]
-        first = True
-        while True:
-            nxt = sk.transition(S, E, H, state, c)
-            if first and length >= min_match:
-                _add(local, glob, CLS_OWN, length, nxt != -1)
-            first = False
-            if nxt != -1:
-                state = nxt
-                length += 1
-                break
-            if state == 0:
-                length = 0
-                break
-            state = S[state, sk.LINK]
-            length = S[state, sk.LEN]
+        before = length
+        state, length, first = follow(sk.edge_to, sk.link_up, g, state, length, tokens[j])
+        if before >= min_match:
+            _add(local, glob, CLS_OWN, before, first == 1)
     return length
 
 

@@ -230,7 +230,7 @@ def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, 
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
     loops (some trees differed from the serial kernel's); a call per share costs nothing.
     The expansion sees `borrowed` views only (as `propose_framed` does): the arrays it passes to
-    its inlined phases then cost no reference counting (the batch ran 7-18% slower without)."""
+    its inlined phases then cost no reference counting."""
     n = slots.shape[0]
     bmax = 64
     for i in range(n):

@@ -1,6 +1,6 @@
-"""Growable suffix automaton over int32 token ids: online extension and queries.
+"""Growable suffix automaton over int32 token ids: its arrays and their construction.
 
-Arrays (owned by `suffixspec.automaton.SuffixAutomaton`, passed in and returned because
+Arrays (owned by `suffixspec.draft.automaton.SuffixAutomaton`, passed in and returned because
 growth reallocates them):
 
 - `S` int32[cap, 6]: per state LINK (suffix link, -1 for the root), LEN (longest string),
@@ -9,25 +9,21 @@ growth reallocates them):
 - `E` int32[cap, 4]: per edge SRC, TOK, TO, NEXT (next edge of the same source, -1 ends).
 - `H` int32[2**b]: open-addressing hash table (linear probing) of edge ids keyed by (SRC, TOK),
   holding only the edges of states with more than SMALL_DEG edges (hubs such as the root);
-  the edges of the many small states are found by walking their short list. -1 marks an empty
-  slot; the size is a power of two, kept at most 70% full.
+  -1 marks an empty slot; the size is a power of two, kept at most 70% full.
 - `T` int32[cap]: the indexed tokens, all documents concatenated.
 - `L` int32[cap, 5]: the link-cut tree (see lct.py), used once counts are kept online.
 - `M` int64[META]: N_STATES, N_EDGES, LAST_STATE, N_TOKENS, MODE, N_HASHED.
 
-MODE_BULK: CNT/LAST of each state hold only its *own* positions (the positions whose whole
-document prefix ends in that state); `accumulate` turns them into subtree sums in O(n) and
-switches to MODE_ONLINE, where every new position updates its root path through the
-link-cut tree. Matching never needs counts, so bulk mode survives match queries.
-
-Speed: `extend` in bulk mode runs `_extend_bulk`, a loop that never reallocates (arrays that a
-loop may rebind make numba emit far slower code, about 2x here): each token first walks its
-suffix-link path read-only to learn how many rows it needs, and the loop returns to `extend`
-to grow the arrays (sized by projecting the rows-per-token rate seen so far) when they would
-not fit. The online mode and over-long walks use `_extend_general`.
+MODE_BULK: CNT/LAST of each state hold only its *own* positions (those whose whole document
+prefix ends in that state); `accumulate` turns them into subtree sums and switches to
+MODE_ONLINE, where every new position updates its root path through the link-cut tree.
+`extend` is the one construction of the automaton (`build.py` and the corpus shards run it too):
+in bulk mode `_extend_bulk`, a loop that never reallocates, returning to `extend` to grow the
+arrays; the online mode and over-long suffix-link walks use `_extend_general`. Conversions
+to and from the frozen layout are in sam_freeze.py. The live frame (`write_live`, `live_arrays`) names the current arrays for the proposal kernels.
 
 Documents: the automaton is a generalized one; `M[LAST_STATE] = 0` starts a new document,
-so no match spans two documents.
+so no match spans two documents. Queries over these arrays are in sam_query.py.
 """
 
 import numpy as np
@@ -46,6 +42,7 @@ SMALL_DEG = 6
 MODE_BULK, MODE_ONLINE = 0, 1
 HASH_LOAD_NUM, HASH_LOAD_DEN = 7, 10
 E_COLS, L_COLS = 4, 5
+
 
 # The live frame (int64, see address.py): what a proposal reads of an automaton (S, E, L, M and
 # the link-cut stack) as addresses and row counts. Its owner rewrites it whenever an array is
@@ -112,6 +109,19 @@ def transition(S, E, H, src, tok):
     return -1 if e == -1 else E[e, TO]
 
 
+@njit(cache=True, nogil=True, inline="always")
+def edge_to(g, state, tok):
+    """`follow.follow`'s lookup over g = (S, E, H)."""
+    return transition(g[0], g[1], g[2], state, tok)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def link_up(g, state, steps):
+    """`follow.follow`'s suffix-link step over g = (S, E, H)."""
+    p = g[0][state, LINK]
+    return p, g[0][p, LEN]
+
+
 @njit(cache=True)
 def _resized(a, used, new_cap):
     b = np.empty((new_cap, a.shape[1]), a.dtype)
@@ -150,7 +160,7 @@ def _hash_insert(E, H, e):
 
 
 @njit(cache=True)
-def _rehash(S, E, n_edges, size):
+def rehash(S, E, n_edges, size):
     H = np.full(size, -1, np.int32)
     for e in range(n_edges):
         if S[E[e, SRC], DEG] > SMALL_DEG:
@@ -168,7 +178,7 @@ def _index_hub_edge(S, E, H, M, e, deg):
         size = H.shape[0]
         while hashed * HASH_LOAD_DEN > size * HASH_LOAD_NUM:
             size *= 2
-        H = _rehash(S, E, e + 1, size)
+        H = rehash(S, E, e + 1, size)
     else:
         f = e
         for _ in range(added):
@@ -519,7 +529,7 @@ def extend(S, E, H, T, L, M, tokens, stack):
             size = H.shape[0]
             while hashed * HASH_LOAD_DEN > size * HASH_LOAD_NUM:
                 size *= 2
-            H = _rehash(S, E, ne, size)
+            H = rehash(S, E, ne, size)
     return S, E, H, T, L, stack
 
 
@@ -551,192 +561,8 @@ def accumulate(S, M):
                 S[p, LAST] = S[v, LAST]
 
 
-@njit(cache=True, nogil=True)
-def thaw(links, lens, counts, lasts, offsets, etok, eto, n_tokens, more_states, more_edges):
-    """(S, E, H, M) in MODE_BULK of the automaton a frozen layout holds (`to_csr` and
-    `state_columns` of an automaton over n_tokens tokens, counts accumulated), with room for
-    `more_states` / `more_edges` rows, for `extend` to add documents to. The same automaton:
-    its edges are listed by token instead of in the order they came, which no result depends on;
-    CNT is each state's own positions (its count less its suffix-link children's) and LAST its
-    frozen last end, the latest own position of its subtree (a subtree only ever gains states), so
-    that `accumulate` after more documents gives what one build over all of them gives. The caller
-    checks the layout first (`build.layout_ok`)."""
-    n = links.shape[0]
-    m = etok.shape[0]
-    S = np.empty((n + more_states, STATE_COLS), np.int32)
-    E = np.empty((m + more_edges, E_COLS), np.int32)
-    hashed = 0
-    for v in range(n):
-        lo = offsets[v]
-        hi = offsets[v + 1]
-        S[v, LINK], S[v, LEN], S[v, CNT], S[v, LAST] = links[v], lens[v], counts[v], lasts[v]
-        S[v, HEAD] = lo if hi > lo else -1
-        S[v, DEG] = hi - lo
-        if hi - lo > SMALL_DEG:
-            hashed += hi - lo
-        for k in range(lo, hi):
-            E[k, SRC], E[k, TOK], E[k, TO], E[k, NEXT] = v, etok[k], eto[k], k + 1 if k + 1 < hi else -1
-    for v in range(1, n):
-        S[links[v], CNT] -= counts[v]
-    size = 32  # room for the edges to come too, so that extend need not rehash
-    while (hashed + more_edges) * HASH_LOAD_DEN > size * HASH_LOAD_NUM:
-        size *= 2
-    M = np.zeros(META, np.int64)
-    M[N_STATES], M[N_EDGES], M[N_TOKENS], M[N_HASHED], M[MODE] = n, m, n_tokens, hashed, MODE_BULK
-    return S, E, _rehash(S, E, m, size), M
-
-
 @njit(cache=True)
 def init_lct(S, L, M):
     n = M[N_STATES]
     for v in range(n):
         lct.reset_node(L, v, S[v, LINK])
-
-
-@njit(cache=True)
-def advance(S, E, H, state, length, tokens):
-    """Follow a growing context: longest suffix of (context + tokens) present in the text."""
-    for j in range(tokens.shape[0]):
-        c = tokens[j]
-        while True:
-            nxt = transition(S, E, H, state, c)
-            if nxt != -1:
-                state = nxt
-                length += 1
-                break
-            if state == 0:
-                length = 0
-                break
-            state = S[state, LINK]
-            length = S[state, LEN]
-    return state, length
-
-
-@njit(cache=True)
-def normalize(S, state, length):
-    """A (state, length) pair may predate a clone that took its shorter strings: fix it up."""
-    while state > 0 and S[S[state, LINK], LEN] >= length:
-        state = S[state, LINK]
-    return state
-
-
-@njit(cache=True)
-def locate(S, E, H, pattern):
-    state = 0
-    for j in range(pattern.shape[0]):
-        state = transition(S, E, H, state, pattern[j])
-        if state == -1:
-            return -1
-    return state
-
-
-@njit(cache=True)
-def true_values(S, L, M, states, stack):
-    """Exact (count, last end position) of each state; splays in online mode."""
-    out = np.empty((states.shape[0], 2), np.int64)
-    online = M[MODE] == MODE_ONLINE
-    for i in range(states.shape[0]):
-        v = states[i]
-        if online:
-            stack = lct.splay(L, S, v, stack)
-        out[i, 0] = S[v, CNT]
-        out[i, 1] = S[v, LAST]
-    return out, stack
-
-
-@njit(cache=True)
-def out_edges(S, E, state):
-    """Outgoing (token, target) pairs of a state, sorted by token."""
-    deg = 0
-    e = S[state, HEAD]
-    while e != -1:
-        deg += 1
-        e = E[e, NEXT]
-    toks = np.empty(deg, np.int32)
-    dsts = np.empty(deg, np.int32)
-    e = S[state, HEAD]
-    i = 0
-    while e != -1:
-        toks[i] = E[e, TOK]
-        dsts[i] = E[e, TO]
-        i += 1
-        e = E[e, NEXT]
-    order = np.argsort(toks, kind="mergesort")
-    return toks[order], dsts[order]
-
-
-@njit(cache=True, nogil=True)
-def to_csr(S, E, M):
-    """Frozen layout: per-state edge offsets and edges sorted by token within each state."""
-    n = M[N_STATES]
-    m = M[N_EDGES]
-    offsets = np.empty(n + 1, np.int64)
-    etok = np.empty(m, np.int32)
-    eto = np.empty(m, np.int32)
-    to_csr_into(S, E, M, offsets, etok, eto)
-    return offsets, etok, eto
-
-
-@njit(cache=True)
-def to_csr_into(S, E, M, offsets, etok, eto):
-    """`to_csr` into given arrays (offsets int32 or int64 [N_STATES + 1], etok and eto int32
-    [N_EDGES]), e.g. views of the file being written.
-
-    Offsets come from the DEG column; the edge rows are then scattered by source in one
-    sequential pass (edges are only ever added, so rows 0..N_EDGES-1 are all live) and each
-    state's few edges sorted in place, rather than following every state's edge list.
-    """
-    n = M[N_STATES]
-    m = M[N_EDGES]
-    offsets[0] = 0
-    for v in range(n):
-        offsets[v + 1] = offsets[v] + S[v, DEG]
-    fill = offsets[:n].copy()
-    for e in range(m):
-        v = E[e, SRC]
-        k = fill[v]
-        etok[k] = E[e, TOK]
-        eto[k] = E[e, TO]
-        fill[v] = k + 1
-    for v in range(n):
-        lo = offsets[v]
-        hi = offsets[v + 1]
-        if hi - lo > 1:
-            # insertion sort for the usual small degree, argsort for hubs like the root
-            if hi - lo <= 16:
-                for a in range(lo + 1, hi):
-                    t = etok[a]
-                    d = eto[a]
-                    b = a - 1
-                    while b >= lo and etok[b] > t:
-                        etok[b + 1] = etok[b]
-                        eto[b + 1] = eto[b]
-                        b -= 1
-                    etok[b + 1] = t
-                    eto[b + 1] = d
-            else:
-                order = np.argsort(etok[lo:hi], kind="mergesort")
-                etok[lo:hi] = etok[lo:hi][order]
-                eto[lo:hi] = eto[lo:hi][order]
-
-
-@njit(cache=True, nogil=True)
-def state_columns(S, M):
-    """Copies of the LINK, LEN, CNT and LAST columns of the live states, in one pass over S."""
-    n = M[N_STATES]
-    links = np.empty(n, np.int32)
-    lens = np.empty(n, np.int32)
-    counts = np.empty(n, np.int32)
-    lasts = np.empty(n, np.int32)
-    state_columns_into(S, M, links, lens, counts, lasts)
-    return links, lens, counts, lasts
-
-
-@njit(cache=True)
-def state_columns_into(S, M, links, lens, counts, lasts):
-    """`state_columns` into given int32[N_STATES] arrays."""
-    for v in range(M[N_STATES]):
-        links[v] = S[v, LINK]
-        lens[v] = S[v, LEN]
-        counts[v] = S[v, CNT]
-        lasts[v] = S[v, LAST]

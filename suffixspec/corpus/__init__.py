@@ -9,7 +9,7 @@ Terms
   in order (shard s covers positions token_base[s] .. token_base[s] + n_tokens[s] - 1). The
   *end position* of an occurrence is the position of its last token, as in `automaton.py`.
 - *shard*: a `FrozenAutomaton` over a bounded number of tokens plus its occurrence layout
-  (see `_kernels/corpus.py`).
+  (see `_kernels/corpus_query.py`).
 - *subset*: a `Subset` (compiled from a pyroaring `BitMap` of document indexes or from tags)
   restricting a query to some documents (see query.py for when counts are estimates).
 - *deleted* documents (a bitmap stored with the index) are excluded from every result until
@@ -43,13 +43,12 @@ from .documents import IGNORED_DIRS, JSONL_SUFFIXES, BuildStats, Document, ReadS
 from .format import ALIGN, FORMAT_VERSION, KIND_DELETED, KIND_MANIFEST, KIND_SHARD, MAGIC, MANIFEST
 from .lock import IndexLockedError
 from .query import DEFAULT_K, CorpusIndex, CorpusMatch, Subset
-from .shards import ROOT_DENSE_LIMIT
 
 __all__ = [
     "CorpusIndex", "CorpusMatch", "Document", "Subset", "BuildStats",
     "build_index", "append_documents", "delete_documents", "merge_indexes", "read_documents",
     "FORMAT_VERSION", "DEFAULT_K", "DEFAULT_SHARD_TOKENS",
     "ReadStats", "list_input_files", "IGNORED_DIRS", "JSONL_SUFFIXES", "MAGIC", "MANIFEST", "ALIGN",
-    "KIND_MANIFEST", "KIND_SHARD", "KIND_DELETED", "ROOT_DENSE_LIMIT",
+    "KIND_MANIFEST", "KIND_SHARD", "KIND_DELETED",
     "IndexLockedError", "IndexWriteError", "DeleteReport", "delete_selected",
 ]

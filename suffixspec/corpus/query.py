@@ -6,7 +6,7 @@ counts add up, the longest match is the maximum, continuations merge (counts sum
 end = maximum). Unrestricted queries are exact. A restricted query (a `Subset`, or any query of
 an index with deleted documents) reads O(k) end positions per shard: counts and continuations are
 exact when the matched string occurs at most `k` times in a shard, else estimated from a sample
-and flagged `estimated` (see `_kernels/corpus.py`). Damage met while answering raises an
+and flagged `estimated` (see `_kernels/corpus_query.py`). Damage met while answering raises an
 `IndexFormatError`; a caller's bad argument a `BadInputError`.
 """
 
@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from .._kernels import corpus as ck
+from .._kernels import corpus_query as cqk
 from .._kernels import frozen as fk
 from ..tokenids import as_tokens
 from ..errors import BadInputError, IndexFormatError, InternalError, TokenizerMismatchError
@@ -64,7 +64,7 @@ class CorpusMatch:
 class Subset:
     """A compiled document filter of one index: a BitMap of document indexes, a bool mask
     (deleted documents already removed) and, per shard, the position runs of its selected
-    documents (see `_kernels/corpus.py`). Build once per request, reuse for every query."""
+    documents (see `_kernels/corpus_query.py`). Build once per request, reuse for every query."""
 
     __slots__ = ("bitmap", "mask", "shard_live", "runs")
 
@@ -269,7 +269,7 @@ class CorpusIndex:
         for s in self.shards:
             sel = mask[s.doc_base : s.doc_base + s.n_documents]
             live.append(bool(sel.any()))
-            runs.append(ck.selected_runs(s.fa.doc_starts, s.n_tokens, sel))
+            runs.append(cqk.selected_runs(s.fa.doc_starts, s.n_tokens, sel))
         return Subset(bm, mask, live, runs)
 
     def _mask(self, subset):
@@ -298,7 +298,7 @@ class CorpusIndex:
         exact = True
         if sub is not None and st != 0:
             run_lo, run_hi = sub.runs[s.number]
-            st, ln, exact = ck.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, s.occ, s.occ_start, fa.counts,
+            st, ln, exact = cqk.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, s.occ, s.occ_start, fa.counts,
                                             run_lo, run_hi, st, ln, k)
             if st == fk.CORRUPT:
                 s.corrupt("while matching in a subset")
@@ -317,7 +317,7 @@ class CorpusIndex:
         continuations. Restricted, the work is O(k) positions per shard: counts and
         continuations come from at most k sampled positions of the matched string (all of them
         when it occurs at most k times in a shard), and the walk to the longest suffix reads
-        O(k) positions (see `_kernels.corpus.subset_match`); `estimated` says either fell short."""
+        O(k) positions (see `_kernels.corpus_query.subset_match`); `estimated` says either fell short."""
         toks = as_tokens(context, "context")
         sub = self._mask(subset)
         check_k(k)
@@ -378,7 +378,7 @@ class CorpusIndex:
                 end_parts.append(fa.lasts[dsts].astype(np.int64) + s.token_base)
                 continue
             run_lo, run_hi = sub.runs[s.number]
-            h, sampled, ntoks, nends, ok = ck.subset_sample(s.occ, s.occ_start, fa.counts, fa.doc_starts, fa.tokens,
+            h, sampled, ntoks, nends, ok = cqk.subset_sample(s.occ, s.occ_start, fa.counts, fa.doc_starts, fa.tokens,
                                                             run_lo, run_hi, st, k)
             if not ok:
                 s.corrupt("while sampling in a subset")
@@ -392,7 +392,7 @@ class CorpusIndex:
             if ntoks.shape[0] == 0:
                 continue
             order = np.argsort(ntoks, kind="stable")
-            uniq, cnt, last = ck.merge_sorted(ntoks[order], np.ones(ntoks.shape[0], np.int64), nends[order])
+            uniq, cnt, last = cqk.merge_sorted(ntoks[order], np.ones(ntoks.shape[0], np.int64), nends[order])
             if sampled != c:
                 cnt = np.maximum(1, np.rint(cnt * (c / sampled))).astype(np.int64)
             tok_parts.append(uniq)
@@ -408,11 +408,11 @@ class CorpusIndex:
         ends = np.concatenate(end_parts)
         if len(tok_parts) > 1:
             order = np.argsort(toks, kind="stable")  # radix sort of int32
-            toks, cnts, ends = ck.merge_sorted(toks[order], cnts[order], ends[order])
+            toks, cnts, ends = cqk.merge_sorted(toks[order], cnts[order], ends[order])
         return CorpusMatch(length, total, estimated, toks.astype(np.int32), cnts, ends)
 
     def _subset_tokens(self, s: Shard, sub: Subset) -> int:
-        lens = ck.doc_lengths(s.fa.doc_starts, s.n_tokens)
+        lens = cqk.doc_lengths(s.fa.doc_starts, s.n_tokens)
         return int(lens[sub.mask[s.doc_base : s.doc_base + s.n_documents]].sum())
 
     def _shard_of_position(self, pos: int) -> Shard:

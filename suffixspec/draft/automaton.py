@@ -29,8 +29,10 @@ import numpy as np
 
 from .._kernels import build as bk
 from .._kernels import frozen as fk
-from .._kernels import lct as lk
+from .._kernels import lct
 from .._kernels import sam as sk
+from .._kernels import sam_freeze as sfk
+from .._kernels import sam_query as sqk
 from .._kernels import walk as wk
 from ..tokenids import as_tokens
 from ..errors import BadInputError, BadInputTypeError, IndexFormatError
@@ -206,13 +208,13 @@ class SuffixAutomaton(_Queries):
     def _advance(self, state, length, toks):
         if state >= self.n_states or state < 0:
             raise BadInputError(f"cursor state {state} does not belong to this automaton")
-        state = sk.normalize(self._S, state, length)
-        s, ln = sk.advance(self._S, self._E, self._H, state, length, toks)
+        state = sqk.normalize(self._S, state, length)
+        s, ln = sqk.advance(self._S, self._E, self._H, state, length, toks)
         return int(s), int(ln)
 
     def locate(self, pattern) -> int:
         """State whose strings include `pattern`, or -1 if it does not occur."""
-        return int(sk.locate(self._S, self._E, self._H, as_tokens(pattern, "pattern")))
+        return int(sqk.locate(self._S, self._E, self._H, as_tokens(pattern, "pattern")))
 
     def prefix_length(self, pattern) -> int:
         """Length of the longest prefix of `pattern` that occurs in the text."""
@@ -225,7 +227,7 @@ class SuffixAutomaton(_Queries):
 
     def _values(self, states: np.ndarray) -> np.ndarray:
         self._settle_counts()
-        out, stack = sk.true_values(self._S, self._L, self._M, states, self._stack)
+        out, stack = sqk.true_values(self._S, self._L, self._M, states, self._stack)
         if stack is not self._stack:
             self._stack = stack
             self._relink()
@@ -244,7 +246,7 @@ class SuffixAutomaton(_Queries):
         return int(self._S[self._check_state(state), sk.LINK])
 
     def continuations(self, state) -> Continuations:
-        toks, dsts = sk.out_edges(self._S, self._E, self._check_state(state))
+        toks, dsts = sqk.out_edges(self._S, self._E, self._check_state(state))
         vals = self._values(dsts)
         return Continuations(toks, vals[:, 0].copy(), vals[:, 1].copy(), dsts)
 
@@ -285,8 +287,8 @@ class SuffixAutomaton(_Queries):
     def freeze(self) -> FrozenAutomaton:
         """A compact read-only copy (CSR edges sorted by token), safe to share across threads."""
         self._settle_values()
-        offsets, etok, eto = sk.to_csr(self._S, self._E, self._M)
-        links, lens, counts, lasts = sk.state_columns(self._S, self._M)
+        offsets, etok, eto = sfk.to_csr(self._S, self._E, self._M)
+        links, lens, counts, lasts = sfk.state_columns(self._S, self._M)
         return FrozenAutomaton(
             links=links, lens=lens, counts=counts, lasts=lasts, offsets=offsets, etok=etok, eto=eto,
             tokens=self._T[: len(self)].copy(), doc_starts=self._doc_starts().copy(),
@@ -295,21 +297,12 @@ class SuffixAutomaton(_Queries):
     def _settle_values(self) -> None:
         self._settle_counts()
         if self._mode == sk.MODE_ONLINE:
-            lk.settle(self._L, self._S, self.n_states)
-
-    def _freeze_into(self, out: dict) -> None:
-        """Write the arrays of `freeze()` into the preallocated arrays `out[name]` (names of
-        `FrozenAutomaton._FIELDS`, shapes as `freeze()` gives; `offsets` may be int32)."""
-        self._settle_values()
-        sk.to_csr_into(self._S, self._E, self._M, out["offsets"], out["etok"], out["eto"])
-        sk.state_columns_into(self._S, self._M, out["links"], out["lens"], out["counts"], out["lasts"])
-        out["tokens"][:] = self._T[: len(self)]
-        out["doc_starts"][:] = self._doc_starts()
+            lct.settle(self._L, self._S, self.n_states)
 
     def __getstate__(self):
         n, m, t = self.n_states, self.n_edges, len(self)
         if self._mode == sk.MODE_ONLINE:
-            lk.settle(self._L, self._S, n)
+            lct.settle(self._L, self._S, n)
         return {
             "version": 1, "mode": self._mode, "S": self._S[:n].copy(), "E": self._E[:m].copy(),
             "H": self._H.copy(), "T": self._T[:t].copy(), "M": self._M.copy(),

@@ -25,7 +25,7 @@ from collections import deque
 import numpy as np
 
 from ..fileio import atomic_write_json, cache_dir
-from .._kernels import sizing as sk
+from .._kernels import sizing
 from ..verify.batch import RoundBatch
 from ..draft.tree import DraftTree, prune_tree
 
@@ -552,7 +552,7 @@ class BudgetPolicy:
         np.cumsum([len(t) for t in trees], out=offsets[1:])
         scores = np.concatenate([t.scores for t in trees])
         depths = np.concatenate([t.depths for t in trees])
-        gains = sk.round_gains(scores, depths, offsets, batch.factors, w, batch.continuing, np.ones(b, np.bool_),
+        gains = sizing.round_gains(scores, depths, offsets, batch.factors, w, batch.continuing, np.ones(b, np.bool_),
                                np.ascontiguousarray(self.calibration.factors(kmax), np.float64), kmax)
         cost = self.cost_model(b * (np.arange(kmax + 1) + width), batch=b)
         if width > 1:

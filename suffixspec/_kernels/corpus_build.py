@@ -1,0 +1,179 @@
+"""The occurrence layout of a corpus shard, computed from its frozen automaton.
+
+Besides the frozen automaton arrays (frozen.py; built by `build.documents_automaton`, the same
+construction as every automaton's) a shard stores its *occurrence layout*:
+
+- `occ` int32[n_tokens]: every end position of the shard, ordered by a depth-first preorder of
+  the suffix-link tree (each position sits at the deepest state whose strings end there: the
+  state of its whole document prefix), so the end positions of any state v are the contiguous
+  range `occ[occ_start[v] : occ_start[v] + counts[v]]`;
+- `occ_start` int32[n_states].
+
+`prefix_states` gives the state of each position's whole document prefix; `build_occurrences`
+turns those into counts, last ends and the layout, checking them against the suffix links.
+The query kernels over the layout are in corpus_query.py.
+"""
+
+import numpy as np
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from .frozen import CORRUPT, transition
+
+PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
+# scratch rows of `build_occurrences` (int32[n_states, W_COLS]): own then subtree count, last end,
+# subtree start, placement cursor
+W_CNT, W_LAST, W_START, W_CURSOR = 0, 1, 2, 3
+W_COLS = 4
+
+
+@intrinsic
+def _prefetch(typingctx, arr, i):
+    """Hint the CPU to fetch the cache line of arr[i] (the first element of row i of a 2-D
+    C-contiguous array) while other work goes on; no effect on results, never faults."""
+
+    def codegen(context, builder, sig, args):
+        aryty = sig.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        idx = [context.cast(builder, args[1], sig.args[1], types.intp)] + [context.get_constant(types.intp, 0)] * (aryty.ndim - 1)
+        ptr = cgutils.get_item_pointer2(context, builder, data=ary.data, shape=cgutils.unpack_tuple(builder, ary.shape),
+                                        strides=cgutils.unpack_tuple(builder, ary.strides), layout=aryty.layout, inds=idx,
+                                        boundscheck=False)
+        i8p = ir.IntType(8).as_pointer()
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [i8p, i32, i32, i32]), "llvm.prefetch.p0")
+        builder.call(fn, [builder.bitcast(ptr, i8p), i32(0), i32(3), i32(1)])
+        return context.get_dummy_value()
+
+    return types.void(arr, i), codegen
+
+
+@njit(cache=True)
+def prefix_states(offsets, etok, eto, tokens, doc_starts):
+    """State of each position's whole document prefix (-2 for a damaged automaton)."""
+    n = tokens.shape[0]
+    out = np.empty(n, np.int32)
+    d = 0
+    n_docs = doc_starts.shape[0]
+    state = 0
+    for p in range(n):
+        if d < n_docs and doc_starts[d] == p:
+            state = 0
+            while d < n_docs and doc_starts[d] == p:
+                d += 1
+        state = transition(offsets, etok, eto, state, tokens[p])
+        if state < 0:
+            out[0] = CORRUPT
+            return out
+        out[p] = state
+    return out
+
+
+@njit(cache=True)
+def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
+    """counts, lasts int32[n_states] and the occurrence layout occ int32[n_tokens], occ_start
+    int32[n_states] of an automaton from `pstate` (the state of each position's whole document
+    prefix). counts[v]: the positions whose prefix state is v or below it in the suffix-link tree;
+    lasts[v]: the greatest of them (-1: none); occ lists every state's positions in suffix-link-tree
+    preorder (a state's own positions increasing, then its children's subtrees in state-number
+    order) and occ_start[v] is where v's subtree starts. One kernel whose scattered accesses each
+    touch one 16-byte scratch row per state (own count then subtree count, last end, start,
+    cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's order allows. `W` int32[>= n_states, W_COLS] and `order` int32[>= n_states] are scratch (e.g. the
+    spent builder's memory, already mapped). False when the layout disagrees with the counts
+    (an automaton that does not describe its tokens)."""
+    ns = links.shape[0]
+    n = pstate.shape[0]
+    ahead = PREFETCH_AHEAD
+    if W.shape[0] < ns or W.shape[1] < W_COLS or order.shape[0] < ns:
+        return False
+    for v in range(ns):
+        W[v, W_CNT] = 0
+        W[v, W_LAST] = -1
+        W[v, W_START] = -1
+    for p in range(n):
+        st = pstate[p]
+        if st < 0 or st >= ns:
+            return False
+        W[st, W_CNT] += 1
+        W[st, W_LAST] = p
+    if not (ns > 0 and links[0] == -1 and lens[0] == 0):
+        return False
+    max_len = 0
+    for v in range(ns):
+        W[v, W_CURSOR] = W[v, W_CNT]  # own positions, kept for the placement below
+        if lens[v] > max_len:
+            max_len = lens[v]
+        if v > 0 and (links[v] < 0 or links[v] >= ns):
+            return False
+    # subtree sums deepest first (counting sort by length): a state's sums are final before its parent reads them
+    bucket = np.zeros(max_len + 2, np.int64)
+    for v in range(ns):
+        bucket[lens[v] + 1] += 1
+    for i in range(1, max_len + 2):
+        bucket[i] += bucket[i - 1]
+    for v in range(ns):
+        ln = lens[v]
+        order[bucket[ln]] = v
+        bucket[ln] += 1
+    for k in range(ns - 1, 0, -1):
+        if k >= 2 * ahead:
+            u = order[k - 2 * ahead]
+            _prefetch(links, u)
+            _prefetch(W, u)
+            _prefetch(W, links[order[k - ahead]])
+        v = order[k]
+        p = links[v]
+        W[p, W_CNT] += W[v, W_CNT]
+        if W[v, W_LAST] > W[p, W_LAST]:
+            W[p, W_LAST] = W[v, W_LAST]
+    if W[0, W_CNT] != n:
+        return False
+    for v in range(ns):
+        counts[v] = W[v, W_CNT]
+        lasts[v] = W[v, W_LAST]
+    # placement in suffix-link-tree preorder without building the tree: a state's subtree holds
+    # counts[v] positions, so it goes right after its parent's own positions and its earlier-placed
+    # siblings (states in number order, a chain of unplaced ancestors placed top-down first)
+    chain = order  # spent: reused as the chain stack (its first rows only)
+    W[0, W_START] = 0
+    for v in range(1, ns):
+        if v + 2 * ahead < ns:  # the parent's row, and a step later the grandparent's (a clone's chain)
+            u = links[v + 2 * ahead]
+            _prefetch(W, u)
+            _prefetch(links, u)
+            g = links[links[v + ahead]]
+            if g >= 0:
+                _prefetch(W, g)
+        if W[v, W_START] >= 0:
+            continue
+        top = 0
+        u = v
+        while W[u, W_START] < 0:
+            if top >= ns:  # a cycle of suffix links
+                return False
+            chain[top] = u
+            top += 1
+            u = links[u]
+        while top > 0:
+            top -= 1
+            w = chain[top]
+            par = links[w]
+            start = W[par, W_CURSOR]
+            W[w, W_START] = start
+            W[par, W_CURSOR] = start + W[w, W_CNT]
+            W[w, W_CURSOR] = start + W[w, W_CURSOR]
+    for v in range(ns):
+        if np.int64(W[v, W_CURSOR]) != np.int64(W[v, W_START]) + W[v, W_CNT]:  # every subtree filled exactly
+            return False
+        occ_start[v] = W[v, W_START]
+        W[v, W_CURSOR] = W[v, W_START]
+    for p in range(n):
+        if p + ahead < n:
+            _prefetch(W, pstate[p + ahead])
+        st = pstate[p]
+        k = W[st, W_CURSOR]
+        occ[k] = p
+        W[st, W_CURSOR] = k + 1
+    return True
