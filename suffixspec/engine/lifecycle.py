@@ -17,6 +17,7 @@ Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only 
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,7 +26,9 @@ from ..errors import InternalError
 from ..draft.prediction import Prediction
 from .stats import RequestStats
 
-__all__ = ["Stage", "SessionState", "Request", "PendingClose", "Event"]
+__all__ = ["Stage", "SessionState", "Request", "PendingClose", "CloseQueue", "Event"]
+
+log = logging.getLogger(__name__)
 
 
 class Stage(enum.Enum):
@@ -147,3 +150,54 @@ class Request:
             pending = PendingClose(self.unfed, session=self.session)
         self.session, self.unfed, self.session_state = None, [], SessionState.NONE
         return pending
+
+
+def close_logged(close, *args) -> None:
+    """close(*args) for finished requests' sessions: a failure is logged, not raised, since it is a
+    finished request's bookkeeping and not a round's failure."""
+    try:
+        close(*args)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("closing a finished request's proposer session failed: %r", exc)
+
+
+class CloseQueue:
+    """Finished requests' sessions, queued (`add`) until `flush` closes them all at once."""
+
+    def __init__(self):
+        self.pending: list[PendingClose] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def add(self, rq: Request) -> None:
+        """The request's session is queued to close over the whole output (what it closes over joins
+        the past responses); a deferred session that never drafted opens at the flush."""
+        pending = rq.close()
+        if pending is not None:
+            self.pending.append(pending)
+
+    def flush(self, proposer) -> None:
+        """Close the queued sessions of `proposer`; their outputs join the past responses in one cache
+        add. A failure is logged, and no running request pays for it: a session that could not be
+        opened or fed keeps what it had (or nothing), a failed add loses that flush's outputs."""
+        closing, self.pending = self.pending, []
+        if not closing:
+            return
+        sessions = []
+        for pending in closing:
+            try:
+                session = pending.session
+                if session is None:
+                    session = proposer.start(pending.prompt, request_id=pending.request_id, filter=pending.filter)
+                sessions.append(session)  # closed below even when feeding it fails
+                if pending.unfed:
+                    session.extend(pending.unfed)
+            except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
+                log.warning("opening or feeding a finished request's proposer session failed: %r", exc)
+        together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
+        if together is not None:
+            close_logged(together, sessions)
+        else:
+            for session in sessions:
+                close_logged(session.close)
