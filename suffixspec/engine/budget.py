@@ -499,7 +499,7 @@ class DraftCadence:
 
 
 class BudgetPolicy:
-    """The automatic budget's state and decisions (one per generator, shared by its servers).
+    """The automatic budget's state and decisions (one per generator, shared by its engines).
 
     `max_budget`: most draft nodes a request proposes. `min_gain`: a round speculates only when its
     predicted committed tokens per second beat plain decoding by this factor (a margin for the error

@@ -1,4 +1,4 @@
-"""`Server`: the continuous-batching engine and its round.
+"""`Engine`: the continuous-batching engine and its round.
 
 Requests join the running batch between rounds and leave it when they finish, so a slot freed by a
 short request is refilled at once instead of idling until the batch's slowest request is done.
@@ -28,7 +28,7 @@ Contract of one `step()`:
    learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished
    requests leave the batch; their slots fill at the
    next step. Their sessions close (their outputs join the past responses) just before the proposer
-   next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
+   next drafts, or in `upkeep()` (a step of an idle engine, `close()`, `run()`): never in the step
    that finishes them nor in one that only admits, so that bookkeeping is off every first token.
    While the running batch's automatic budget keeps choosing plain decoding, its automatic rows
    draft only every few rounds (`budget.DraftCadence`); a session receives its
@@ -39,7 +39,7 @@ Contract of one `step()`:
 
 A request's output and its sampling draws depend only on its prompt, its draw key and its options,
 never on which requests share its batch: under greedy decoding it equals plain batch-1 decoding.
-Plain decoding is the same loop with budget 0. Times are seconds on the server's clock (`now()`,
+Plain decoding is the same loop with budget 0. Times are seconds on the engine's clock (`now()`,
 0 at construction); request latencies count from `add()`.
 """
 
@@ -63,7 +63,7 @@ from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample
 from .round import RoundRunner
 from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
 
-__all__ = ["Server", "Event", "Step"]
+__all__ = ["Engine", "Server", "Event", "Step"]
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ def model_vocab_size(model) -> int | None:
         return int(size) if size else None
 
 
-class Server:
+class Engine:
     """Continuous batching over a `SpeculativeGenerator` (built by `SpeculativeGenerator.serve`).
 
     `options`: the default `DecodeOptions` of every request (or its fields as keyword arguments:
@@ -167,7 +167,7 @@ class Server:
             request_id=None, options: DecodeOptions | None = None, prediction=None, sibling: int | None = None) -> int:
         """Queue one request (token ids, or a string with a tokenizer); returns its index.
 
-        `options`: its own `DecodeOptions` (default: the server's); `max_new_tokens` caps it further.
+        `options`: its own `DecodeOptions` (default: the engine's); `max_new_tokens` caps it further.
         `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
         `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
         `sibling`: the index of a request with the same prompt (one of `n` samples): admitted together
@@ -312,7 +312,7 @@ class Server:
     def upkeep(self) -> None:
         """Close finished requests' proposer sessions now (their outputs join the past responses).
         Steps leave that to the next proposal, so it never lands on a newcomer's first token; a step
-        of an idle server, `close()` and `run()` do it too. Counted in `stats.proposer_s` (and `e2e_s`)."""
+        of an idle engine, `close()` and `run()` do it too. Counted in `stats.proposer_s` (and `e2e_s`)."""
         if self._closes:
             t = self._clock()
             self._rounds.flush_closes()
@@ -505,3 +505,7 @@ class Server:
         outputs = [list(self._requests[q].output) for q in sorted(self._requests)]
         texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
         return GenerationResult(outputs, self.stats, texts)
+
+
+# the alias kept for this release: `Server` is what `Engine` was called before
+Server = Engine

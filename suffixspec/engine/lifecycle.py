@@ -1,11 +1,11 @@
-"""A request's life inside the engine (`Server`): its stage, its proposer session, its pending close.
+"""A request's life inside the engine (`Engine`): its stage, its proposer session, its pending close.
 
 Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only writers):
 
 * `stage` goes WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED (cancelled while queued, or
-  a request with nothing to generate); a WAITING request sits in the server's queue, a RUNNING one
+  a request with nothing to generate); a WAITING request sits in the engine's queue, a RUNNING one
   is admitted (a row of the running batch, or in its prefill); a FINISHED one keeps its output and
-  statistics until the server releases it.
+  statistics until the engine releases it.
 * `session_state` is OPEN exactly when `session` is not None; DEFERRED means the session opens over
   the prompt when the request first drafts (its prefill could carry no tree), so it is opened on the
   way out (`PendingClose`) when it never drafted; NONE: no session (plain decoding, or closed).
@@ -82,7 +82,7 @@ class Request:
     context: list[int]  # prompt + output
     pending: list[int]  # committed tokens not yet in the cache
     stats: RequestStats = field(default_factory=RequestStats)
-    added_s: float = 0.0  # when it was added, on the server's clock
+    added_s: float = 0.0  # when it was added, on the engine's clock
     stage: Stage = Stage.WAITING
     output: list[int] = field(default_factory=list)
     session_state: SessionState = SessionState.NONE

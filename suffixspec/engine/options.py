@@ -1,7 +1,7 @@
 """`DecodeOptions`: how one request is decoded, validated once at the boundary.
 
 `DecodeOptions` holds the sampling, stopping and budget settings that `SpeculativeGenerator.generate`,
-`SpeculativeGenerator.serve` and `Server.add` take; constructing one checks every value and raises a
+`SpeculativeGenerator.serve` and `Engine.add` take; constructing one checks every value and raises a
 `BadInputError` / `BadInputTypeError` naming the parameter (its `param`), the expected range and the value.
 `DecodeOptions.resolve(model, tokenizer)` turns it into a `Decoding`: the sampler the verifier uses,
 the end-of-sequence set, and `Decoding.take`, the one place that decides where a request's output

@@ -1,4 +1,4 @@
-"""Reading newcomers' prompts within a step's token budget (`Server`'s admissions).
+"""Reading newcomers' prompts within a step's token budget (`Engine`'s admissions).
 
 Contract:
 

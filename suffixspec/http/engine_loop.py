@@ -1,29 +1,29 @@
-"""The engine thread: the one owner of an `engine.Server`, and the request handles HTTP handlers hold.
+"""The engine thread: the one owner of an `engine.engine.Engine`, and the request handles HTTP handlers hold.
 
 Contract:
 
-* `EngineLoop(server, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
-  alone calls the server (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the server:
+* `EngineLoop(engine, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
+  alone calls the engine (`add`, `cancel`, `step`, `release`, stats). Handlers never touch the engine:
   `submit(handle)` and `cancel(handle)` put messages (`AddRequest`, `CancelRequest`, `CancelAll`, `Wake`)
   on a thread-safe inbox, read between rounds, so a
   new request joins the running batch at the next round. The thread sleeps on the inbox while the
-  server is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
+  engine is idle; woken by a request, it keeps taking requests that follow within `gather_s` of
   the previous one, and those whose handlers are still reading or parsing them (`expect` at a
   handler's start, `arrived` once it submitted or refused), for at most `gather_max_s` in all: clients
   that send together (a burst, or closed-loop clients whose answers ended in the same round) are
-  admitted in one prefill, as requests added together to the `Server` in-process are, while a lone
+  admitted in one prefill, as requests added together to the `Engine` in-process are, while a lone
   request waits at most `gather_s`.
 * `submit` answers at once with `APIError` 503 while draining or after the thread died, and 429 (with
   `Retry-After`) when `max_queue` requests are already waiting for a slot; waiting means submitted and
   not yet admitted into the running batch. A submitted request is never dropped by the bound.
 * `Handle` (made on the handler's event loop): `await handle.wait_accepted()` raises the `APIError`
-  of a request the server refused (`Server.add`'s checks: 400, the error's `param` named), then
+  of a request the engine refused (`Engine.add`'s checks: 400, the error's `param` named), then
   `handle.events()` yields `Tokens(ids)` once per round that committed tokens and finally the
   `Final` (whose `tokens` are the last round's). The engine
   thread hands events over with `loop.call_soon_threadsafe`, never blocking on a slow client.
-* `cancel(handle)` (a client that went away) makes the server drop the request at its next step, so
-  its slot is free for that step's admissions. Finished requests are released from the server at once.
-* A request that fails inside a round finishes with reason "error" alone (the server isolates it).
+* `cancel(handle)` (a client that went away) makes the engine drop the request at its next step, so
+  its slot is free for that step's admissions. Finished requests are released from the engine at once.
+* A request that fails inside a round finishes with reason "error" alone (the engine isolates it).
   If the thread itself dies, every live handle finishes with "error" and `health()` reports it.
 * `health() -> (ok, reason)`: not ok after the thread died, while draining, or while one step has run
   for more than `stall_s` seconds.
@@ -86,14 +86,14 @@ class Final:
 
 @dataclass(frozen=True)
 class AddRequest:
-    """A submitted request, for the server's next admission."""
+    """A submitted request, for the engine's next admission."""
 
     handle: Handle
 
 
 @dataclass(frozen=True)
 class CancelRequest:
-    """A request whose client went away: the server drops it at its next step."""
+    """A request whose client went away: the engine drops it at its next step."""
 
     handle: Handle
 
@@ -113,7 +113,7 @@ Message = AddRequest | CancelRequest | CancelAll | Wake
 
 @dataclass(frozen=True)
 class _Totals:
-    """The server's running totals that a step's usage is the difference of."""
+    """The engine's running totals that a step's usage is the difference of."""
 
     rounds: int = 0
     plain_rounds: int = 0
@@ -220,9 +220,9 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, server, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0,
+    def __init__(self, engine, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0,
                  gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S):
-        self.server = server
+        self.engine = engine
         self.max_queue = int(max_queue)
         self.gather_s, self.gather_max_s = float(gather_s), float(gather_max_s)
         self.metrics = metrics
@@ -309,7 +309,7 @@ class EngineLoop:
             self._live -= 1
 
     def _take_inbox(self, block: bool) -> None:
-        """Every message in the inbox; `block` (the server is idle): wait for one first, then for
+        """Every message in the inbox; `block` (the engine is idle): wait for one first, then for
         those that follow within `gather_s` of the previous one or while handlers are still between
         a request's arrival and its `submit` (`expect`), up to `gather_max_s` after the first."""
         try:
@@ -352,21 +352,21 @@ class EngineLoop:
         elif isinstance(message, CancelRequest):
             handle = message.handle
             if handle.index is not None and handle.index in self._handles:
-                self.server.cancel(handle.index)
+                self.engine.cancel(handle.index)
         elif isinstance(message, CancelAll):
             for index in list(self._handles):
-                self.server.cancel(index)
+                self.engine.cancel(index)
 
     def _add(self, handle: Handle) -> None:
         rq = handle.request
-        server = self.server
+        engine = self.engine
         first = handle.first
         sibling = first.index if first is not None and first.index in self._handles else None
         try:
-            index = server.add(handle.prompt_ids, max_new_tokens=rq.max_tokens, key=handle.sample, filter=rq.filter,
+            index = engine.add(handle.prompt_ids, max_new_tokens=rq.max_tokens, key=handle.sample, filter=rq.filter,
                                options=rq.options, prediction=rq.prediction_ids, sibling=sibling)
             if handle.score_prompt is not None:
-                handle.prompt_logprobs = server.score_prompt(handle.prompt_ids, handle.score_prompt)
+                handle.prompt_logprobs = engine.score_prompt(handle.prompt_ids, handle.score_prompt)
         except (BadInputError, BadInputTypeError) as exc:
             self._done(handle)
             handle.reject(APIError(400, str(exc), param=exc.param))
@@ -378,24 +378,24 @@ class EngineLoop:
             return
         self._handles[index] = handle
         handle.accept(index)
-        if server.finished(index):  # nothing to generate (max_tokens 0): it ends at once
-            self._finish(handle, Event(index, [], server.now(), server.request_stats(index).finish_reason))
+        if engine.finished(index):  # nothing to generate (max_tokens 0): it ends at once
+            self._finish(handle, Event(index, [], engine.now(), engine.request_stats(index).finish_reason))
 
     def _run(self) -> None:
-        server = self.server
+        engine = self.engine
         try:
             while True:
-                if server.idle:
-                    server.upkeep()  # finished requests' sessions close here, not on a newcomer's time
-                self._take_inbox(block=server.idle)
-                if server.idle:
+                if engine.idle:
+                    engine.upkeep()  # finished requests' sessions close here, not on a newcomer's time
+                self._take_inbox(block=engine.idle)
+                if engine.idle:
                     if self._stop.is_set():
                         return
                     self._observe(None, _Totals())
                     continue
-                before = _Totals.of(server.stats)
+                before = _Totals.of(engine.stats)
                 self._step_started = time.monotonic()
-                step = server.step()
+                step = engine.step()
                 self._step_started = None
                 self._dispatch(step, before)
         except BaseException as exc:  # noqa: BLE001 - the thread must say why it died
@@ -420,7 +420,7 @@ class EngineLoop:
                 message.handle.reject(APIError(503, f"the engine stopped: {self.dead}", code="engine_dead"))
 
     def _dispatch(self, step, before: _Totals) -> None:
-        delta = _Totals.of(self.server.stats) - before
+        delta = _Totals.of(self.engine.stats) - before
         for index in step.admitted:
             handle = self._handles.get(index)
             if handle is not None:
@@ -445,9 +445,9 @@ class EngineLoop:
         self._observe(step, delta)
 
     def _finish(self, handle: Handle, ev) -> None:
-        server = self.server
-        rs = server.request_stats(ev.index)
-        prediction = server.prediction_counts(ev.index) if handle.request.prediction_ids is not None else None
+        engine = self.engine
+        rs = engine.request_stats(ev.index)
+        prediction = engine.prediction_counts(ev.index) if handle.request.prediction_ids is not None else None
         stats = {
             "rounds": rs.rounds,
             "tokens_per_round": round(rs.tokens_per_round, 4),
@@ -464,16 +464,16 @@ class EngineLoop:
         if self.metrics is not None:
             self.metrics.observe_finished(ev.finish_reason, rs)
         del self._handles[ev.index]
-        server.release(ev.index)
+        engine.release(ev.index)
         self._done(handle)
         handle.post_final(final)
 
     def _observe(self, step, delta: _Totals) -> None:
         if self.metrics is None:
             return
-        self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta.rounds,
+        self.metrics.observe_step(waiting=self._waiting, running=self.engine.running, rounds=delta.rounds,
                                   plain_rounds=delta.plain_rounds, proposer_s=delta.proposer_s,
                                   budget_s=delta.budget_s, verifier_s=delta.verifier_s,
                                   admitted=len(step.admitted) if step is not None else 0)
-        self.metrics.observe_prefill(prefilling=getattr(self.server, "prefilling", 0),
+        self.metrics.observe_prefill(prefilling=getattr(self.engine, "prefilling", 0),
                                      tokens=delta.prefill_tokens, chunks=delta.prefill_chunks)
