@@ -4,7 +4,7 @@ It owns the model, the tokenizer, the proposer (`suffixspec.Proposer` by default
 policy (`budget.BudgetPolicy`: cost model and calibration, shared by every engine it builds), and
 checks once whether tree verification works with the model. `generate` decodes a list of prompts by
 queueing them on a continuous-batching `engine.engine.Engine` (`serve`) and stepping it until all are done;
-the round itself (draft, size, verify, settle, feed, learn) lives in `suffixspec.engine`.
+the round itself (draft, size, verify, settle, feed, learn) is `engine.round.RoundRunner`.
 """
 
 from __future__ import annotations

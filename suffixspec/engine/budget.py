@@ -246,15 +246,12 @@ class CostModel:
 class RankCalibration:
     """Observed acceptance of draft nodes relative to their scores, by the node's rank in its tree.
 
-    A tree's scores are the proposer's estimates of each node's acceptance. How far they are off
-    depends on the workload *and* on the rank: replaying the shipped traces at budget 64, code edits
-    accept their best node 0.93x as often as scored and ranks 33-64 1.47x, chat 0.69x and 0.24x.
-    One scalar cannot size trees for both, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
+    A tree's scores are the proposer's estimates of each node's acceptance; how far they are off
+    depends on the workload and on the rank, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
     7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
     `prior` units of score at ratio `prior_ratio` in every bucket. The prior ratio is below 1 on
-    purpose: a wrong draft costs a batch its padded pass, and a workload whose drafts beat their
-    scores (code edits) proves it within a few rounds, while one whose drafts fall short (chat at
-    concurrency 4 lost 5-7% to drafts whose scores were believed) would pay until it had."""
+    purpose: a workload whose drafts beat their scores proves it within a few rounds, while one whose
+    drafts fall short would pay for every wrong draft's padded pass until it had."""
 
     EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
 

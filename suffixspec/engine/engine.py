@@ -1,46 +1,31 @@
-"""`Engine`: the continuous-batching engine and its round.
+"""`Engine`: the continuous-batching engine: the request queue, admission and stepping.
 
-Requests join the running batch between rounds and leave it when they finish, so a slot freed by a
-short request is refilled at once instead of idling until the batch's slowest request is done.
+Requests join the running batch between rounds and leave it when they finish; a freed slot is
+refilled at the next step. The round itself is `round.RoundRunner`; prompts are read by `prefill`.
 
 Contract of one `step()`:
 
 1. Cancelled requests leave (`cancel`).
-2. Either admission or a round. Admission, when slots are free (`max_batch`) and requests wait, or
-   a long prompt is being read, unless the previous step admitted while other requests were running
-   (running rows wait for at most one admission between two of their rounds): waiting requests
-   (FIFO) fill the free slots within the step's `max_step_tokens` (`prefill`: a longer prompt is read
-   chunk by chunk over several admissions, in its own cache, its last chunk being its first round).
-   Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
-   is also their first round; grouped by prompt length so left padding stays small); their cache
-   rows then join the running batch (`KVState.add_rows`). Automatic rows of a prefill that could not
-   carry a single draft node within the policy's slack (`BudgetPolicy.prefill_may_draft`) open their
-   proposer sessions at their first drafting round instead (`SessionState.DEFERRED`), so the set-up is not
-   on their time to first token; a request that finishes before it drafts opens and closes its
-   session then, so its output still joins the past responses. A newcomer whose prompt fits one step
-   thus has its first tokens at the end of the step that admits it: its time to first token is its
-   queueing and its prefill, never a round of the running batch, whichever way the step's events
-   reach it (events' times, or the end of the step for a caller that publishes them then).
-3. Otherwise one round for every running request, in named steps that read top-down in `round.RoundRunner.run`:
-   draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
-   them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
-   requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
-   learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished
-   requests leave the batch; their slots fill at the
-   next step. Their sessions close (their outputs join the past responses) just before the proposer
+2. Either admission or a round. Admission when slots are free (`max_batch`) and requests wait, or a
+   long prompt is being read, unless the previous step admitted while requests ran (running rows
+   wait for at most one admission between two of their rounds). Waiting requests (FIFO) fill the
+   free slots within `max_step_tokens` (a longer prompt becomes a `PrefillJob`, read chunk by chunk).
+   A newcomer's prefill is its first round; its cache rows then join the running batch
+   (`KVState.add_rows`). Automatic rows of a prefill that could carry no draft node
+   (`BudgetPolicy.prefill_may_draft`) defer their proposer sessions (`SessionState.DEFERRED`) to
+   their first drafting round. A newcomer whose prompt fits one step has its first tokens at the end
+   of the step that admits it: its time to first token is its queueing and its prefill.
+3. Otherwise one round for every running request (`RoundRunner.run`: draft, size, verify, settle,
+   feed, learn). Finished requests leave the batch. Their sessions close just before the proposer
    next drafts, or in `upkeep()` (a step of an idle engine, `close()`, `run()`): never in the step
-   that finishes them nor in one that only admits, so that bookkeeping is off every first token.
-   While the running batch's automatic budget keeps choosing plain decoding, its automatic rows
-   draft only every few rounds (`budget.DraftCadence`); a session receives its
-   committed tokens when it next drafts or closes (`Request.unfed`), so rounds without drafts never
-   touch the proposer.
+   that finishes them nor in one that only admits. While the automatic budget keeps choosing plain
+   decoding, automatic rows draft only every few rounds (`budget.DraftCadence`).
 4. A round that raises is retried request by request from a fresh cache: the request that raises
    alone fails (finish reason "error", its error recorded); the others go on unaffected.
 
-A request's output and its sampling draws depend only on its prompt, its draw key and its options,
-never on which requests share its batch: under greedy decoding it equals plain batch-1 decoding.
-Plain decoding is the same loop with budget 0. Times are seconds on the engine's clock (`now()`,
-0 at construction); request latencies count from `add()`.
+A request's output and sampling draws depend only on its prompt, draw key and options, never on its
+batch: under greedy decoding it equals plain batch-1 decoding; plain decoding is budget 0. Times are
+seconds on the engine's clock (`now()`, 0 at construction); request latencies count from `add()`.
 """
 
 from __future__ import annotations

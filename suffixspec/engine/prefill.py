@@ -28,9 +28,7 @@ from ..draft.tree import DraftTree
 
 __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups", "sample_families"]
 
-# Chunks this long read a prompt within a few percent of one whole pass on a CPU, while a running
-# request waits at most one such chunk between two of its tokens; typical prompts (a file to edit, a
-# question) fit one step, so only long ones pay for the extra passes and the rounds between them.
+# a running request waits at most one chunk of this many prompt tokens between two of its tokens
 DEFAULT_MAX_STEP_TOKENS = 512
 
 
