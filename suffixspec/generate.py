@@ -14,14 +14,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .tokenids import as_tokens
+from .draft.tree import prune_tree
 from .engine.budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
 from .engine.engine import Engine, model_vocab_size
-from .errors import BadInputError, BadInputTypeError
 from .engine.fallback import PromptLookupProposer
 from .engine.options import RECYCLE_DEFAULT, DecodeOptions
 from .engine.stats import GenerationResult, GenerationStats, RequestStats
-from .draft.tree import prune_tree
+from .errors import BadInputError, BadInputTypeError
+from .tokenids import as_tokens
 
 __all__ = ["SpeculativeGenerator", "GenerationResult", "GenerationStats", "RequestStats", "CostModel",
            "RankCalibration", "PromptLookupProposer", "DecodeOptions", "prune_tree"]

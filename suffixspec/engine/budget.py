@@ -5,9 +5,9 @@ hardware and corrected online); its drafts are worth their calibrated acceptance
 (`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
 verified, followed as `Shadow`s; `OutputLengths`: how likely an output still runs d tokens on, from
-finished requests, which discounts deep drafts of answers likely to end). `BudgetPolicy.size_round` picks the one draft size k for the round
-that maximises expected committed tokens per second, which is 0 (plain decoding) when speculation
-would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
+finished requests, which discounts deep drafts of answers likely to end). `BudgetPolicy.size_round`
+picks the one draft size k for the round that maximises expected committed tokens per second, which
+is 0 (plain decoding) when speculation would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
 out the proposals of a batch that keeps choosing plain decoding. The policy only reads trees and
 statistics and returns pruned trees: it never touches the model or the proposer.
 """
@@ -24,10 +24,10 @@ from collections import deque
 
 import numpy as np
 
-from ..fileio import atomic_write_json, cache_dir
 from .._kernels import sizing as sk
-from ..verify.batch import RoundBatch
 from ..draft.tree import DraftTree, prune_tree
+from ..fileio import atomic_write_json, cache_dir
+from ..verify.batch import RoundBatch
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
            "tail_weights",

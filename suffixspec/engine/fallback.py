@@ -75,8 +75,8 @@ class LookupSession:
 def serve_plain(engine, rq, step) -> None:
     """`Engine`'s path for a model tree verification cannot serve: transformers' own generate for
     request `rq`, in one step (`step` gets its admission and its event)."""
-    from .lifecycle import Event, Stage
     from ..verify.kv import warn_once
+    from .lifecycle import Event, Stage
 
     warn_once(f"suffixspec: speculation disabled for this model ({engine.unsupported}); using plain decoding")
     step.admitted.append(rq.index)

@@ -21,9 +21,9 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import RequestTrust
-from ..errors import InternalError
 from ..draft.prediction import Prediction
+from ..errors import InternalError
+from .budget import RequestTrust
 from .stats import RequestStats
 
 __all__ = ["Stage", "SessionState", "Request", "PendingClose", "CloseQueue", "Event"]

@@ -157,8 +157,8 @@ class DecodeOptions:
     def resolve(self, model, tokenizer=None, prompt_len: int = 0) -> Decoding:
         """The sampler, EOS set and stop matchers of these options for `model` (and `tokenizer`,
         needed for string stop sequences and structured output) and a prompt of `prompt_len` tokens."""
-        from ..verify.processors import MinTokens, OutputPenalties
         from ..verify.kv import Sampler
+        from ..verify.processors import MinTokens, OutputPenalties
 
         eos = _eos_set(self.eos_token_id, model)
         ends = eos | frozenset(int(t) for t in self.stop_token_ids)

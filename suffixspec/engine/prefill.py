@@ -23,8 +23,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .lifecycle import Request
 from ..draft.tree import DraftTree
+from .lifecycle import Request
 
 __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups", "sample_families"]
 
