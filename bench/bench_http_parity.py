@@ -1,5 +1,5 @@
 """Through HTTP against in-process, interleaved: the same workload served by `suffixspec serve` (driven
-by `suffixspec bench --url`'s client, `suffixspec.bench.remote`) and by the in-process `Server`
+by `suffixspec bench --url`'s client, `suffixspec.bench.remote`) and by the in-process `Engine`
 (`suffixspec bench`'s own backend), repeat by repeat in alternating order, so that the slow drifts
 of a shared machine fall on both sides alike instead of on whichever ran second.
 

@@ -53,10 +53,10 @@ def forward_s(model, ids) -> float:
 
 
 def serve(gen, step_tokens):
-    from suffixspec.engine.engine import Server
+    from suffixspec.engine.engine import Engine
 
     kwargs = dict(max_new_tokens=128, max_batch=8)
-    if step_tokens and "max_step_tokens" in inspect.signature(Server.__init__).parameters:
+    if step_tokens and "max_step_tokens" in inspect.signature(Engine.__init__).parameters:
         kwargs["max_step_tokens"] = step_tokens
     return gen.serve(**kwargs)
 

@@ -4,7 +4,7 @@
     python bench/bench_samples.py --n 8 --prompt-tokens 1500 --record
 
 For each prompt (shipped code-edit prompts, through the default model's chat template), the same `n`
-seeded samples are decoded two ways, alternating: as one family (`Server.add(..., sibling=first)`, what
+seeded samples are decoded two ways, alternating: as one family (`Engine.add(..., sibling=first)`, what
 the HTTP server does for `n`: the prompt read once, its cache copied per sample) and as `n` separate
 requests added together (each reads the prompt). Samples draw with keys 0..n-1 under one seed, so
 both ways produce the same outputs (checked). Reports prompt tokens fed to the model and wall time

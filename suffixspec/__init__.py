@@ -45,7 +45,8 @@ _LAZY = {
     "DecodeOptions": ".engine.options",
     "CostModel": ".engine.budget",
     "BudgetPolicy": ".engine.budget",
-    "Server": ".engine.engine",
+    "Engine": ".engine.engine",
+    "Server": ".engine.engine",  # the alias of Engine kept for this release
     "Event": ".engine.engine",
     "Step": ".engine.engine",
     "load_model": ".models",

@@ -1,10 +1,10 @@
 """`SpeculativeGenerator`: the facade over the engine for one model.
 
 It owns the model, the tokenizer, the proposer (`suffixspec.Proposer` by default) and the budget
-policy (`budget.BudgetPolicy`: cost model and calibration, shared by every server it builds), and
+policy (`budget.BudgetPolicy`: cost model and calibration, shared by every engine it builds), and
 checks once whether tree verification works with the model. `generate` decodes a list of prompts by
-queueing them on a continuous-batching `engine.Server` (`serve`) and stepping it until all are done;
-the round itself (draft, size, verify, settle, feed, learn) lives in `suffixspec.engine`.
+queueing them on a continuous-batching `engine.engine.Engine` (`serve`) and stepping it until all are done;
+the round itself (draft, size, verify, settle, feed, learn) is `engine.round.RoundRunner`.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .tokenids import as_tokens
+from .draft.tree import prune_tree
 from .engine.budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
-from .engine.engine import Server, model_vocab_size
-from .errors import BadInputError, BadInputTypeError
+from .engine.engine import Engine, model_vocab_size
 from .engine.fallback import PromptLookupProposer
 from .engine.options import RECYCLE_DEFAULT, DecodeOptions
 from .engine.stats import GenerationResult, GenerationStats, RequestStats
-from .draft.tree import prune_tree
+from .errors import BadInputError, BadInputTypeError
+from .tokenids import as_tokens
 
 __all__ = ["SpeculativeGenerator", "GenerationResult", "GenerationStats", "RequestStats", "CostModel",
            "RankCalibration", "PromptLookupProposer", "DecodeOptions", "prune_tree"]
@@ -162,10 +162,10 @@ class SpeculativeGenerator:
         self._unsupported, self._checked = unsupported, True
 
     def serve(self, *, options: DecodeOptions | None = None, max_batch: int | None = None,
-              stream: Callable[[int, list[int]], Any] | None = None, **option_fields) -> Server:
-        """A continuous-batching `Server` over this generator: `add` requests at any time, `step`
+              stream: Callable[[int, list[int]], Any] | None = None, **option_fields) -> Engine:
+        """A continuous-batching `Engine` over this generator: `add` requests at any time, `step`
         rounds; takes `DecodeOptions` (or its fields as keyword arguments), `max_batch` and `stream`."""
-        return Server(self, options=options, max_batch=max_batch, stream=stream, **option_fields)
+        return Engine(self, options=options, max_batch=max_batch, stream=stream, **option_fields)
 
     def generate(self, inputs, max_new_tokens: int = 128, do_sample: bool = False, temperature: float = 1.0,
                  top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
@@ -189,11 +189,11 @@ class SpeculativeGenerator:
             raise BadInputError(f"filter: expected one filter or {len(prompts)} (one per prompt), got {len(filters)}", param="filter")
         if request_ids is not None and len(request_ids) != len(prompts):
             raise BadInputError(f"request_ids: expected {len(prompts)} ids (one per prompt), got {len(request_ids)}", param="request_ids")
-        server = self.serve(options=options, max_batch=max_batch, stream=stream)
-        if server.device.type == "cuda":
+        engine = self.serve(options=options, max_batch=max_batch, stream=stream)
+        if engine.device.type == "cuda":
             import torch
 
-            torch.cuda.reset_peak_memory_stats(server.device)
+            torch.cuda.reset_peak_memory_stats(engine.device)
         for q, prompt in enumerate(prompts):
-            server.add(prompt, key=q, filter=filters[q], request_id=request_ids[q] if request_ids is not None else None)
-        return server.run()
+            engine.add(prompt, key=q, filter=filters[q], request_id=request_ids[q] if request_ids is not None else None)
+        return engine.run()

@@ -98,6 +98,16 @@ def test_continuous_batching_sampling_keys_follow_the_request():
     assert two_at_a_time.stats.drafted > 0
 
 
+def test_server_is_the_alias_of_engine_kept_for_this_release():
+    import suffixspec
+    from suffixspec.engine.engine import Engine, Server
+
+    assert suffixspec.Server is suffixspec.Engine is Engine is Server
+    assert {"Engine", "Server"} <= set(suffixspec.__all__)
+    gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer())
+    assert isinstance(gen.serve(max_new_tokens=4, budget=0), suffixspec.Engine)
+
+
 def test_serve_rejects_bad_options():
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer())
     with pytest.raises(BadInputError, match="max_batch"):
@@ -423,7 +433,7 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
     import functools
 
     from suffixspec.engine.budget import CADENCE_MAX_SHARE
-    from suffixspec.engine.engine import Server
+    from suffixspec.engine.engine import Engine
 
     share = 2 * draft_ms / (150 + 2 * draft_ms)  # two rows' proposals in a drafting round
     # cheap: under the cadence's share; dear: at least max_skip (3) times it, where the skips cap
@@ -450,17 +460,17 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
 
     gen = SpeculativeGenerator(model, proposer=StandInProposer(draft),
                                cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
-    server = Server(gen, clock=lambda: now[0], max_new_tokens=new, budget="auto")
+    engine = Engine(gen, clock=lambda: now[0], max_new_tokens=new, budget="auto")
     model.forward = timed_forward
     try:
         for p in prompts:
-            server.add(p)
-        while not server.idle:
+            engine.add(p)
+        while not engine.idle:
             step_no[0] += 1
-            server.step()
+            engine.step()
     finally:
         del model.forward  # the class's forward again
-    res = server.result()
+    res = engine.result()
     assert res.sequences == refs
     assert res.stats.plain_rounds == res.stats.rounds  # nothing paid: no tree was ever verified
     drafting_steps = sorted(set(proposals))

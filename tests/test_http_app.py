@@ -76,8 +76,8 @@ def test_a_request_failing_in_the_engine_answers_500_alone(app_state, monkeypatc
     assert state.engine.health() == (True, "ok")
 
 
-class FakeServer:
-    """Just enough of `engine.Server` for the loop: `step` runs `on_step`."""
+class FakeEngine:
+    """Just enough of `engine.engine.Engine` for the loop: `step` runs `on_step`."""
 
     def __init__(self, on_step):
         from suffixspec.engine.stats import GenerationStats, RequestStats
@@ -126,7 +126,7 @@ def test_a_dead_engine_thread_fails_its_requests_and_health():
     def explode():
         raise MemoryError("no room")
 
-    loop = EngineLoop(FakeServer(explode))
+    loop = EngineLoop(FakeEngine(explode))
     loop.start()
     assert loop.health() == (True, "ok")
 
@@ -156,7 +156,7 @@ def test_a_stalled_step_turns_health_503():
         release.wait(10)
         raise SystemExit  # ends the thread once the test is done
 
-    loop = EngineLoop(FakeServer(slow), stall_s=0.2)
+    loop = EngineLoop(FakeEngine(slow), stall_s=0.2)
     loop.start()
     asyncio_loop = asyncio.new_event_loop()
     loop.submit(Handle(_request(), asyncio_loop))
@@ -184,7 +184,7 @@ def test_requests_close_behind_each_other_at_an_idle_engine_join_one_admission()
             server.queued.clear()
             return SimpleNamespace(events=[], admitted=[])
 
-        server = FakeServer(step)
+        server = FakeEngine(step)
         loop = EngineLoop(server, gather_s=gather_s, gather_max_s=3.0)
         loop.start()
         asyncio_loop = asyncio.new_event_loop()
@@ -216,7 +216,7 @@ def test_an_idle_engine_waits_for_requests_still_being_parsed():
             server.queued.clear()
             return SimpleNamespace(events=[], admitted=[])
 
-        server = FakeServer(step)
+        server = FakeEngine(step)
         loop = EngineLoop(server, gather_s=0.0, gather_max_s=3.0)
         loop.start()
         asyncio_loop = asyncio.new_event_loop()

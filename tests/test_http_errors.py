@@ -42,8 +42,8 @@ def test_param_is_an_attribute_kept_by_pickling():
         assert type(back) is cls and back.param == "prompt" and back.args == err.args
 
 
-class RefusingServer:
-    """Just enough of `engine.Server` for the engine loop: `add` refuses with `error`."""
+class RefusingEngine:
+    """Just enough of `engine.engine.Engine` for the engine loop: `add` refuses with `error`."""
 
     def __init__(self, error):
         from suffixspec.engine.stats import GenerationStats
@@ -97,7 +97,7 @@ def test_a_refused_request_answers_the_errors_param_attribute():
     body = {"model": "m", "prompt": "hello", "max_tokens": 4, "temperature": 0}
     for error, param in [(BadInputError("too many prompt tokens: 9 of 8", param="prompt"), "prompt"),
                          (BadInputTypeError("a token is not an integer"), None)]:
-        r = _post(RefusingServer(error), body)
+        r = _post(RefusingEngine(error), body)
         assert r.status_code == 400
         assert r.content == json.dumps({"error": {"message": str(error), "type": "invalid_request_error",
                                                   "param": param, "code": None}},

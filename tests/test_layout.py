@@ -155,7 +155,7 @@ def test_the_top_level_stays_light():
     import sys
 
     code = ("import sys, suffixspec\n"
-            "for n in ['Server', 'Event', 'Step', 'SpeculativeGenerator', 'DecodeOptions', 'CostModel',"
+            "for n in ['Engine', 'Server', 'Event', 'Step', 'SpeculativeGenerator', 'DecodeOptions', 'CostModel',"
             " 'BudgetPolicy', 'GenerationStats', 'Proposer', 'CorpusIndex']:\n"
             "    getattr(suffixspec, n)\n"
             "heavy = [m for m in ('torch', 'transformers', 'starlette', 'uvicorn', 'fastapi', 'vllm') if m in sys.modules]\n"

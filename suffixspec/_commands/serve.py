@@ -214,29 +214,29 @@ def _load(args, budget, template, state, log, plan):
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle))
     open_recycle_table(gen, args.recycle_table, log)
-    server = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
+    engine = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
                        max_step_tokens=args.max_step_tokens)
     chat, where = chat_template_for(template, tokenizer)
     log.info("chat template: %s", where or "none (chat completions answer 400)")
-    ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=server.vocab_size,
-                       max_positions=server.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
-                       eos=frozenset(server.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
+    ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=engine.vocab_size,
+                       max_positions=engine.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
+                       eos=frozenset(engine.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora), corpora=tuple(corpora))
-    _warm_up(server, tokenizer, proposer)
+    _warm_up(engine, tokenizer, proposer)
     if corpora:
         state.metrics.sources(proposer)  # counted from here: the warm-up's drafts are not a client's
     _freeze_heap()
-    engine = EngineLoop(server, max_queue=args.max_queue, metrics=state.metrics)
-    engine.start()
+    loop = EngineLoop(engine, max_queue=args.max_queue, metrics=state.metrics)
+    loop.start()
     state.ctx = ctx
-    state.engine = engine
+    state.engine = loop
     log.info("model loaded in %.1f s (vocabulary %s, context %s, fill-in-the-middle %s, recycled predictions %s)",
-             time.perf_counter() - t0, server.vocab_size, server.max_positions, "yes" if ctx.fim_ids else "no",
+             time.perf_counter() - t0, engine.vocab_size, engine.max_positions, "yes" if ctx.fim_ids else "no",
              "on" if gen.recycle else "off")
     return gen
 
 
-def _warm_up(server, tokenizer, proposer) -> None:
+def _warm_up(engine, tokenizer, proposer) -> None:
     """Before the first client's request: every kernel a round can reach compiles or loads
     (`warm_kernels`, on a scratch proposer over the same corpora), then one short request runs the
     model's first passes and its output's cache upkeep. Its statistics are forgotten."""
@@ -245,12 +245,12 @@ def _warm_up(server, tokenizer, proposer) -> None:
     seconds = warm_kernels(proposer.corpora or None)
     logging.getLogger("suffixspec.serve").info("kernels ready in %.1f s", seconds)
     text = "def add(a, b):\n    return a + b\n\ndef add(a, b):\n"
-    index = server.add(tokenizer.encode(text), max_new_tokens=8)
-    while not server.idle:
-        server.step()
-    server.release(index)
+    index = engine.add(tokenizer.encode(text), max_new_tokens=8)
+    while not engine.idle:
+        engine.step()
+    engine.release(index)
     proposer.wait_cache(60)
-    server.stats.forget_rounds()
+    engine.stats.forget_rounds()
 
 
 def _freeze_heap() -> None:

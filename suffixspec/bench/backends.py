@@ -2,7 +2,7 @@
 
 Contract: a backend's `serve(max_batch=, max_new_tokens=, do_sample=, temperature=, top_k=, top_p=,
 seed=, budget=, logits_processor=, clock=)` returns an engine with the interface of
-`suffixspec.engine.Server` (`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when
+`suffixspec.engine.engine.Engine` (`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when
 one is given. `SpeculativeBackend` wraps `SpeculativeGenerator` (`fresh()`: a new generator with a
 new proposer, sharing the measured cost model); plain mode is the same backend at budget 0.
 `PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)` one request at a time
@@ -95,7 +95,7 @@ class SpeculativeBackend:
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
               logits_processor=None, clock=None):
-        """A continuous-batching engine (`suffixspec.engine.Server`, on `clock` when given); draws keyed
+        """A continuous-batching engine (`suffixspec.engine.engine.Engine`, on `clock` when given); draws keyed
         by the `key` given to `add`."""
         if self._gen is None:
             self._gen = self.fresh()._gen
@@ -188,7 +188,7 @@ class PromptLookupBackend:
 
 
 class OneAtATime:
-    """The engine interface of `suffixspec.engine.Server` over a batch-1 `generate(prompt, limit, key)
+    """The engine interface of `suffixspec.engine.engine.Engine` over a batch-1 `generate(prompt, limit, key)
     -> GenerationResult`: each step serves the oldest waiting request from start to finish."""
 
     def __init__(self, generate_one: Callable[[list[int], int, int], Any], max_new_tokens: int,

@@ -2,7 +2,7 @@
 
 Contract: `HTTPBackend(url, body=..., ...)` has the backend interface of `suffixspec.bench.runs`:
 `serve(max_batch=C, max_new_tokens=, do_sample=, temperature=, top_k=, top_p=, seed=, budget=)`
-returns an `HTTPEngine` with the engine interface of `suffixspec.engine.Server` (`add`, `step`,
+returns an `HTTPEngine` with the engine interface of `suffixspec.engine.engine.Engine` (`add`, `step`,
 `idle`, `now`, `close`, `result`), so the same workloads, arrival processes, statistics and report
 run against any server. Every request is one streaming `POST /v1/completions` (`prompt`: the
 workload's text, templates already applied, or its token ids) or `/v1/chat/completions`

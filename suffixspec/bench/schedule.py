@@ -3,7 +3,7 @@
 Contract: `poisson_arrivals(n, rate, seed)` gives seeded Poisson arrival times; `serve_schedule(engine,
 prompts, concurrency, arrivals, limits)` (or `schedule_steps`, the same loop as a generator that yields
 after every step, so that several engines can take turns) drives any object with the engine interface of
-`suffixspec.engine.Server` (`add(prompt, max_new_tokens=, key=)`, `step() -> Step`, `idle`, `now()`,
+`suffixspec.engine.engine.Engine` (`add(prompt, max_new_tokens=, key=)`, `step() -> Step`, `idle`, `now()`,
 events carrying `index`, `time_s`, `finish_reason`) under a closed loop (`arrivals=None`: `concurrency`
 clients, each sends its next request when its previous one completes) or the given arrival times, and
 returns one `Served` per finished request plus the makespan. Times are the engine's clock plus the

@@ -5,9 +5,9 @@ hardware and corrected online); its drafts are worth their calibrated acceptance
 (`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
 verified, followed as `Shadow`s; `OutputLengths`: how likely an output still runs d tokens on, from
-finished requests, which discounts deep drafts of answers likely to end). `BudgetPolicy.size_round` picks the one draft size k for the round
-that maximises expected committed tokens per second, which is 0 (plain decoding) when speculation
-would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
+finished requests, which discounts deep drafts of answers likely to end). `BudgetPolicy.size_round`
+picks the one draft size k for the round that maximises expected committed tokens per second, which
+is 0 (plain decoding) when speculation would not pay; `tail_weights` weighs rows by how long they keep the batch busy. `DraftCadence` spaces
 out the proposals of a batch that keeps choosing plain decoding. The policy only reads trees and
 statistics and returns pruned trees: it never touches the model or the proposer.
 """
@@ -24,10 +24,10 @@ from collections import deque
 
 import numpy as np
 
-from ..fileio import atomic_write_json, cache_dir
 from .._kernels import sizing
-from ..verify.batch import RoundBatch
 from ..draft.tree import DraftTree, prune_tree
+from ..fileio import atomic_write_json, cache_dir
+from ..verify.batch import RoundBatch
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
            "tail_weights",
@@ -246,15 +246,12 @@ class CostModel:
 class RankCalibration:
     """Observed acceptance of draft nodes relative to their scores, by the node's rank in its tree.
 
-    A tree's scores are the proposer's estimates of each node's acceptance. How far they are off
-    depends on the workload *and* on the rank: replaying the shipped traces at budget 64, code edits
-    accept their best node 0.93x as often as scored and ranks 33-64 1.47x, chat 0.69x and 0.24x.
-    One scalar cannot size trees for both, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
+    A tree's scores are the proposer's estimates of each node's acceptance; how far they are off
+    depends on the workload and on the rank, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
     7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
     `prior` units of score at ratio `prior_ratio` in every bucket. The prior ratio is below 1 on
-    purpose: a wrong draft costs a batch its padded pass, and a workload whose drafts beat their
-    scores (code edits) proves it within a few rounds, while one whose drafts fall short (chat at
-    concurrency 4 lost 5-7% to drafts whose scores were believed) would pay until it had."""
+    purpose: a workload whose drafts beat their scores proves it within a few rounds, while one whose
+    drafts fall short would pay for every wrong draft's padded pass until it had."""
 
     EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
 
@@ -499,7 +496,7 @@ class DraftCadence:
 
 
 class BudgetPolicy:
-    """The automatic budget's state and decisions (one per generator, shared by its servers).
+    """The automatic budget's state and decisions (one per generator, shared by its engines).
 
     `max_budget`: most draft nodes a request proposes. `min_gain`: a round speculates only when its
     predicted committed tokens per second beat plain decoding by this factor (a margin for the error

@@ -1,46 +1,31 @@
-"""`Server`: the continuous-batching engine and its round.
+"""`Engine`: the continuous-batching engine: the request queue, admission and stepping.
 
-Requests join the running batch between rounds and leave it when they finish, so a slot freed by a
-short request is refilled at once instead of idling until the batch's slowest request is done.
+Requests join the running batch between rounds and leave it when they finish; a freed slot is
+refilled at the next step. The round itself is `round.RoundRunner`; prompts are read by `prefill`.
 
 Contract of one `step()`:
 
 1. Cancelled requests leave (`cancel`).
-2. Either admission or a round. Admission, when slots are free (`max_batch`) and requests wait, or
-   a long prompt is being read, unless the previous step admitted while other requests were running
-   (running rows wait for at most one admission between two of their rounds): waiting requests
-   (FIFO) fill the free slots within the step's `max_step_tokens` (`prefill`: a longer prompt is read
-   chunk by chunk over several admissions, in its own cache, its last chunk being its first round).
-   Newcomers get passes of their own over their prompts plus a draft tree each (their prefill, which
-   is also their first round; grouped by prompt length so left padding stays small); their cache
-   rows then join the running batch (`KVState.add_rows`). Automatic rows of a prefill that could not
-   carry a single draft node within the policy's slack (`BudgetPolicy.prefill_may_draft`) open their
-   proposer sessions at their first drafting round instead (`SessionState.DEFERRED`), so the set-up is not
-   on their time to first token; a request that finishes before it drafts opens and closes its
-   session then, so its output still joins the past responses. A newcomer whose prompt fits one step
-   thus has its first tokens at the end of the step that admits it: its time to first token is its
-   queueing and its prefill, never a round of the running batch, whichever way the step's events
-   reach it (events' times, or the end of the step for a caller that publishes them then).
-3. Otherwise one round for every running request, in named steps that read top-down in `_round`:
-   draft (the proposer's trees, plus the request's prediction), size (the budget policy prunes
-   them), verify (one forward pass, acceptance, cache commit), settle (tokens committed, finished
-   requests found by `Decoding.take`), feed (committed tokens back toward the proposer sessions),
-   learn (the policy's calibration; the recycled predictions' table, `recycle`). Finished
-   requests leave the batch; their slots fill at the
-   next step. Their sessions close (their outputs join the past responses) just before the proposer
-   next drafts, or in `upkeep()` (a step of an idle server, `close()`, `run()`): never in the step
-   that finishes them nor in one that only admits, so that bookkeeping is off every first token.
-   While the running batch's automatic budget keeps choosing plain decoding, its automatic rows
-   draft only every few rounds (`budget.DraftCadence`); a session receives its
-   committed tokens when it next drafts or closes (`Request.unfed`), so rounds without drafts never
-   touch the proposer.
+2. Either admission or a round. Admission when slots are free (`max_batch`) and requests wait, or a
+   long prompt is being read, unless the previous step admitted while requests ran (running rows
+   wait for at most one admission between two of their rounds). Waiting requests (FIFO) fill the
+   free slots within `max_step_tokens` (a longer prompt becomes a `PrefillJob`, read chunk by chunk).
+   A newcomer's prefill is its first round; its cache rows then join the running batch
+   (`KVState.add_rows`). Automatic rows of a prefill that could carry no draft node
+   (`BudgetPolicy.prefill_may_draft`) defer their proposer sessions (`SessionState.DEFERRED`) to
+   their first drafting round. A newcomer whose prompt fits one step has its first tokens at the end
+   of the step that admits it: its time to first token is its queueing and its prefill.
+3. Otherwise one round for every running request (`RoundRunner.run`: draft, size, verify, settle,
+   feed, learn). Finished requests leave the batch. Their sessions close just before the proposer
+   next drafts, or in `upkeep()` (a step of an idle engine, `close()`, `run()`): never in the step
+   that finishes them nor in one that only admits. While the automatic budget keeps choosing plain
+   decoding, automatic rows draft only every few rounds (`budget.DraftCadence`).
 4. A round that raises is retried request by request from a fresh cache: the request that raises
    alone fails (finish reason "error", its error recorded); the others go on unaffected.
 
-A request's output and its sampling draws depend only on its prompt, its draw key and its options,
-never on which requests share its batch: under greedy decoding it equals plain batch-1 decoding.
-Plain decoding is the same loop with budget 0. Times are seconds on the server's clock (`now()`,
-0 at construction); request latencies count from `add()`.
+A request's output and sampling draws depend only on its prompt, draw key and options, never on its
+batch: under greedy decoding it equals plain batch-1 decoding; plain decoding is budget 0. Times are
+seconds on the engine's clock (`now()`, 0 at construction); request latencies count from `add()`.
 """
 
 from __future__ import annotations
@@ -51,20 +36,19 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..verify.batch import RoundBatch
-from .budget import DraftCadence, tail_weights
+from ..draft.prediction import Prediction, prediction_counts
+from ..draft.tree import DraftTree
 from ..errors import BadInputError
-from .fallback import serve_plain
-from .lifecycle import Event, PendingClose, Request, SessionState, Stage
-from .options import DecodeOptions, check_int
-from ..draft.prediction import Prediction, prediction_counts, with_path
-from ..draft.recycle import harvest_round
-from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
-from .stats import GenerationResult, GenerationStats, PhaseTimer, RequestStats, peak_memory
 from ..verify.structured import escaped_view
-from ..draft.tree import DraftTree, prune_tree
+from .budget import DraftCadence
+from .fallback import serve_plain
+from .lifecycle import CloseQueue, Event, Request, Stage
+from .options import DecodeOptions, check_int
+from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
+from .round import RoundRunner
+from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
 
-__all__ = ["Server", "Event", "Step"]
+__all__ = ["Engine", "Server", "Event", "Step"]
 
 log = logging.getLogger(__name__)
 
@@ -77,27 +61,6 @@ class Step:
     events: list[Event] = field(default_factory=list)
 
 
-@dataclass
-class RowRound:
-    """One request's part of one round."""
-
-    request: Request
-    limit: int  # most tokens it may commit this round
-    proposed: DraftTree = field(default_factory=DraftTree.empty)  # drafted, before the budget policy
-    tree: DraftTree = field(default_factory=DraftTree.empty)  # verified
-    path: list[int] = field(default_factory=list)  # the prediction's path merged into the tree
-    tokens: list[int] = field(default_factory=list)  # committed
-    accepted_nodes: list[int] = field(default_factory=list)  # tree nodes whose tokens were committed
-    recycled: Any = None  # the `recycle.RecycledDraft` its tree was cut from, when it recycles
-    logprobs: list | None = None  # per committed token, when its sampler reports them
-    reason: str = ""  # finish reason, "" while the request goes on
-
-
-# where a round's phases are charged in the run's statistics (settling is charged nowhere)
-ROUND_CHARGES = {"draft": "proposer_s", "feed": "proposer_s", "size": "budget_s", "learn": "budget_s",
-                 "verify": "verifier_s"}
-
-
 def model_vocab_size(model) -> int | None:
     """Rows of the model's input embedding (the ids it can read), else its config's `vocab_size`."""
     try:
@@ -107,16 +70,7 @@ def model_vocab_size(model) -> int | None:
         return int(size) if size else None
 
 
-def _close_logged(close, *args) -> None:
-    """close(*args) for finished requests' sessions: a failure is logged, not raised, since it is a
-    finished request's bookkeeping and not a round's failure."""
-    try:
-        close(*args)
-    except Exception as exc:  # noqa: BLE001 - see the docstring
-        log.warning("closing a finished request's proposer session failed: %r", exc)
-
-
-class Server:
+class Engine:
     """Continuous batching over a `SpeculativeGenerator` (built by `SpeculativeGenerator.serve`).
 
     `options`: the default `DecodeOptions` of every request (or its fields as keyword arguments:
@@ -149,7 +103,6 @@ class Server:
         self.max_batch = None if max_batch is None else int(max_batch)
         self.stream = stream
         self.filter = filter
-        self.min_weight = 0.25  # floor of `tail_weights`
         self.stats = GenerationStats(requests=[])
         # every request not released, by index; its `stage` says where it is (`lifecycle`)
         self._requests: dict[int, Request] = {}
@@ -159,9 +112,10 @@ class Server:
         self._job: PrefillJob | None = None  # a RUNNING request whose long prompt is being read
         self._cadence = DraftCadence()  # the running batch's drafting while its budget stays off
         self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
-        self._closing: list[PendingClose] = []  # finished requests' sessions, closed by _flush_closes
+        self._closes = CloseQueue()  # finished requests' sessions, closed by `RoundRunner.flush_closes`
         self._clock = clock
         self._t0 = clock()
+        self._rounds = RoundRunner(gen, self.policy, self.stats, clock, self.now, self._closes, stream)
         self.unsupported = gen.check_support()
         if self.unsupported is None and options.budget == "auto":
             self.policy.ensure_cost_model(self.model)
@@ -198,7 +152,7 @@ class Server:
             request_id=None, options: DecodeOptions | None = None, prediction=None, sibling: int | None = None) -> int:
         """Queue one request (token ids, or a string with a tokenizer); returns its index.
 
-        `options`: its own `DecodeOptions` (default: the server's); `max_new_tokens` caps it further.
+        `options`: its own `DecodeOptions` (default: the engine's); `max_new_tokens` caps it further.
         `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
         `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
         `sibling`: the index of a request with the same prompt (one of `n` samples): admitted together
@@ -343,10 +297,10 @@ class Server:
     def upkeep(self) -> None:
         """Close finished requests' proposer sessions now (their outputs join the past responses).
         Steps leave that to the next proposal, so it never lands on a newcomer's first token; a step
-        of an idle server, `close()` and `run()` do it too. Counted in `stats.proposer_s` (and `e2e_s`)."""
-        if self._closing:
+        of an idle engine, `close()` and `run()` do it too. Counted in `stats.proposer_s` (and `e2e_s`)."""
+        if self._closes:
             t = self._clock()
-            self._flush_closes()
+            self._rounds.flush_closes()
             self.stats.proposer_s += self._clock() - t
             self.stats.e2e_s = self.now()
 
@@ -452,241 +406,11 @@ class Server:
 
     def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
                cadence: DraftCadence | None = None) -> list[Request]:
-        """One round of `requests` (the rows of `state`); returns those that go on, in order. With
-        `drafts` False, rows with an automatic budget and no prediction draft nothing. `cadence`
-        (the running batch's) observes whether a drafting round verified any automatic row's tree,
-        and what its drafting cost against the whole round."""
-        rows = [RowRound(rq, rq.max_new - len(rq.output)) for rq in requests]
-        timer = PhaseTimer(self._clock)
-        closes_s = self._draft(rows, drafts)
-        timer.lap("draft")
-        batch = self._size(rows, self._batch(rows))
-        observed = cadence is not None and drafts and bool(batch.auto.any())
-        verified = observed and any(len(t) for t, a in zip(batch.trees, batch.auto) if a)
-        timer.lap("size")
-        self._verify(state, rows, batch)
-        timer.lap("verify")
-        self._settle(rows, events)
-        timer.lap("settle")
-        self._feed(rows)
-        timer.lap("feed")
-        self._learn(rows)
-        timer.lap("learn")
-        if observed:  # what drafting cost this round (the closes are owed anyway), against the round
-            cadence.observe(verified, cost_s=timer["draft"] + timer["size"] + timer["learn"] - closes_s,
-                            round_s=timer.total() - closes_s)
-        stats = self.stats
-        timer.charge(stats, ROUND_CHARGES)
-        stats.rounds += 1
-        stats.plain_rounds += all(len(r.tree) == 0 for r in rows)
-        stats.record_budgets([len(r.tree) for r in rows])
-        keep = [i for i, r in enumerate(rows) if not r.reason]
-        if len(keep) < len(rows):
-            state.select_rows(keep)
-        return [requests[i] for i in keep]
-
-    # ---------------------------------------------------------------------------------- the round's steps
-
-    def _draft(self, rows: list[RowRound], drafts: bool = True) -> float:
-        """Each row's tree from its proposer session (one batched call), plus its prediction's path and,
-        when it recycles, the recycled predictions, pruned to its budget and to what it may still
-        commit. Without `drafts`, automatic rows
-        without a prediction draft nothing. Returns the seconds spent closing finished sessions."""
-        budgets = []
-        for r in rows:
-            rq = r.request
-            if rq.auto and not drafts and rq.prediction is None:
-                budgets.append(0)
-                continue
-            want = self.policy.max_budget if rq.auto else int(rq.budget)
-            budgets.append(max(0, min(want, r.limit - 1)))
-        # a deferred session opens when its request first drafts, never on its prefill (no output yet)
-        opening = [i for i, r in enumerate(rows) if budgets[i] > 0 and r.request.output
-                   and r.request.session_state is SessionState.DEFERRED]
-        live = sorted(opening + [i for i, r in enumerate(rows)
-                                 if budgets[i] > 0 and r.request.session_state is SessionState.OPEN])
-        closes_s = 0.0
-        if live and self._closing:  # the outputs that finished before join the past responses first
-            t = self._clock()
-            self._flush_closes()
-            closes_s = self._clock() - t
-        for i in opening:
-            rows[i].request.open(self.gen.proposer)
-        if live:
-            sessions = [rows[i].request.session for i in live]
-            for i in live:
-                rows[i].request.catch_up()
-            wanted = [budgets[i] for i in live]
-            batch = getattr(self.gen.proposer, "propose_batch", None)
-            if batch is not None and len(live) > 1:  # one session: its own call is the cheaper path
-                got = batch(sessions, wanted)
-            else:
-                got = [s.propose(b) for s, b in zip(sessions, wanted)]
-            for i, tree in zip(live, got):
-                rows[i].proposed = tree if tree is not None else DraftTree.empty()
-        for r, b in zip(rows, budgets):
-            pred = r.request.prediction
-            if pred is not None and b > 0:
-                r.path, scores = pred.draft(b)
-                if r.path:
-                    r.proposed = with_path(r.proposed, r.path, scores)
-            if r.request.recycle and b > 0:  # one best-first tree over the copy drafts and the recycled ones
-                r.recycled = self.gen.recycle_table.grow(r.proposed, r.request.context[-2:], b, r.limit - 1)
-                r.proposed = r.recycled.tree
-            if len(r.proposed):
-                r.proposed = prune_tree(r.proposed, b, r.limit - 1)
-            grammar = r.request.decoding.grammar
-            if grammar is not None and len(r.proposed):  # nodes the grammar forbids can never be accepted
-                r.proposed = grammar.prune(r.proposed, r.request.output)
-            r.tree = r.proposed
-        return closes_s
-
-    def _batch(self, rows: list[RowRound]) -> RoundBatch:
-        """The round's rows as one `RoundBatch` for the policy and the verifier (sizing fields neutral)."""
-        requests = [r.request for r in rows]
-        return RoundBatch.build(
-            [r.tree for r in rows], [r.limit for r in rows], pending=[rq.pending for rq in requests],
-            auto=[rq.auto for rq in requests], samplers=[rq.decoding.sampler for rq in requests],
-            eos=[rq.decoding.eos for rq in requests], contexts=[rq.context for rq in requests],
-            keys=[rq.key for rq in requests], generated=[len(rq.output) for rq in requests])
-
-    def _size(self, rows: list[RowRound], batch: RoundBatch) -> RoundBatch:
-        """The budget policy chooses the round's draft size over the rows with an automatic budget;
-        returns the batch with the sized trees (each row's `tree` follows)."""
-        if not any(a and len(t) for a, t in zip(batch.auto, batch.trees)):
-            return batch
-        requests = [r.request for r in rows]
-        weights = tail_weights([rq.stats.rounds for rq in requests], [len(rq.output) for rq in requests],
-                               [rq.max_new for rq in requests], self.min_weight, waiting=bool(self._waiting))
-        lengths, depth = self.policy.lengths, self.policy.max_budget
-        # rows without a tree have no node to discount: their entries are never read
-        continuing = lengths.continuing_rows([len(rq.output) for rq in requests], depth) if len(lengths) else None
-        batch = batch.with_sizing(weights=weights, factors=[rq.trust.factor() for rq in requests],
-                                  continuing=continuing)
-        batch.trees = self.policy.size_round(batch)
-        for r, tree in zip(rows, batch.trees):
-            r.tree = tree
-        return batch
-
-    def _verify(self, state, rows: list[RowRound], batch: RoundBatch) -> None:
-        """One forward pass over every row's pending tokens and tree; acceptance; cache commit."""
-        from ..verify.accept import accept
-
-        t_pass = self._clock()
-        logits, root = state.forward(batch.pending, batch.trees)
-        results = accept(logits, root, batch)
-        if any(r.request.recycle for r in rows):
-            harvest_round(self.gen.recycle_table, logits, root, batch, results)
-        state.commit([res.accepted_nodes for res in results])
-        if batch.width == 1 and batch.auto.any():  # prefills are dominated by the prompt: not observed
-            # the whole step: a tree's acceptance walk and cache rewrite are part of what it costs
-            self.policy.observe_pass(len(batch), len(batch) * (1 + max(len(t) for t in batch.trees)),
-                                     self._clock() - t_pass)
-        for r, res in zip(rows, results):
-            r.tokens = res.tokens
-            r.accepted_nodes = res.accepted_nodes
-            r.logprobs = res.logprobs
-
-    def _settle(self, rows: list[RowRound], events: list[Event]) -> None:
-        """Commit each row's tokens up to where `Decoding.take` ends its output; statistics; events."""
-        now = self.now()
-        for r in rows:
-            rq = r.request
-            rs = rq.stats
-            tokens, r.reason = rq.decoding.take(rq.output, r.tokens, rq.max_new)
-            rq.context.extend(tokens)
-            rq.pending = [tokens[-1]]
-            r.tokens = tokens
-            n_acc = min(len(r.accepted_nodes), len(tokens))
-            if not rs.rounds:
-                rs.ttft_s = now - rq.added_s
-            rs.rounds += 1
-            rs.committed_per_round.append(len(tokens))
-            rs.drafted += len(r.tree)
-            rs.accepted += n_acc
-            for d in range(n_acc):
-                if d == len(rs.accepted_by_position):
-                    rs.accepted_by_position.append(0)
-                rs.accepted_by_position[d] += 1
-            rs.new_tokens = len(rq.output)
-            rs.e2e_s = now - rq.added_s
-            if rq.prediction is not None:
-                self._advance_prediction(r, n_acc)
-            if r.reason:
-                rs.finish_reason = r.reason
-                if rq.auto:  # how long answers run (an output cut at its limit runs on past it)
-                    self.policy.lengths.observe(len(rq.output), r.reason != "length")
-                rq.move(Stage.FINISHED)
-            if self.stream is not None and tokens:
-                self.stream(rq.index, list(tokens))
-            logprobs = None if r.logprobs is None else r.logprobs[: len(tokens)]
-            events.append(Event(rq.index, list(tokens), now, r.reason, logprobs=logprobs))
-
-    def _advance_prediction(self, r: RowRound, n_acc: int) -> None:
-        pred = r.request.prediction
-        on_path = 0  # accepted drafts that follow the prediction's path
-        while on_path < min(n_acc, len(r.path)) and r.tokens[on_path] == r.path[on_path]:
-            on_path += 1
-        pred.advance(r.request.output, r.tokens, min(len(r.path), len(r.tree)), on_path)
-
-    def _feed(self, rows: list[RowRound]) -> None:
-        """Committed tokens toward the proposer sessions (taken when they next draft); finished
-        requests' sessions close."""
-        for r in rows:
-            rq = r.request
-            if rq.session_state is SessionState.OPEN:
-                rq.unfed.extend(r.tokens)
-            if r.reason:
-                self._close_session(rq)
-
-    def _learn(self, rows: list[RowRound]) -> None:
-        """The policy learns from the round's trees: per request (`RequestTrust`), then across requests."""
-        for r in rows:
-            if r.recycled is not None:
-                self.gen.recycle_table.learn(r.recycled, r.tree, r.tokens)
-        auto = [r for r in rows if r.request.auto]
-        if not auto:
-            return
-        calibration = self.policy.calibration
-        for r in auto:
-            r.request.trust.learn(calibration, r.tree, r.accepted_nodes, r.proposed, r.tokens, r.limit)
-        self.policy.learn([r.tree for r in auto], [r.accepted_nodes for r in auto])
+        """One round of `requests` (the rows of `state`): `RoundRunner.run`, told whether requests wait."""
+        return self._rounds.run(state, requests, events, drafts=drafts, cadence=cadence,
+                                waiting=bool(self._waiting))
 
     # ---------------------------------------------------------------------------------- ends
-
-    def _close_session(self, rq: Request) -> None:
-        """The request's session is queued to close over the whole output (what it closes over joins
-        the past responses) by `_flush_closes`; a deferred session that never drafted opens there."""
-        pending = rq.close()
-        if pending is not None:
-            self._closing.append(pending)
-
-    def _flush_closes(self) -> None:
-        """Close the queued sessions: before the proposer next drafts, and when the server goes idle
-        or closes, so that work is never on a newcomer's time to first token and every proposal
-        sees the outputs that finished before it. Their outputs join the past responses in one cache
-        add. A failure is logged, and no running request pays for it: a session that could not be
-        opened or fed keeps what it had (or nothing), a failed add loses that flush's outputs."""
-        closing, self._closing = self._closing, []
-        if not closing:
-            return
-        proposer, sessions = self.gen.proposer, []
-        for pending in closing:
-            try:
-                session = pending.session
-                if session is None:
-                    session = proposer.start(pending.prompt, request_id=pending.request_id, filter=pending.filter)
-                sessions.append(session)  # closed below even when feeding it fails
-                if pending.unfed:
-                    session.extend(pending.unfed)
-            except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
-                log.warning("opening or feeding a finished request's proposer session failed: %r", exc)
-        together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
-        if together is not None:
-            _close_logged(together, sessions)
-        else:
-            for session in sessions:
-                _close_logged(session.close)
 
     def _drop_cancelled(self, step: Step) -> None:
         job = self._job
@@ -713,7 +437,7 @@ class Server:
         rs = rq.stats
         rs.finish_reason, rs.error = reason, error
         rs.e2e_s = now - rq.added_s
-        self._close_session(rq)
+        self._closes.add(rq)
         rq.move(Stage.FINISHED)
         events.append(Event(rq.index, [], now, reason, error))
 
@@ -731,7 +455,7 @@ class Server:
             rq.pending = list(rq.context)
             state = self._new_state(1)
             try:
-                self._close_session(rq)  # the failed round may have left it behind the context
+                self._closes.add(rq)  # the failed round may have left it behind the context
                 rq.open(self.gen.proposer)
                 kept = self._round(state, [rq], events)
             except Exception as err:  # noqa: BLE001 - this request's own failure
@@ -746,7 +470,7 @@ class Server:
     def close(self) -> None:
         """Close every live proposer session (requests still running or waiting are abandoned)."""
         for rq in [*self._rows, *self._waiting, *([self._job.request] if self._job is not None else [])]:
-            self._close_session(rq)
+            self._closes.add(rq)
             rq.move(Stage.FINISHED)
         self.upkeep()
         self._rows, self._waiting, self._job = [], deque(), None
@@ -766,3 +490,7 @@ class Server:
         outputs = [list(self._requests[q].output) for q in sorted(self._requests)]
         texts = [self.tokenizer.decode(o) for o in outputs] if self.tokenizer is not None else None
         return GenerationResult(outputs, self.stats, texts)
+
+
+# the alias kept for this release: `Server` is what `Engine` was called before
+Server = Engine

@@ -3,7 +3,7 @@ cannot serve, and a minimal prompt-lookup proposer for when `suffixspec.Proposer
 
 `plain_generate` decodes one prompt with the model's own `generate` under resolved `Decoding`
 options and returns the output cut where `Decoding.take` ends it, with the finish reason;
-`serve_plain` is the `Server`'s step for such a model.
+`serve_plain` is the `Engine`'s step for such a model.
 """
 
 from __future__ import annotations
@@ -72,34 +72,34 @@ class LookupSession:
         pass
 
 
-def serve_plain(server, rq, step) -> None:
-    """`Server`'s path for a model tree verification cannot serve: transformers' own generate for
+def serve_plain(engine, rq, step) -> None:
+    """`Engine`'s path for a model tree verification cannot serve: transformers' own generate for
     request `rq`, in one step (`step` gets its admission and its event)."""
-    from .lifecycle import Event, Stage
     from ..verify.support import warn_once
+    from .lifecycle import Event, Stage
 
-    warn_once(f"suffixspec: speculation disabled for this model ({server.unsupported}); using plain decoding")
+    warn_once(f"suffixspec: speculation disabled for this model ({engine.unsupported}); using plain decoding")
     step.admitted.append(rq.index)
     rq.move(Stage.RUNNING)
     rs = rq.stats
-    start = server.now()
+    start = engine.now()
     rs.queue_s = start - rq.added_s
     try:
-        out, reason = plain_generate(server.model, rq.context, rq.decoding, rq.key, rq.max_new)
+        out, reason = plain_generate(engine.model, rq.context, rq.decoding, rq.key, rq.max_new)
     except Exception as exc:  # noqa: BLE001 - this request's own failure
-        server.end_request(rq, "error", f"{type(exc).__name__}: {exc}", step.events, server.now())
+        engine.end_request(rq, "error", f"{type(exc).__name__}: {exc}", step.events, engine.now())
         return
-    end = server.now()
-    server.stats.verifier_s += end - start
+    end = engine.now()
+    engine.stats.verifier_s += end - start
     rs.new_tokens, rs.rounds, rs.committed_per_round = len(out), len(out), [1] * len(out)
     rs.ttft_s = rs.e2e_s = end - rq.added_s
     rs.finish_reason = reason
-    server.stats.rounds += len(out)
-    server.stats.plain_rounds += len(out)
-    server.stats.fallback = server.unsupported
+    engine.stats.rounds += len(out)
+    engine.stats.plain_rounds += len(out)
+    engine.stats.fallback = engine.unsupported
     rq.output.extend(out)
     rq.context.extend(out)
     rq.move(Stage.FINISHED)
-    if server.stream is not None and out:
-        server.stream(rq.index, list(out))
+    if engine.stream is not None and out:
+        engine.stream(rq.index, list(out))
     step.events.append(Event(rq.index, list(out), end, reason))

@@ -1,11 +1,11 @@
-"""A request's life inside the engine (`Server`): its stage, its proposer session, its pending close.
+"""A request's life inside the engine (`Engine`): its stage, its proposer session, its pending close.
 
 Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only writers):
 
 * `stage` goes WAITING -> RUNNING -> FINISHED, or WAITING -> FINISHED (cancelled while queued, or
-  a request with nothing to generate); a WAITING request sits in the server's queue, a RUNNING one
+  a request with nothing to generate); a WAITING request sits in the engine's queue, a RUNNING one
   is admitted (a row of the running batch, or in its prefill); a FINISHED one keeps its output and
-  statistics until the server releases it.
+  statistics until the engine releases it.
 * `session_state` is OPEN exactly when `session` is not None; DEFERRED means the session opens over
   the prompt when the request first drafts (its prefill could carry no tree), so it is opened on the
   way out (`PendingClose`) when it never drafted; NONE: no session (plain decoding, or closed).
@@ -17,15 +17,18 @@ Invariants, kept by `Request.move` and `Request.open`/`Request.close` (the only 
 from __future__ import annotations
 
 import enum
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import RequestTrust
-from ..errors import InternalError
 from ..draft.prediction import Prediction
+from ..errors import InternalError
+from .budget import RequestTrust
 from .stats import RequestStats
 
-__all__ = ["Stage", "SessionState", "Request", "PendingClose", "Event"]
+__all__ = ["Stage", "SessionState", "Request", "PendingClose", "CloseQueue", "Event"]
+
+log = logging.getLogger(__name__)
 
 
 class Stage(enum.Enum):
@@ -79,7 +82,7 @@ class Request:
     context: list[int]  # prompt + output
     pending: list[int]  # committed tokens not yet in the cache
     stats: RequestStats = field(default_factory=RequestStats)
-    added_s: float = 0.0  # when it was added, on the server's clock
+    added_s: float = 0.0  # when it was added, on the engine's clock
     stage: Stage = Stage.WAITING
     output: list[int] = field(default_factory=list)
     session_state: SessionState = SessionState.NONE
@@ -147,3 +150,54 @@ class Request:
             pending = PendingClose(self.unfed, session=self.session)
         self.session, self.unfed, self.session_state = None, [], SessionState.NONE
         return pending
+
+
+def close_logged(close, *args) -> None:
+    """close(*args) for finished requests' sessions: a failure is logged, not raised, since it is a
+    finished request's bookkeeping and not a round's failure."""
+    try:
+        close(*args)
+    except Exception as exc:  # noqa: BLE001 - see the docstring
+        log.warning("closing a finished request's proposer session failed: %r", exc)
+
+
+class CloseQueue:
+    """Finished requests' sessions, queued (`add`) until `flush` closes them all at once."""
+
+    def __init__(self):
+        self.pending: list[PendingClose] = []
+
+    def __bool__(self) -> bool:
+        return bool(self.pending)
+
+    def add(self, rq: Request) -> None:
+        """The request's session is queued to close over the whole output (what it closes over joins
+        the past responses); a deferred session that never drafted opens at the flush."""
+        pending = rq.close()
+        if pending is not None:
+            self.pending.append(pending)
+
+    def flush(self, proposer) -> None:
+        """Close the queued sessions of `proposer`; their outputs join the past responses in one cache
+        add. A failure is logged, and no running request pays for it: a session that could not be
+        opened or fed keeps what it had (or nothing), a failed add loses that flush's outputs."""
+        closing, self.pending = self.pending, []
+        if not closing:
+            return
+        sessions = []
+        for pending in closing:
+            try:
+                session = pending.session
+                if session is None:
+                    session = proposer.start(pending.prompt, request_id=pending.request_id, filter=pending.filter)
+                sessions.append(session)  # closed below even when feeding it fails
+                if pending.unfed:
+                    session.extend(pending.unfed)
+            except Exception as exc:  # noqa: BLE001 - a finished request's bookkeeping, not a round's failure
+                log.warning("opening or feeding a finished request's proposer session failed: %r", exc)
+        together = getattr(proposer, "close_sessions", None)  # the Proposer's: one cache add for all
+        if together is not None:
+            close_logged(together, sessions)
+        else:
+            for session in sessions:
+                close_logged(session.close)

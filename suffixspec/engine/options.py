@@ -1,7 +1,7 @@
 """`DecodeOptions`: how one request is decoded, validated once at the boundary.
 
 `DecodeOptions` holds the sampling, stopping and budget settings that `SpeculativeGenerator.generate`,
-`SpeculativeGenerator.serve` and `Server.add` take; constructing one checks every value and raises a
+`SpeculativeGenerator.serve` and `Engine.add` take; constructing one checks every value and raises a
 `BadInputError` / `BadInputTypeError` naming the parameter (its `param`), the expected range and the value.
 `DecodeOptions.resolve(model, tokenizer)` turns it into a `Decoding`: the sampler the verifier uses,
 the end-of-sequence set, and `Decoding.take`, the one place that decides where a request's output
@@ -157,8 +157,8 @@ class DecodeOptions:
     def resolve(self, model, tokenizer=None, prompt_len: int = 0) -> Decoding:
         """The sampler, EOS set and stop matchers of these options for `model` (and `tokenizer`,
         needed for string stop sequences and structured output) and a prompt of `prompt_len` tokens."""
-        from ..verify.processors import MinTokens, OutputPenalties
         from ..verify.accept import Sampler
+        from ..verify.processors import MinTokens, OutputPenalties
 
         eos = _eos_set(self.eos_token_id, model)
         ends = eos | frozenset(int(t) for t in self.stop_token_ids)

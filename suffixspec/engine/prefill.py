@@ -1,4 +1,4 @@
-"""Reading newcomers' prompts within a step's token budget (`Server`'s admissions).
+"""Reading newcomers' prompts within a step's token budget (`Engine`'s admissions).
 
 Contract:
 
@@ -23,14 +23,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .lifecycle import Request
 from ..draft.tree import DraftTree
+from .lifecycle import Request
 
 __all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups", "sample_families"]
 
-# Chunks this long read a prompt within a few percent of one whole pass on a CPU, while a running
-# request waits at most one such chunk between two of its tokens; typical prompts (a file to edit, a
-# question) fit one step, so only long ones pay for the extra passes and the rounds between them.
+# a running request waits at most one chunk of this many prompt tokens between two of its tokens
 DEFAULT_MAX_STEP_TOKENS = 512
 
 

@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
+from ..draft.config import ProposerConfig
+from ..draft.proposer import Proposer
+from ..draft.response_cache import THAW_MIN_TOKENS, ResponseCache
+from ..draft.tree import DraftTree, prune_tree
 from ..verify.batch import RoundBatch
 from .budget import BudgetPolicy, CostModel
-from ..draft.response_cache import THAW_MIN_TOKENS, ResponseCache
-from ..draft.proposer import Proposer
-from ..draft.config import ProposerConfig
-from ..draft.tree import DraftTree, prune_tree
 
 __all__ = ["warm_kernels"]
 

@@ -9,7 +9,7 @@ Importing this package imports nothing heavy; its modules are:
   strings held back and cut).
 * `chat`: the model's chat template (from a file, a model directory or a GGUF), rendered with jinja2.
 * `fim`: fill-in-the-middle token families and prompt building.
-* `engine_loop`: the one engine thread that owns the `engine.Server`, request handles, the bounded
+* `engine_loop`: the one engine thread that owns the `engine.engine.Engine`, request handles, the bounded
   queue, cancellation, drain and health.
 * `metrics`: the Prometheus metrics (prometheus-client, a registry of the server's own).
 * `limits`: what a body must be before it is parsed (size, read deadline, Content-Type, UTF-8, nesting,

@@ -2,7 +2,7 @@
 
 Contract:
 
-* `EngineLoop(server, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
+* `EngineLoop(engine, max_queue=..., metrics=None, stall_s=...)`; `start()` runs one daemon thread that
   alone calls the engine (`add`, `cancel`, `step`, `release`, stats). Handlers put messages on a
   thread-safe inbox (`submit`, `cancel`), read between rounds: a new request joins the running batch
   at the next round. Requests that arrive together (within `gather_s` of each other, at most
@@ -76,14 +76,14 @@ class Final:
 
 @dataclass(frozen=True)
 class AddRequest:
-    """A submitted request, for the server's next admission."""
+    """A submitted request, for the engine's next admission."""
 
     handle: Handle
 
 
 @dataclass(frozen=True)
 class CancelRequest:
-    """A request whose client went away: the server drops it at its next step."""
+    """A request whose client went away: the engine drops it at its next step."""
 
     handle: Handle
 
@@ -103,7 +103,7 @@ Message = AddRequest | CancelRequest | CancelAll | Wake
 
 @dataclass(frozen=True)
 class _Totals:
-    """The server's running totals that a step's usage is the difference of."""
+    """The engine's running totals that a step's usage is the difference of."""
 
     rounds: int = 0
     plain_rounds: int = 0
@@ -210,9 +210,9 @@ class Handle:
 
 
 class EngineLoop:
-    def __init__(self, server, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0,
+    def __init__(self, engine, *, max_queue: int = 256, metrics=None, stall_s: float = 120.0,
                  gather_s: float = GATHER_S, gather_max_s: float = GATHER_MAX_S):
-        self.server = server
+        self.engine = engine
         self.max_queue = int(max_queue)
         self.gather_s, self.gather_max_s = float(gather_s), float(gather_max_s)
         self.metrics = metrics
@@ -299,7 +299,7 @@ class EngineLoop:
             self._live -= 1
 
     def _take_inbox(self, block: bool) -> None:
-        """Every message in the inbox; `block` (the server is idle): wait for one first, then for
+        """Every message in the inbox; `block` (the engine is idle): wait for one first, then for
         those that follow within `gather_s` of the previous one or while handlers are still between
         a request's arrival and its `submit` (`expect`), up to `gather_max_s` after the first."""
         try:
@@ -342,21 +342,21 @@ class EngineLoop:
         elif isinstance(message, CancelRequest):
             handle = message.handle
             if handle.index is not None and handle.index in self._handles:
-                self.server.cancel(handle.index)
+                self.engine.cancel(handle.index)
         elif isinstance(message, CancelAll):
             for index in list(self._handles):
-                self.server.cancel(index)
+                self.engine.cancel(index)
 
     def _add(self, handle: Handle) -> None:
         rq = handle.request
-        server = self.server
+        engine = self.engine
         first = handle.first
         sibling = first.index if first is not None and first.index in self._handles else None
         try:
-            index = server.add(handle.prompt_ids, max_new_tokens=rq.max_tokens, key=handle.sample, filter=rq.filter,
+            index = engine.add(handle.prompt_ids, max_new_tokens=rq.max_tokens, key=handle.sample, filter=rq.filter,
                                options=rq.options, prediction=rq.prediction_ids, sibling=sibling)
             if handle.score_prompt is not None:
-                handle.prompt_logprobs = server.score_prompt(handle.prompt_ids, handle.score_prompt)
+                handle.prompt_logprobs = engine.score_prompt(handle.prompt_ids, handle.score_prompt)
         except (BadInputError, BadInputTypeError) as exc:
             self._done(handle)
             handle.reject(APIError(400, str(exc), param=exc.param))
@@ -368,24 +368,24 @@ class EngineLoop:
             return
         self._handles[index] = handle
         handle.accept(index)
-        if server.finished(index):  # nothing to generate (max_tokens 0): it ends at once
-            self._finish(handle, Event(index, [], server.now(), server.request_stats(index).finish_reason))
+        if engine.finished(index):  # nothing to generate (max_tokens 0): it ends at once
+            self._finish(handle, Event(index, [], engine.now(), engine.request_stats(index).finish_reason))
 
     def _run(self) -> None:
-        server = self.server
+        engine = self.engine
         try:
             while True:
-                if server.idle:
-                    server.upkeep()  # finished requests' sessions close here, not on a newcomer's time
-                self._take_inbox(block=server.idle)
-                if server.idle:
+                if engine.idle:
+                    engine.upkeep()  # finished requests' sessions close here, not on a newcomer's time
+                self._take_inbox(block=engine.idle)
+                if engine.idle:
                     if self._stop.is_set():
                         return
                     self._observe(None, _Totals())
                     continue
-                before = _Totals.of(server.stats)
+                before = _Totals.of(engine.stats)
                 self._step_started = time.monotonic()
-                step = server.step()
+                step = engine.step()
                 self._step_started = None
                 self._dispatch(step, before)
         except BaseException as exc:  # noqa: BLE001 - the thread must say why it died
@@ -410,7 +410,7 @@ class EngineLoop:
                 message.handle.reject(APIError(503, f"the engine stopped: {self.dead}", code="engine_dead"))
 
     def _dispatch(self, step, before: _Totals) -> None:
-        delta = _Totals.of(self.server.stats) - before
+        delta = _Totals.of(self.engine.stats) - before
         for index in step.admitted:
             handle = self._handles.get(index)
             if handle is not None:
@@ -435,9 +435,9 @@ class EngineLoop:
         self._observe(step, delta)
 
     def _finish(self, handle: Handle, ev) -> None:
-        server = self.server
-        rs = server.request_stats(ev.index)
-        prediction = server.prediction_counts(ev.index) if handle.request.prediction_ids is not None else None
+        engine = self.engine
+        rs = engine.request_stats(ev.index)
+        prediction = engine.prediction_counts(ev.index) if handle.request.prediction_ids is not None else None
         stats = {
             "rounds": rs.rounds,
             "tokens_per_round": round(rs.tokens_per_round, 4),
@@ -454,16 +454,16 @@ class EngineLoop:
         if self.metrics is not None:
             self.metrics.observe_finished(ev.finish_reason, rs)
         del self._handles[ev.index]
-        server.release(ev.index)
+        engine.release(ev.index)
         self._done(handle)
         handle.post_final(final)
 
     def _observe(self, step, delta: _Totals) -> None:
         if self.metrics is None:
             return
-        self.metrics.observe_step(waiting=self._waiting, running=self.server.running, rounds=delta.rounds,
+        self.metrics.observe_step(waiting=self._waiting, running=self.engine.running, rounds=delta.rounds,
                                   plain_rounds=delta.plain_rounds, proposer_s=delta.proposer_s,
                                   budget_s=delta.budget_s, verifier_s=delta.verifier_s,
                                   admitted=len(step.admitted) if step is not None else 0)
-        self.metrics.observe_prefill(prefilling=getattr(self.server, "prefilling", 0),
+        self.metrics.observe_prefill(prefilling=getattr(self.engine, "prefilling", 0),
                                      tokens=delta.prefill_tokens, chunks=delta.prefill_chunks)
