@@ -134,8 +134,8 @@ def trace_model(sequences: list[np.ndarray], vocab: int, marker0: int):
 
 def _server(records, cost, concurrency: int, budget="auto"):
     """A server over a fresh generator and stand-in model holding `records`, every request added."""
-    from suffixspec.generate import SpeculativeGenerator
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.generate import SpeculativeGenerator
 
     vocab = 1 + max(t for p, a in records for t in p + a)
     seqs = [np.array([vocab + i] + p + a + [0], np.int64) for i, (p, a) in enumerate(records)]

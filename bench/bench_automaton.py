@@ -37,11 +37,12 @@ import time
 import warnings
 
 import _peers
-import common
 import numpy as np
 from _data import degenerate_streams, stdlib_token_stream
 
 from suffixspec import SuffixAutomaton
+
+import common
 
 TARGETS = {
     "build_tokens_per_s_min": 2_000_000,

@@ -35,8 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-import common
 import numpy as np
+
+import common
 
 
 def main(argv=None) -> int:
@@ -52,9 +53,9 @@ def main(argv=None) -> int:
         return _rerun_from(Path(args.root).resolve(), sys.argv[1:] if argv is None else list(argv))
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval / 1e3)
-    import suffixspec
     from _data import stdlib_token_stream
 
+    import suffixspec
     from suffixspec import Proposer
 
     text = stdlib_token_stream()

@@ -31,12 +31,13 @@ import argparse
 import gc
 import time
 
-import common
 import numpy as np
 
 from suffixspec import ResponseCache, SuffixAutomaton
 from suffixspec.draft import response_cache as cache_mod
 from suffixspec.tokenids import as_tokens
+
+import common
 
 
 def _per_document_build(tokens, starts):

@@ -43,8 +43,9 @@ import zlib
 from pathlib import Path
 
 import _peers
-import common
 import numpy as np
+
+import common
 
 CACHE = common.CACHE
 STDLIBS_ENV = "SUFFIXSPEC_BENCH_STDLIBS"

@@ -35,13 +35,14 @@ import time
 import zlib
 from pathlib import Path
 
-import common
 import numpy as np
 
 from suffixspec import Proposer
 from suffixspec.corpus import CorpusIndex, Document, build_index
 from suffixspec.draft.simulate import load_traces, oracle_mean_accepted, replay
 from suffixspec.tokenizer import load_tokenizer
+
+import common
 
 try:  # the context bound is newer than some revisions this script is run from (--data)
     from suffixspec.draft.simulate import context_bound_mean_accepted

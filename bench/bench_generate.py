@@ -123,9 +123,9 @@ def main(argv=None) -> int:
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     args.threads = torch.get_num_threads()
+    from suffixspec.draft.proposer import Proposer
     from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.models import load_model
-    from suffixspec.draft.proposer import Proposer
 
     model, tok = load_model()
     first = args.budget.split(",")[0]
@@ -179,8 +179,9 @@ def main(argv=None) -> int:
     for g, b in gens.values():
         g.generate([warm], max_new_tokens=8, budget=b)
 
-    from suffixspec.draft.simulate import Trace, oracle_mean_accepted
     import numpy as np
+
+    from suffixspec.draft.simulate import Trace, oracle_mean_accepted
 
     def copy_oracle(ids, answer) -> float:
         return oracle_mean_accepted([Trace(np.asarray(ids, np.int32), np.asarray(answer, np.int32))], budget=64,

@@ -26,8 +26,9 @@ import subprocess
 import sys
 import time
 
-import common
 import httpx
+
+import common
 
 MODES = ("plain", "speculative", "predicted")
 

@@ -72,8 +72,8 @@ def main() -> int:
 
     from suffixspec import bench
     from suffixspec.bench import remote
-    from suffixspec.models import load_model
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.models import load_model
 
     torch.set_num_threads(args.threads)
     workload = bench.load_workload(args.workload, args.num_prompts)

@@ -36,10 +36,10 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(args.threads)
-    from suffixspec.verify.batch import RoundBatch
-    from suffixspec.models import load_model
     from suffixspec.draft.tree import DraftTree
+    from suffixspec.models import load_model
     from suffixspec.verify.accept import Sampler, accept
+    from suffixspec.verify.batch import RoundBatch
     from suffixspec.verify.kv import KVState
 
     model, _ = load_model()

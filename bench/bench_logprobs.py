@@ -31,9 +31,9 @@ def main(argv=None) -> int:
 
     from suffixspec import SpeculativeGenerator
     from suffixspec.bench.workloads import load_workload
-    from suffixspec.models import load_model
-    from suffixspec.engine.options import DecodeOptions
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.engine.options import DecodeOptions
+    from suffixspec.models import load_model
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

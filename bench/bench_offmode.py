@@ -43,8 +43,8 @@ def main(argv=None) -> int:
     import suffixspec.draft.session as session_module
     from suffixspec import SpeculativeGenerator
     from suffixspec.bench.workloads import load_workload
-    from suffixspec.models import load_model
     from suffixspec.engine.warmup import warm_kernels
+    from suffixspec.models import load_model
 
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -28,12 +28,13 @@ import sys
 import time
 
 import _peers
-import common
 import numpy as np
 
 from suffixspec import Proposer
 from suffixspec.draft.simulate import load_traces, simulate
 from suffixspec.tokenizer import load_tokenizer
+
+import common
 
 ROOT, CACHE = common.ROOT, common.CACHE
 

@@ -63,12 +63,12 @@ def main(argv=None) -> int:
     import torch
 
     from suffixspec import SpeculativeGenerator
-    from suffixspec.verify.batch import RoundBatch
     from suffixspec.bench.workloads import load_workload
-    from suffixspec.models import load_model
     from suffixspec.draft.recycle import RecycleTable, harvest_round
     from suffixspec.draft.tree import DraftTree
+    from suffixspec.models import load_model
     from suffixspec.verify.accept import RowResult
+    from suffixspec.verify.batch import RoundBatch
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

@@ -39,10 +39,10 @@ def main(argv=None) -> int:
     import torch
 
     from suffixspec import SpeculativeGenerator
-    from suffixspec.http.chat import chat_template_for, find_chat_template
-    from suffixspec.models import load_model
     from suffixspec.engine.options import DecodeOptions
     from suffixspec.engine.warmup import warm_kernels
+    from suffixspec.http.chat import chat_template_for, find_chat_template
+    from suffixspec.models import load_model
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

@@ -31,7 +31,6 @@ import random
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time

@@ -46,11 +46,11 @@ def main(argv=None) -> int:
     import torch
 
     from suffixspec import SpeculativeGenerator
+    from suffixspec.engine.options import DecodeOptions
+    from suffixspec.engine.warmup import warm_kernels
     from suffixspec.http.chat import chat_template_for, find_chat_template
     from suffixspec.models import load_model
-    from suffixspec.engine.options import DecodeOptions
     from suffixspec.verify.structured import Structure
-    from suffixspec.engine.warmup import warm_kernels
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()

@@ -61,8 +61,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import common
 import numpy as np
+
+import common
 
 ROOT = common.ROOT
 ENGINE = ROOT / "tests_vllm" / "engine.py"

@@ -56,10 +56,10 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
 import _gpu_models as gm
 import _gpu_replay as gr
+import numpy as np
+
 import common
 
 KEYS = ("device", "exactness", "cost_curve", "replay", "cpu_share")
@@ -147,9 +147,9 @@ def _plain(torch, model, prompts, new_tokens) -> tuple[list[list[int]], float]:
 
 
 def _speculative(model, prompts, new_tokens, batch) -> dict:
+    from suffixspec.draft.proposer import Proposer
     from suffixspec.engine.budget import CostModel
     from suffixspec.generate import SpeculativeGenerator
-    from suffixspec.draft.proposer import Proposer
 
     gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False),
                                cost_model=CostModel.measure(model, past=32, repeats=1))
@@ -376,7 +376,7 @@ def summary(result: dict, path: Path, wall_s: float) -> dict:
 
 def _warm_kernels_in_background() -> subprocess.Popen:
     """Compile (or load) the numba kernels in another process while the GPU is timed."""
-    code = "from suffixspec.warmup import warm_kernels; warm_kernels()"
+    code = "from suffixspec import warm_kernels; warm_kernels()"
     return subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 

@@ -151,8 +151,8 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
     budget and the clairvoyant copier over `records` (dicts with `prompt_ids` and `output_ids`; those
     with an empty answer are skipped), with their ratios. `eos`: the token prompt lookup never drafts
     past (the default model's end of turn)."""
-    from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.generate import CostModel, SpeculativeGenerator
 
     class ChargedCost(CostModel):
         def observe(self, *a, **k):  # the replay's passes take no real time: keep the curve as given

@@ -102,8 +102,8 @@ def main(argv=None) -> int:
     import torch
 
     torch.set_num_threads(1)
-    from suffixspec.models import load_model
     from suffixspec.draft.simulate import Trace, oracle_mean_accepted
+    from suffixspec.models import load_model
 
     model, tok = load_model()
     pool = list(functions(Path(args.stdlib)))

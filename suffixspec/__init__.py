@@ -6,7 +6,6 @@ them are resolved lazily on first access (module `__getattr__`).
 
 __version__ = "0.1.0"  # before the imports: submodules read it
 
-from .draft.automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
 from .corpus import (
     CorpusIndex,
     CorpusMatch,
@@ -18,21 +17,21 @@ from .corpus import (
     merge_indexes,
     read_documents,
 )
+from .draft.automaton import Continuations, FrozenAutomaton, MatchCursor, SuffixAutomaton
+from .draft.config import ProposerConfig
 from .draft.proposer import Proposer
 from .draft.response_cache import ResponseCache
 from .draft.session import Session
-from .draft.config import ProposerConfig
 from .draft.tree import DraftTree
 from .errors import (
     BadInputError,
     BadInputTypeError,
     IndexFormatError,
+    InternalError,
     SuffixSpecError,
     TokenizerError,
-    InternalError,
     TokenizerMismatchError,
 )
-
 
 # name -> module (relative) holding it; imported on first access
 _LAZY = {

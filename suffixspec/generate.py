@@ -86,11 +86,8 @@ class SpeculativeGenerator:
     @property
     def proposer(self):
         if self._proposer is None:
-            try:
-                from .draft.proposer import Proposer
-            except ImportError:
-                log.warning("suffixspec.Proposer is unavailable; using a plain prompt-lookup proposer")
-                Proposer = PromptLookupProposer
+            from .draft.proposer import Proposer
+
             self._proposer = Proposer(**self._proposer_options)
         return self._proposer
 

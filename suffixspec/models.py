@@ -28,11 +28,9 @@ Contract:
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path

@@ -25,7 +25,6 @@ import logging
 import os
 import re
 import struct
-import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 

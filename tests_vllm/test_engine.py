@@ -7,7 +7,6 @@ start a third cleanly), greedy, token ids in and out.
 import json
 
 import numpy as np
-
 from conftest import ROOT, run_engines
 
 

@@ -84,8 +84,8 @@ def open_recycle_table(gen, path, log) -> None:
         return
     from pathlib import Path
 
-    from ..errors import IndexFormatError
     from ..draft.recycle import RecycleTable, model_identity
+    from ..errors import IndexFormatError
 
     if not Path(path).exists():
         log.info("recycle table %s: none yet, starting empty (written at shutdown)", path)

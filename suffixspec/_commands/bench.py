@@ -9,7 +9,6 @@ endpoint (modes: request-body extensions, `suffixspec.bench.remote`). `--grid` r
 from __future__ import annotations
 
 import argparse
-
 import os
 import sys
 import time
@@ -138,8 +137,8 @@ class LocalTarget:
 
         plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
         from .. import bench
-        from ..models import load_model
         from ..draft.proposer import Proposer
+        from ..models import load_model
 
         self.allocator = bench.keep_freed_memory()  # before the model's memory is allocated
         self.args, self.filters = args, filters

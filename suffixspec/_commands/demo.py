@@ -31,9 +31,9 @@ def _generate(max_new_tokens: int, plan) -> dict:
 
     import torch
 
+    from ..draft.proposer import Proposer
     from ..generate import SpeculativeGenerator
     from ..models import load_model
-    from ..draft.proposer import Proposer
 
     with resources.as_file(resources.files("suffixspec.corpora") / "copy_edit_prompts.jsonl") as path:
         with open(path, encoding="utf-8") as f:

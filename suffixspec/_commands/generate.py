@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-
 import json
 import sys
 import time
 
-from ..errors import BadInputError
 from ..engine.options import DecodeOptions
+from ..errors import BadInputError
 from ..textinput import read_utf8
 from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
 
@@ -69,9 +68,9 @@ def run(args) -> int:
     plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
     import torch
 
+    from ..draft.proposer import Proposer
     from ..generate import SpeculativeGenerator
     from ..models import load_model
-    from ..draft.proposer import Proposer
 
     model, tokenizer = load_model(args.model)
     print(f"suffixspec generate: {plan.finish().describe()}", file=sys.stderr)

@@ -52,7 +52,15 @@ def run(args) -> int:
 
     from tqdm import tqdm
 
-    from ..corpus import DEFAULT_SHARD_TOKENS, Document, ReadStats, append_documents, build_index, list_input_files, read_documents
+    from ..corpus import (
+        DEFAULT_SHARD_TOKENS,
+        Document,
+        ReadStats,
+        append_documents,
+        build_index,
+        list_input_files,
+        read_documents,
+    )
     from ..errors import BadInputError
     from ..tokenizer import load_tokenizer
     from .args import check_writer_args, load_writer_modules

@@ -27,9 +27,8 @@ def add_parser(subparsers):
 
 def run(args) -> int:
     from ..corpus import CorpusIndex
-    from .index import parse_tags
-
     from ..errors import BadInputError
+    from .index import parse_tags
 
     if args.filter and args.query is None:
         raise BadInputError("--filter restricts a query: give --query TEXT too")

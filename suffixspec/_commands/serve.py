@@ -14,7 +14,6 @@ exits with status 0. A second SIGTERM, or SIGINT, stops at once.
 from __future__ import annotations
 
 import argparse
-
 import gc
 import logging
 import logging.handlers
@@ -25,9 +24,9 @@ import sys
 import threading
 import time
 
+from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from ..errors import BadInputError
 from ..http.limits import Limits
-from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from .args import open_corpora, open_recycle_table, parse_budget, recycle_default, save_recycle_table
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
@@ -190,14 +189,14 @@ def _default_name(model) -> str:
 
 def _load(args, budget, template, state, log, plan):
     """Load the model, build the engine and start its thread; then `state` is ready. Returns the generator."""
+    from ..draft.proposer import Proposer
+    from ..engine.options import DecodeOptions
     from ..generate import SpeculativeGenerator
     from ..http.chat import chat_template_for
     from ..http.engine_loop import EngineLoop
     from ..http.fim import fim_tokens
     from ..http.protocol import ModelContext
     from ..models import load_model
-    from ..engine.options import DecodeOptions
-    from ..draft.proposer import Proposer
 
     t0 = time.perf_counter()
     model, tokenizer = load_model(args.model)

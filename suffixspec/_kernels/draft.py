@@ -34,12 +34,23 @@ from collections import namedtuple
 import numpy as np
 from numba import njit
 
-from . import learn
-from . import lct
+from . import lct, learn
 from . import sam as sk
 from .address import address, prefetch, view_f64, view_i32, view_i64
-from .children import (CHILD_BUF, DEEP_BUF, K_COUNT, K_LAST, K_STATE, K_TOK, KID_COLS, best_first, frozen_part, gather_frozen,
-                       gather_live, no_frozen_part)
+from .children import (
+    CHILD_BUF,
+    DEEP_BUF,
+    K_COUNT,
+    K_LAST,
+    K_STATE,
+    K_TOK,
+    KID_COLS,
+    best_first,
+    frozen_part,
+    gather_frozen,
+    gather_live,
+    no_frozen_part,
+)
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,

@@ -10,9 +10,9 @@ followed: a kernel returns CORRUPT (-2) instead of reading out of bounds, and ca
 import numpy as np
 from numba import njit
 
+from ..errors import InternalError
 from .address import address, view_i32
 from .follow import follow
-from ..errors import InternalError
 
 CORRUPT = -2
 

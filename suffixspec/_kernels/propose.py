@@ -27,13 +27,12 @@ used by another thread meanwhile; frozen sources are only read.
 import numpy as np
 from numba import njit, prange, typed, types
 
+from ..errors import InternalError
 from . import draft as dk
 from . import learn
 from . import sam as sk
 from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, REC_COLS, source_arrays
-from ..errors import InternalError
-
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
 # a cursor row (int64): state (-1: the session does not use that source), matched length

@@ -1,4 +1,4 @@
-"""Kernels of the recycled-prediction source (`suffixspec.recycle`) over flat arrays.
+"""Kernels of the recycled-prediction source (`suffixspec.draft.recycle`) over flat arrays.
 
 Two tables of the target model's top-K next tokens seen in earlier verification passes, best
 first, -1 past a row's last entry: `table` int32[V, K], row t for the positions that read token t;

@@ -29,9 +29,9 @@ so no match spans two documents. Queries over these arrays are in sam_query.py.
 import numpy as np
 from numba import njit
 
+from ..errors import InternalError
 from . import lct
 from .address import address, view_i32, view_i32_2d, view_i64
-from ..errors import InternalError
 
 LINK, LEN, HEAD, CNT, LAST, DEG = 0, 1, 2, 3, 4, 5
 STATE_COLS = 6

@@ -11,8 +11,31 @@ Freezing reads the arrays only; thawing builds new ones.
 import numpy as np
 from numba import njit
 
-from .sam import (CNT, DEG, E_COLS, HASH_LOAD_DEN, HASH_LOAD_NUM, HEAD, LAST, LEN, LINK, META, MODE, MODE_BULK, N_EDGES,
-                  N_HASHED, N_STATES, N_TOKENS, NEXT, SMALL_DEG, SRC, STATE_COLS, TO, TOK, rehash)
+from .sam import (
+    CNT,
+    DEG,
+    E_COLS,
+    HASH_LOAD_DEN,
+    HASH_LOAD_NUM,
+    HEAD,
+    LAST,
+    LEN,
+    LINK,
+    META,
+    MODE,
+    MODE_BULK,
+    N_EDGES,
+    N_HASHED,
+    N_STATES,
+    N_TOKENS,
+    NEXT,
+    SMALL_DEG,
+    SRC,
+    STATE_COLS,
+    TO,
+    TOK,
+    rehash,
+)
 
 
 @njit(cache=True, nogil=True)

@@ -28,12 +28,32 @@ from __future__ import annotations
 from .backends import OneAtATime, PromptLookupBackend, SpeculativeBackend, keep_freed_memory, reserve_memory
 from .quality import CharsetConstraint, humaneval_passes, numeric_correct, quality_gate, wilson_interval
 from .report import environment, format_table, write_plots, write_report
-from .runs import MODES, BenchSettings, Run, interleaves, run_benchmark, run_order, takes_clock, warm_up, warm_up_all, warm_up_rows
+from .runs import (
+    MODES,
+    BenchSettings,
+    Run,
+    interleaves,
+    run_benchmark,
+    run_order,
+    takes_clock,
+    warm_up,
+    warm_up_all,
+    warm_up_rows,
+)
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
 from .summary import summarize
 from .workloads import (
-    FIRST_TURN_TOKENS, SYSTEM, WORKLOADS, Request, Workload, chatml, chatml_followup, load_workload,
-    prepare_followups, resolve_followups, user_turn,
+    FIRST_TURN_TOKENS,
+    SYSTEM,
+    WORKLOADS,
+    Request,
+    Workload,
+    chatml,
+    chatml_followup,
+    load_workload,
+    prepare_followups,
+    resolve_followups,
+    user_turn,
 )
 
 __all__ = [

@@ -369,7 +369,7 @@ class HTTPEngine:
             thread.join(timeout=5.0)
 
     def result(self):
-        """Texts and per-request statistics (`suffixspec.stats`) of every request added."""
+        """Texts and per-request statistics (`suffixspec.engine.stats`) of every request added."""
         from ..engine.stats import GenerationResult, GenerationStats, RequestStats
 
         stats = GenerationStats(requests=[])

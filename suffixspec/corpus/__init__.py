@@ -7,7 +7,7 @@ Terms
   (the *document index*, what bitmaps hold); empty documents are skipped at build time.
 - *position*: an index into the concatenation of all documents of the index, over all shards
   in order (shard s covers positions token_base[s] .. token_base[s] + n_tokens[s] - 1). The
-  *end position* of an occurrence is the position of its last token, as in `automaton.py`.
+  *end position* of an occurrence is the position of its last token, as in `draft/automaton.py`.
 - *shard*: a `FrozenAutomaton` over a bounded number of tokens plus its occurrence layout
   (see `_kernels/corpus_query.py`).
 - *subset*: a `Subset` (compiled from a pyroaring `BitMap` of document indexes or from tags)

@@ -23,8 +23,8 @@ import numpy as np
 
 from .._kernels import corpus_query as cqk
 from .._kernels import frozen as fk
-from ..tokenids import as_tokens
 from ..errors import BadInputError, IndexFormatError, InternalError, TokenizerMismatchError
+from ..tokenids import as_tokens
 from .documents import Document
 from .format import MANIFEST
 from .manifest import tokenizer_info

@@ -22,9 +22,9 @@ from .._kernels import corpus_build as cbk
 from .._kernels import frozen as fk
 from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
-from ..tokenids import as_tokens
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
+from ..tokenids import as_tokens
 from .documents import Document
 from .format import KIND_SHARD, SHARD_ARRAYS, MappedContainer, PhaseClock
 from .manifest import shard_name

@@ -25,8 +25,16 @@ import numpy as np
 
 from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
-from .format import DELETED_DTYPES, KIND_DELETED, KIND_MANIFEST, KIND_SHARD, MANIFEST, SHARD_DTYPES, Container, \
-    MissingFileError
+from .format import (
+    DELETED_DTYPES,
+    KIND_DELETED,
+    KIND_MANIFEST,
+    KIND_SHARD,
+    MANIFEST,
+    SHARD_DTYPES,
+    Container,
+    MissingFileError,
+)
 from .manifest import check_manifest
 from .shards import FROZEN_FIELDS
 

@@ -34,8 +34,8 @@ from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
 from .._kernels import sam_query as sqk
 from .._kernels import walk as wk
-from ..tokenids import as_tokens
 from ..errors import BadInputError, BadInputTypeError, IndexFormatError
+from ..tokenids import as_tokens
 
 MODE_SETTLED = 2  # true counts in S, no link-cut tree yet (Python-side mode only)
 

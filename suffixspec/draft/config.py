@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from .response_cache import MAX_GENERATIONS
 from ..errors import BadInputError, BadInputTypeError
 from ..tokenids import MAX_TOKEN_ID
+from .response_cache import MAX_GENERATIONS
 
 __all__ = ["ProposerConfig", "KnobSpec", "KNOBS"]
 

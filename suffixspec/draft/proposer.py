@@ -52,7 +52,6 @@ from .sources import Sources, corpus_sources
 from .tree import DraftTree
 from .upkeep import CacheUpkeep
 
-
 _PARALLEL_LAUNCH = threading.Lock()
 _EMPTY = DraftTree.empty()
 

@@ -33,10 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenids import as_tokens
-from .automaton import FrozenAutomaton
 from ..errors import BadInputError, BadInputTypeError, IndexFormatError
 from ..fileio import atomic_write_bytes, read_regular
+from ..tokenids import as_tokens
+from .automaton import FrozenAutomaton
 
 __all__ = ["ResponseCache", "MAGIC", "FORMAT_VERSION", "MERGE_RATIO"]
 

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import numpy as np
 
-from .automaton import SuffixAutomaton
 from ..errors import BadInputError
-from .proposer import Proposer
 from ..textinput import read_utf8
 from ..tokenids import as_tokens
+from .automaton import SuffixAutomaton
+from .proposer import Proposer
 
 STAT_KEYS = ("mean_accepted_tokens", "acceptance_rate", "drafted_per_round", "accepted_by_position",
              "rounds", "propose_us_p50", "propose_us_p99", "propose_us_max", "oracle_mean_accepted_tokens",

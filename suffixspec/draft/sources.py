@@ -17,8 +17,8 @@ import numpy as np
 from .._kernels import draft as dk
 from .._kernels import frozen as fk
 from .._kernels import learn as lk
-from .automaton import FrozenAutomaton, SuffixAutomaton
 from ..errors import BadInputError
+from .automaton import FrozenAutomaton, SuffixAutomaton
 
 __all__ = ["RestrictedSource", "Sources", "corpus_sources"]
 

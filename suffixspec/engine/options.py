@@ -226,7 +226,7 @@ def _stop_matchers(stop, tokenizer) -> list[Callable[[list[int]], bool]]:
 
 @dataclass(frozen=True)
 class Decoding:
-    """Resolved `DecodeOptions`: `sampler` (a `verify.Sampler`), the ids that end the output (`eos`:
+    """Resolved `DecodeOptions`: `sampler` (a `verify.accept.Sampler`), the ids that end the output (`eos`:
     end-of-sequence unless ignored, and the stop token ids), stop matchers, the grammar."""
 
     options: DecodeOptions

@@ -78,7 +78,7 @@ class PrefillJob:
     """One request whose prompt is read over several steps, in its own KV state until it joins."""
 
     request: Request
-    state: Any  # its `verify.KVState` (one row), holding the prompt read so far
+    state: Any  # its `verify.kv.KVState` (one row), holding the prompt read so far
     chunks: int = 0  # chunk passes fed so far
 
     @property

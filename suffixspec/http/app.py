@@ -27,10 +27,8 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import json
 import logging
 import time
-from typing import Any, AsyncIterator
 
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
@@ -38,6 +36,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from ..errors import BadInputError
 from . import protocol
 from .answer import Answer, error_response
 from .choices import ChoiceJob
@@ -46,7 +45,6 @@ from .limits import ClientGone, Limits, read_json
 from .metrics import CONTENT_TYPE, Metrics
 from .protocol import APIError, ModelContext
 from .responses import ResponseStream, response_object, to_chat
-from ..errors import BadInputError
 
 __all__ = ["AppState", "create_app"]
 

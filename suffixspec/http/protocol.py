@@ -32,13 +32,12 @@ Contract:
 from __future__ import annotations
 
 import math
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..errors import BadInputError, BadInputTypeError
 from ..engine.options import DecodeOptions
+from ..errors import BadInputError, BadInputTypeError
 from . import fim
 from .fields import APIError, bad, fits, text_content
 

@@ -74,8 +74,13 @@ class Sampler:
 
     def __init__(self, do_sample=False, temperature=1.0, top_k=None, top_p=None, seed=None, logits_processor=None,
                  min_p=None, logprobs=None):
-        from transformers import (LogitsProcessorList, MinPLogitsWarper, TemperatureLogitsWarper, TopKLogitsWarper,
-                                  TopPLogitsWarper)
+        from transformers import (
+            LogitsProcessorList,
+            MinPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
+        )
 
         self.do_sample = bool(do_sample)
         self.processors = LogitsProcessorList(list(logits_processor or []))

@@ -15,8 +15,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import BadInputError
 from ..draft.tree import DraftTree
+from ..errors import BadInputError
 
 __all__ = ["RoundBatch"]
 

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import BadInputError
 from ..draft.tree import DraftTree, subtree
+from ..errors import BadInputError
 
 __all__ = ["Structure", "GrammarProcessor", "ll_tokenizer", "escaped_view"]
 
