@@ -24,12 +24,11 @@ def _python_token_stream(max_files=6, max_tokens=4000):
 
 def _prose_token_stream(max_tokens=4000):
     """Real prose: the docstrings of a few standard-library modules, split into words and marks."""
-    import re
-
     import argparse
     import email
     import json
     import logging
+    import re
     import unittest
 
     text = " ".join(m.__doc__ or "" for m in (argparse, email, json, logging, unittest))
@@ -45,7 +44,7 @@ def real_streams():
 @pytest.fixture(scope="module", params=["llama", "qwen2", "gpt2", "gemma3"])
 def family(request):
     """A tiny random model of each family with four prompts and their plain greedy references."""
-    from test_generate import NEW, prompts_for
+    from support.prompts import NEW, prompts_for
     from support.tiny_models import hf_generate, tiny_model
 
     model = tiny_model(request.param)

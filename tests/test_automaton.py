@@ -6,9 +6,10 @@ import random
 import numpy as np
 import pytest
 
-from support import naive
 from suffixspec import BadInputError, BadInputTypeError, FrozenAutomaton, SuffixAutomaton
 from suffixspec.errors import InternalError
+
+from support import naive
 
 
 def _check_live(sam):

@@ -7,10 +7,11 @@ import subprocess
 import sys
 
 import pytest
-from test_bench import FakeEngine, fake_workload
 
 from suffixspec import bench
 from suffixspec.bench import BenchSettings, TurnClocks
+
+from support.fakes import FakeEngine, fake_workload
 
 
 class Wall:
@@ -151,7 +152,7 @@ def test_a_failing_engine_fails_its_own_run_only():
 
 
 def test_backends_without_a_clock_run_back_to_back():
-    from test_bench import FakeBackend
+    from support.fakes import FakeBackend
 
     assert not bench.takes_clock(FakeBackend())
     assert bench.takes_clock(ClockedBackend(Wall(), [], "x"))

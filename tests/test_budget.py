@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from suffixspec.verify.batch import RoundBatch
+from suffixspec.draft.tree import DraftTree, prune_tree
 from suffixspec.engine.budget import CostModel, RankCalibration
 from suffixspec.engine.fallback import PromptLookupProposer
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.draft.tree import DraftTree, prune_tree
+from suffixspec.verify.batch import RoundBatch
 
+from support.prompts import NEW, VOCAB, prompts_for
 from support.tiny_models import hf_generate, oracle_proposer, tiny_model
-from test_generate import NEW, VOCAB, prompts_for
 
 
 def test_auto_budget_follows_the_cost_curve():

@@ -18,8 +18,8 @@ import pytest
 
 import suffixspec.draft.response_cache as cache_mod
 from suffixspec import IndexFormatError, Proposer, ResponseCache, SuffixAutomaton
-from suffixspec.errors import BadInputTypeError
 from suffixspec.draft.simulate import load_traces, simulate
+from suffixspec.errors import BadInputTypeError
 
 ROOT = Path(__file__).resolve().parents[1]
 

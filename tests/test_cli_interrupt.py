@@ -188,9 +188,8 @@ def _toy_docs(tag: str, n: int, size: int = 40):
 
 def _stray_files(root: Path, index: Path) -> list:
     """Temporaries anywhere under `root`, and files inside `index` that its manifest does not name."""
-    from suffixspec.corpus.manifest import index_files
-
     from suffixspec import CorpusIndex
+    from suffixspec.corpus.manifest import index_files
 
     named = set(index_files(CorpusIndex.open(index, verify=True).manifest)) | {"lock"}
     return sorted({str(p.relative_to(root)) for p in root.rglob("*.tmp")}

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 from pyroaring import BitMap
 
-from support import naive
 from suffixspec import SuffixAutomaton
 from suffixspec.corpus import (
     CorpusIndex,
@@ -23,6 +22,8 @@ from suffixspec.corpus import (
     merge_indexes,
 )
 from suffixspec.errors import BadInputError, IndexFormatError, TokenizerMismatchError
+
+from support import naive
 
 TOK = {"name": "toy", "vocab_size": 65536, "fingerprint": "f" * 64}
 OTHER_TOK = {"name": "other", "vocab_size": 65536, "fingerprint": "0" * 64}
@@ -413,8 +414,8 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     plus occurrence layout written from memory."""
     import json
 
-    from suffixspec.corpus import shards as C
     from suffixspec._kernels import corpus_build as cbk
+    from suffixspec.corpus import shards as C
 
     docs = [d for d in random_docs(17, n_docs=20, max_len=80) if d]
     lens = np.array([len(d) for d in docs], np.int64)

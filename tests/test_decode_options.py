@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.engine.budget import CostModel
-from suffixspec.generate import SpeculativeGenerator
-from suffixspec.engine.options import DecodeOptions
 from suffixspec.draft.tree import DraftTree, subtree
+from suffixspec.engine.budget import CostModel
+from suffixspec.engine.options import DecodeOptions
+from suffixspec.generate import SpeculativeGenerator
 from suffixspec.verify.accept import uniform_draw
 
+from support.prompts import NEW, VOCAB, prompts_for
 from support.tiny_models import random_tree_proposer, tiny_model
-from test_generate import NEW, VOCAB, prompts_for
 
 EOS = 3
 
@@ -120,8 +120,8 @@ def test_samples_of_one_prompt_share_one_prefill_and_equal_their_own_runs():
 
 def test_grammar_prunes_exactly_the_nodes_it_forbids():
     pytest.importorskip("llguidance")
-    from suffixspec.verify.structured import GrammarProcessor, Structure
     from suffixspec.tokenizer import load_tokenizer
+    from suffixspec.verify.structured import GrammarProcessor, Structure
 
     tok = load_tokenizer()
     grammar = Structure.json_schema({"type": "object", "properties": {"code": {"type": "string"}},

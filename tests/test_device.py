@@ -11,11 +11,11 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 import suffixspec.verify.accept as acceptance
-from suffixspec.verify.batch import RoundBatch
 from suffixspec.draft.tree import DraftTree
-from suffixspec.verify.treemask import ancestor_closure
 from suffixspec.verify.accept import Sampler, accept
+from suffixspec.verify.batch import RoundBatch
 from suffixspec.verify.kv import KVState
+from suffixspec.verify.treemask import ancestor_closure
 
 from support.tiny_models import tiny_model
 

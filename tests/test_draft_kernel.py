@@ -11,10 +11,11 @@ import random
 
 import pytest
 
-from support import naive
 from suffixspec import Proposer, SuffixAutomaton
 from suffixspec._kernels import draft as dk
 from suffixspec._kernels import sam as sk
+
+from support import naive
 
 
 def _own_children(sam):

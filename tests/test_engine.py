@@ -4,16 +4,16 @@ requests' sessions closed together."""
 
 import pytest
 
-from suffixspec.engine.budget import CostModel
-from suffixspec.draft.response_cache import ResponseCache
-from suffixspec.errors import BadInputError
-from suffixspec.engine.fallback import PromptLookupProposer
-from suffixspec.generate import SpeculativeGenerator
 from suffixspec.draft.proposer import Proposer
+from suffixspec.draft.response_cache import ResponseCache
 from suffixspec.draft.tree import DraftTree
+from suffixspec.engine.budget import CostModel
+from suffixspec.engine.fallback import PromptLookupProposer
+from suffixspec.errors import BadInputError
+from suffixspec.generate import SpeculativeGenerator
 
+from support.prompts import NEW, VOCAB, prompts_for
 from support.tiny_models import StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
-from test_generate import NEW, VOCAB, prompts_for
 
 
 def serve_all(gen, prompts, limits, steps_before_join=3, late=(), **options):
@@ -133,8 +133,8 @@ def test_serve_rejects_bad_options():
 
 
 def test_prefill_groups_bound_the_padding():
-    from suffixspec.engine.prefill import prefill_groups
     from suffixspec.engine.lifecycle import Request
+    from suffixspec.engine.prefill import prefill_groups
 
     lives = [Request(i, i, 8, None, "auto", [1] * n, [1] * n) for i, n in enumerate((10, 11, 100, 12, 90))]
     assert [[lv.index for lv in g] for g in prefill_groups(lives)] == [[0, 1, 3], [4, 2]]

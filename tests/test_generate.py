@@ -9,26 +9,22 @@ import pytest
 import torch
 from transformers import LogitsProcessor, SuppressTokensLogitsProcessor
 
-from suffixspec.errors import BadInputError
+from suffixspec.draft.tree import DraftTree, prune_tree
 from suffixspec.engine.budget import CostModel
 from suffixspec.engine.fallback import PromptLookupProposer
+from suffixspec.errors import BadInputError
 from suffixspec.generate import SpeculativeGenerator
-from suffixspec.draft.tree import prune_tree
-from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.accept import Sampler
 
-from support.tiny_models import FAMILIES, StandInProposer, hf_generate, oracle_proposer, random_tree_proposer, tiny_model
-
-VOCAB = 97
-LENGTHS = (5, 17, 1, 9)
-NEW = 24
-
-def prompts_for(seed=1, lengths=LENGTHS, vocab=VOCAB):
-    rng = np.random.default_rng(seed)
-    return [rng.integers(0, vocab, n).tolist() for n in lengths]
-
-
-
+from support.prompts import NEW, VOCAB, exact_first_tokens, prompts_for, sampled_fit_pvalue
+from support.tiny_models import (
+    FAMILIES,
+    StandInProposer,
+    hf_generate,
+    oracle_proposer,
+    random_tree_proposer,
+    tiny_model,
+)
 
 # ------------------------------------------------------------------------------------ greedy identity
 
@@ -89,19 +85,6 @@ def test_sampling_identical_to_plain_sampling_with_same_draws(kind):
     assert sampled(model, prompts, None, 0, 0) != sampled(model, prompts, None, 1, 0)
 
 
-def exact_first_tokens(model, prompt, depth, sampler):
-    """The exact processed distribution of the first `depth` output tokens: {sequence: prob}."""
-    vocab = model.config.vocab_size
-    dist = {(): 1.0}
-    for _ in range(depth):
-        seqs = list(dist)
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([prompt + list(s) for s in seqs])).logits[:, -1].float()
-        probs = torch.softmax(sampler.process([], logits).double(), -1).numpy()
-        dist = {s + (t,): dist[s] * probs[i, t] for i, s in enumerate(seqs) for t in range(vocab) if probs[i, t] > 0}
-    return dist
-
-
 def static_tree_proposer(paths):
     tree = DraftTree.from_paths(paths, scores=np.linspace(0.9, 0.5, len(paths)))
     from support.tiny_models import _sorted
@@ -131,31 +114,6 @@ def test_sampled_distribution_chi_square(shape):
     res = gen.generate([prompt] * n, max_new_tokens=depth, do_sample=True, seed=123, budget=8, eos_token_id=[], **warp)
     assert res.stats.drafted > 0
     assert sampled_fit_pvalue(res.sequences, exact) > 1e-3
-
-
-def sampled_fit_pvalue(sequences, exact: dict) -> float:
-    """Chi-square p-value of sampled `sequences` against the `exact` distribution ({sequence: prob});
-    cells expected below 5 are pooled. A sequence outside `exact` fails at once."""
-    from scipy.stats import chisquare
-
-    n = len(sequences)
-    counts = {}
-    for s in sequences:
-        counts[tuple(s)] = counts.get(tuple(s), 0) + 1
-    assert set(counts) <= set(exact)
-    obs, exp, rest_o, rest_e = [], [], 0.0, 0.0
-    for c in sorted(exact, key=exact.get, reverse=True):
-        if exact[c] * n >= 5:
-            obs.append(counts.get(c, 0))
-            exp.append(exact[c] * n)
-        else:
-            rest_o += counts.get(c, 0)
-            rest_e += exact[c] * n
-    if rest_e > 0:
-        obs.append(rest_o)
-        exp.append(rest_e)
-    exp = np.array(exp) * (sum(obs) / sum(exp))
-    return float(chisquare(obs, exp).pvalue)
 
 
 # ------------------------------------------------------------------------------------ logits processors

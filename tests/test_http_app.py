@@ -21,12 +21,12 @@ class Boom:
 
 @pytest.fixture(scope="module")
 def app_state(tmp_path_factory):
-    from support import tiny_models  # noqa: F401  (one torch thread)
-
     from suffixspec import SpeculativeGenerator, load_model
     from suffixspec.http.app import AppState
     from suffixspec.http.engine_loop import EngineLoop
     from suffixspec.http.protocol import ModelContext
+
+    from support import tiny_models  # noqa: F401  (one torch thread)
 
     model_dir = make_tiny_model_dir(tmp_path_factory.mktemp("http_app") / "tiny")
     model, tokenizer = load_model(str(model_dir))
@@ -114,8 +114,8 @@ class FakeEngine:
 
 
 def _request():
-    from suffixspec.http.protocol import GenerationRequest, PromptInput
     from suffixspec.engine.options import DecodeOptions
+    from suffixspec.http.protocol import GenerationRequest, PromptInput
 
     return GenerationRequest("completion", "m", [PromptInput([1, 2], None)], 4, DecodeOptions(max_new_tokens=4))
 

@@ -17,9 +17,9 @@ MAX_NEW = 48
 
 @pytest.fixture(scope="module")
 def default(tmp_path_factory):
-    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
-
     from suffixspec import SpeculativeGenerator, load_model
+
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("http_default")
     server = ServerProcess([], root / "server.log", wait=False)

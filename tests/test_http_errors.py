@@ -11,8 +11,8 @@ import pytest
 
 
 def test_check_helpers_and_options_name_the_parameter():
-    from suffixspec.errors import BadInputError, BadInputTypeError
     from suffixspec.engine.options import DecodeOptions, check_int
+    from suffixspec.errors import BadInputError, BadInputTypeError
 
     for call, param in [(lambda: check_int(-1, "top_k", low=0), "top_k"),
                         (lambda: check_int("3", "seed"), "seed"),
@@ -123,9 +123,9 @@ def test_parse_request_reads_the_options_errors_param(monkeypatch):
 def test_library_refusals_name_their_param():
     """Refusals outside the HTTP layer carry `param` too: a server's prompt and prediction, a proposer
     knob, the vLLM adapter's options."""
-    from suffixspec.errors import BadInputError, BadInputTypeError
-    from suffixspec.draft.proposer import Proposer
     from suffixspec.draft.config import ProposerConfig
+    from suffixspec.draft.proposer import Proposer
+    from suffixspec.errors import BadInputError, BadInputTypeError
     from suffixspec.tokenids import as_tokens
 
     for bad, param in [(None, "prompt"), ([1.5], "prompt"), ([-1], "prompt"), ([[1]], "prompt")]:

@@ -18,9 +18,9 @@ STEP = 16
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
-
     from suffixspec import load_model
+
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("http_prefill")
     model_dir = make_tiny_model_dir(root / "tiny")

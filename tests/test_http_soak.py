@@ -4,7 +4,6 @@ tenth request, mixed lengths): no error but the drops, each drop cancelled insid
 of the outputs identical when sent again one at a time, the server healthy and its log clean after.
 The full soak (5,000 requests, memory before and after) is `python bench/bench_soak.py`."""
 
-import sys
 
 import httpx
 

@@ -2,16 +2,8 @@
 strings, the GGUF chat-template reader, FIM prompts, request checking (the server helpers of the
 HTTP tests are in `support/http.py`)."""
 
-import json
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
-import httpx
 import pytest
 
 # ----------------------------------------------------------------------------------- unit tests
@@ -52,11 +44,11 @@ def test_text_assembler_drops_the_eos_token_and_releases_a_false_stop_start():
 
 
 def test_gguf_chat_template_reader_matches_the_gguf_package():
+    import tempfile
+
     from gguf import GGUFWriter
 
     from suffixspec.http.chat import gguf_string_field
-
-    import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.gguf"
@@ -72,9 +64,10 @@ def test_gguf_chat_template_reader_matches_the_gguf_package():
 
 
 def test_fim_prompt_and_missing_tokens(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
     from suffixspec import load_tokenizer
     from suffixspec.http import fim
-    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -22,9 +22,9 @@ CHAT = [{"role": "user", "content": "def g(x):\n    return x + 1\n"}]
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
-
     from suffixspec import load_model
+
+    from support import tiny_models  # noqa: F401  (one torch thread, as the server)
 
     root = tmp_path_factory.mktemp("http_surface")
     model_dir = make_tiny_model_dir(root / "tiny")

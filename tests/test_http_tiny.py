@@ -25,9 +25,9 @@ PROMPTS = [f"def f{i}(x, y):\n    return x * {i} + y\n\nclass C{i}:\n" for i in 
 def servers(tmp_path_factory):
     """Both servers of the module, started together (their start-ups overlap): the main one (API key,
     8 slots) and a limited one (one slot, a queue of two, for 429 and the drain)."""
-    from support import tiny_models  # noqa: F401  (one torch thread, as the servers)
-
     from suffixspec import SpeculativeGenerator, load_model
+
+    from support import tiny_models  # noqa: F401  (one torch thread, as the servers)
 
     root = tmp_path_factory.mktemp("http_tiny")
     model_dir = make_tiny_model_dir(root / "tiny")

@@ -20,7 +20,8 @@ import pytest
 from suffixspec import BadInputError, BadInputTypeError, Document, Proposer, build_index
 from suffixspec.integrations.vllm import SuffixSpecProposer, path_values
 
-VOCAB = 1000
+from support.vllm_requests import VOCAB, Request, brute_best_path, copy_requests
+
 FREE = [[1, 1.0], [10**9, 1.0 + 1e-9]]  # a step costs the same whatever it verifies: no cut
 
 
@@ -28,22 +29,6 @@ def config(k=8, max_model_len=2048, max_num_seqs=8, vocab=VOCAB, spec=None, **op
     spec = spec or NS(num_speculative_tokens=k)
     return NS(speculative_config=spec, model_config=NS(max_model_len=max_model_len, get_vocab_size=lambda: vocab),
               scheduler_config=NS(max_num_seqs=max_num_seqs), additional_config={"suffixspec": opts} if opts else None)
-
-
-class Request:
-    def __init__(self, rid, prompt, answer, prefill_steps=1):
-        self.rid, self.prompt, self.answer = rid, list(prompt), list(answer)
-        self.prefill_left = prefill_steps  # steps of (chunked) prefill; the last one samples a token
-        self.generated = 0
-        self.draft = []
-
-    @property
-    def content(self):
-        return self.prompt + self.answer[: self.generated]
-
-    @property
-    def done(self):
-        return self.generated >= len(self.answer)
 
 
 class FakeEngine:
@@ -124,37 +109,6 @@ class FakeEngine:
                 self.log.append((req.rid, list(self.tokens[row, : self.n[row]]), d))
             req.draft = d
         return drafts
-
-
-def copy_requests(count, seed, prompt_len=60, answer_len=40, vocab=VOCAB):
-    """Code-edit-like requests: the answer copies spans of the prompt with small edits."""
-    rng = np.random.default_rng(seed)
-    out = []
-    for rid in range(count):
-        prompt = rng.integers(1, vocab, prompt_len).tolist()
-        answer = []
-        while len(answer) < answer_len:
-            a = int(rng.integers(0, prompt_len - 10))
-            answer += prompt[a : a + int(rng.integers(4, 12))] + rng.integers(1, vocab, int(rng.integers(0, 3))).tolist()
-        out.append(Request(rid, prompt, answer[:answer_len], prefill_steps=int(rng.integers(1, 4))))
-    return out
-
-
-def brute_best_path(tree, limit, vocab=VOCAB):
-    """The root path of at most `limit` nodes whose scores have the largest sum, by enumeration (what
-    a step of constant cost drafts); ties go to the shorter path, then the lowest node index; a
-    path stops before a token outside the vocabulary."""
-    best, best_len, best_tokens = 0.0, 0, []
-    for node in range(len(tree)):
-        path = tree.path_to(node).tolist()
-        if len(path) > limit or any(not 0 <= int(tree.tokens[i]) < vocab for i in path):
-            continue
-        s = 0.0
-        for i in path:
-            s += float(tree.scores[i])
-        if s > best or (s == best and len(path) < best_len):
-            best, best_len, best_tokens = s, len(path), [int(tree.tokens[i]) for i in path]
-    return best_tokens
 
 
 def reference_draft(content, p: SuffixSpecProposer, ref: Proposer, max_model_len=2048):
@@ -384,8 +338,8 @@ def test_the_option_table_is_the_proposer_config_plus_the_adapters_own():
     import dataclasses
 
     from suffixspec import ProposerConfig
-    from suffixspec.integrations.vllm import ADAPTER_OPTIONS, KNOB_DEFAULTS, KNOBS_NOT_TAKEN, OPTIONS
     from suffixspec.draft.config import KNOBS
+    from suffixspec.integrations.vllm import ADAPTER_OPTIONS, KNOB_DEFAULTS, KNOBS_NOT_TAKEN, OPTIONS
 
     fields = {f.name: f for f in dataclasses.fields(ProposerConfig)}
     assert set(KNOBS_NOT_TAKEN) <= set(fields) and set(KNOB_DEFAULTS) <= set(fields)

@@ -16,10 +16,11 @@ from types import SimpleNamespace as NS
 import numpy as np
 import pytest
 import torch
+from vllm034_standin import write_fake_vllm
 
 from suffixspec import Proposer
-from test_integration_vllm import VOCAB, brute_best_path, copy_requests
-from vllm034_standin import write_fake_vllm
+
+from support.vllm_requests import VOCAB, brute_best_path, copy_requests
 
 K = 6
 

@@ -7,6 +7,7 @@ import torch
 
 from suffixspec.generate import CostModel, SpeculativeGenerator
 from suffixspec.models import prepack_linear_layers
+
 from support.tiny_models import hf_generate, oracle_proposer, tiny_model
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="oneDNN not in this torch build")

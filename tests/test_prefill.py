@@ -6,9 +6,9 @@ import pytest
 
 from suffixspec.engine.budget import CostModel
 from suffixspec.engine.fallback import PromptLookupProposer
-from suffixspec.generate import SpeculativeGenerator
 from suffixspec.engine.lifecycle import Request
 from suffixspec.engine.prefill import prefill_groups
+from suffixspec.generate import SpeculativeGenerator
 from suffixspec.verify.kv import KVState
 
 from support.tiny_models import hf_generate, random_tree_proposer, tiny_model

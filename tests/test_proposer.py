@@ -7,37 +7,18 @@ import time
 import numpy as np
 import pytest
 
-from support import naive
 from suffixspec import BadInputError, DraftTree, Proposer, ResponseCache, SuffixAutomaton
-from suffixspec.errors import InternalError
 from suffixspec.cli import main as cli_main
 from suffixspec.draft.simulate import Trace, load_traces, oracle_mean_accepted, simulate
+from suffixspec.errors import InternalError
+
+from support.trees import check_tree_invariants, naive_part_candidates, tree_paths
 
 
 def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=3):
     """All draft paths from the request's own text with their probabilities (exhaustive), from
     `levels` matched suffixes (the proposer's default `match_levels` is 3)."""
-    return _naive_part_candidates([text], text, 2, levels, match_prior, recency, max_depth)
-
-
-def _tree_paths(tree):
-    return {tuple(int(tree.tokens[i]) for i in tree.path_to(n)): float(tree.scores[n]) for n in range(len(tree))}
-
-
-def _check_tree_invariants(tree):
-    n = len(tree)
-    seen = set()
-    for i in range(n):
-        p = int(tree.parents[i])
-        assert p < i
-        assert tree.depths[i] == (1 if p < 0 else tree.depths[p] + 1)
-        if p >= 0:
-            assert tree.scores[i] <= tree.scores[p] + 1e-12
-        assert (p, int(tree.tokens[i])) not in seen
-        seen.add((p, int(tree.tokens[i])))
-    for parent in [-1] + list(range(n)):
-        kids = tree.children(parent)
-        assert np.all(np.diff(tree.scores[kids]) <= 1e-12)
+    return naive_part_candidates([text], text, 2, levels, match_prior, recency, max_depth)
 
 
 @pytest.mark.parametrize("alphabet", [2, 3, 4])
@@ -50,9 +31,9 @@ def test_trees_equal_brute_force_on_small_cases(alphabet):
         session = prop.start(text[: len(text) // 2])
         session.extend(text[len(text) // 2 :])
         tree = session.propose(budget)
-        _check_tree_invariants(tree)
+        check_tree_invariants(tree)
         ref = _naive_self_candidates(text, budget, 1.0, 0.5)
-        got = _tree_paths(tree)
+        got = tree_paths(tree)
         for path, score in got.items():
             assert path in ref and score == pytest.approx(ref[path]), (text, path)
         best = sorted(ref.values(), reverse=True)[:budget]
@@ -72,7 +53,7 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
         for i in range(4, len(text)):
             session.extend([text[i]])
             budget = rng.randrange(1, 10)
-            got = _tree_paths(session.propose(budget))
+            got = tree_paths(session.propose(budget))
             ref = _naive_self_candidates(text[: i + 1], budget, 1.0, 0.5, max_depth=depth)
             for path, score in got.items():
                 assert path in ref and score == pytest.approx(ref[path]), (text[: i + 1], path)
@@ -105,7 +86,7 @@ def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     for tree, toks, pars, depths, scores in kept:
         assert tree.tokens.tolist() == toks.tolist() and tree.parents.tolist() == pars.tolist()
         assert tree.depths.tolist() == depths.tolist() and tree.scores.tolist() == scores.tolist()
-        _check_tree_invariants(tree)
+        check_tree_invariants(tree)
     assert prop._local.ws.budget >= 100 + 1499 // 2  # regrown while earlier trees were held ...
     assert prop._local.ws.n_sources > 4  # ... and for sessions with more parts (the kernel refused it)
     empty = DraftTree.empty()
@@ -184,8 +165,8 @@ def test_corpus_source_and_merge_of_sources():
     prop = Proposer(corpus=corpus.freeze(), global_cache=False)
     s = prop.start([1, 10, 11, 20, 21, 1, 10])
     tree = s.propose(16)
-    _check_tree_invariants(tree)
-    paths = _tree_paths(tree)
+    check_tree_invariants(tree)
+    paths = tree_paths(tree)
     assert (11, 12, 13, 14) in paths  # from the corpus
     assert (11, 20, 21) in paths      # from the request itself, sharing the first node
     assert sum(1 for p in paths if len(p) == 1) == 1
@@ -199,7 +180,7 @@ def test_draft_tokens_are_counted_by_source(batched):
     prop = Proposer(corpus=corpus.freeze(), global_cache=False)
     s = prop.start([1, 10, 11, 20, 21, 1, 10])
     tree = prop.propose_batch([s], 16)[0] if batched else s.propose(16)
-    paths = _tree_paths(tree)
+    paths = tree_paths(tree)
     assert (11, 12, 13, 14) in paths and (11, 20, 21) in paths
     s.extend([11, 12, 13])  # the corpus's path: 12 and 13 only the corpus drafted (11 both did)
     got = prop.source_tokens()
@@ -236,48 +217,15 @@ def test_tree_over_several_sources_keeps_the_best_paths_of_their_union(alphabet)
         budget = rng.randrange(1, 24)
         opts = dict(global_cache=False, max_children=rng.choice([2, 4, 64]), max_depth=rng.choice([0, 6]))
         tree = Proposer(corpus=corpora, **opts).start(text).propose(budget)
-        _check_tree_invariants(tree)
+        check_tree_invariants(tree)
         union = {}
         for c in corpora:
-            for path, score in _tree_paths(Proposer(corpus=c, **opts).start(text).propose(budget)).items():
+            for path, score in tree_paths(Proposer(corpus=c, **opts).start(text).propose(budget)).items():
                 union[path] = max(union.get(path, 0.0), score)
-        got = _tree_paths(tree)
+        got = tree_paths(tree)
         for path, score in got.items():
             assert path in union and score == pytest.approx(union[path]), (trial, path)
         assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial
-
-
-def _naive_part_candidates(docs, text, min_count, levels, match_prior, recency, max_depth, conf_of=None):
-    """Every draft path of one source with its probability (exhaustive): from the longest suffix
-    of `text` occurring at least `min_count` times in `docs` (2 for the request's own text, whose
-    last occurrence is the text itself), then `levels - 1` shorter matches along suffix links
-    (the longest shorter suffix occurring more often); a path keeps its best score over them.
-    `conf_of(L)` is the confidence of a step at matched length L (default L / (L + match_prior))."""
-    n = max([0] + [k for k in range(1, len(text) + 1) if naive.count(docs, text[len(text) - k :]) >= min_count])
-    out = {}
-
-    def expand(ctx, path, prob, depth):
-        if depth >= max_depth:
-            return
-        cont = naive.continuations(docs, ctx)
-        if not cont:
-            return
-        total = sum(c for c, _ in cont.values())
-        recent = max(cont, key=lambda t: cont[t][1])
-        conf = len(ctx) / (len(ctx) + match_prior) if conf_of is None else conf_of(len(ctx))
-        for tok, (c, _) in cont.items():
-            p = prob * conf * (c + (recency * total if tok == recent else 0)) / (total * (1 + recency))
-            key = tuple(path + [tok])
-            out[key] = max(out.get(key, 0.0), p)
-            expand(ctx + [tok], path + [tok], p, depth + 1)
-
-    for _ in range(levels):
-        if n < 1:
-            break
-        expand(text[len(text) - n :], [], 1.0, 0)
-        here = naive.count(docs, text[len(text) - n :])
-        n = max([0] + [k for k in range(1, n) if naive.count(docs, text[len(text) - k :]) > here])
-    return out
 
 
 @pytest.mark.parametrize("match_levels", [1, 2, 3])
@@ -303,12 +251,12 @@ def test_tree_over_several_sources_equals_brute_force_union(match_levels):
         session = prop.start(text[: len(text) // 2])
         session.extend(text[len(text) // 2 :])
         tree = session.propose(budget)
-        _check_tree_invariants(tree)
-        union = _naive_part_candidates([text], text, 2, match_levels, 1.0, 0.5, 5)
+        check_tree_invariants(tree)
+        union = naive_part_candidates([text], text, 2, match_levels, 1.0, 0.5, 5)
         for docs in corpus_docs:
-            for path, score in _naive_part_candidates(docs, text, 1, match_levels, 1.0, 0.5, 5).items():
+            for path, score in naive_part_candidates(docs, text, 1, match_levels, 1.0, 0.5, 5).items():
                 union[path] = max(union.get(path, 0.0), score)
-        got = _tree_paths(tree)
+        got = tree_paths(tree)
         for path, score in got.items():
             assert path in union and score == pytest.approx(union[path]), (trial, path)
         best = sorted(union.values(), reverse=True)[:budget]
@@ -443,7 +391,7 @@ def test_batch_kernel_equals_one_by_one(tmp_path, threads, match_levels):
         want = [open_s[k].propose(b) for k, b in zip(keys, budgets)]
         for a, b in zip(got, want):
             _same_tree(a, b)
-            _check_tree_invariants(a)
+            check_tree_invariants(a)
         for k in keys:
             toks = rng.integers(0, 6, int(rng.integers(1, 12)))
             open_b[k].extend(toks)
@@ -666,11 +614,11 @@ def _tiny_index(tmp_path):
 def test_corpus_index_source_unrestricted_and_filtered(tmp_path):
     index = _tiny_index(tmp_path)
     prop = Proposer(corpus=index, global_cache=False)
-    paths = _tree_paths(prop.start([9, 1, 2, 3]).propose(16))
+    paths = tree_paths(prop.start([9, 1, 2, 3]).propose(16))
     assert (4, 5, 6) in paths and (40, 50, 60) in paths
-    only_a = _tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "a"}).propose(16))
+    only_a = tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "a"}).propose(16))
     assert (4, 5, 6) in only_a and not any(p[0] == 40 for p in only_a)
-    only_b = _tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "b"}).propose(16))
+    only_b = tree_paths(prop.start([9, 1, 2, 3], filter={"repo": "b"}).propose(16))
     assert (40, 50, 60) in only_b and not any(p[0] == 4 for p in only_b)
     with pytest.raises(BadInputError, match="filter"):
         Proposer(global_cache=False).start([1], filter={"repo": "a"})

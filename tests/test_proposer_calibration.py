@@ -11,11 +11,12 @@ import random
 import numpy as np
 import pytest
 
-from support import naive
 from suffixspec import Proposer, SuffixAutomaton
 from suffixspec._kernels import learn as lk
-from test_proposer import _check_tree_invariants, _naive_part_candidates
-from test_proposer_learn import _conf
+
+from support import naive
+from support.naive import learned_conf
+from support.trees import check_tree_invariants, naive_part_candidates
 
 EDGES = [0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 
@@ -167,7 +168,7 @@ def test_calibration_counts_the_proposers_own_rounds():
 
 def _level_lengths(docs, text, min_count, levels):
     """The matched lengths of a source's parts: the longest suffix occurring >= min_count times,
-    then shorter ones occurring more often (as `_naive_part_candidates` walks them)."""
+    then shorter ones occurring more often (as `naive_part_candidates` walks them)."""
     n = max([0] + [k for k in range(1, len(text) + 1) if naive.count(docs, text[len(text) - k :]) >= min_count])
     out = []
     for _ in range(levels):
@@ -188,7 +189,7 @@ def _check_calibrated_tree(tree, parts, cal, strength, budget, classes, gcal):
     Checks: every node scores the max over parts of that; nodes come best first; and no child left
     out (at the rank it would take) scores more than the tree's last node, or exists at all when
     the tree is not full."""
-    _check_tree_invariants(tree)
+    check_tree_invariants(tree)
     n = len(tree)
     paths, rank, kids = [], [], {}
     reach = [dict() for _ in parts]  # part -> node -> calibrated probability
@@ -268,8 +269,8 @@ def test_calibrated_trees_equal_their_brute_force_definition(alphabet):
             for docs, min_count, cls in (([text], 2, lk.CLS_OWN), (corpus_docs, 1, lk.CLS_CORPUS)):
                 for length in _level_lengths(docs, text, min_count, prop.match_levels):
                     classes.append(cls)
-                    parts.append(_naive_part_candidates(docs, text[len(text) - length :], min_count, 1, 1.37, 0.5, 5,
-                                                        lambda m, cls=cls: _conf(local, glob, cls, m, 1.37)))
+                    parts.append(naive_part_candidates(docs, text[len(text) - length :], min_count, 1, 1.37, 0.5, 5,
+                                                       lambda m, cls=cls: learned_conf(local, glob, cls, m, 1.37)))
             _check_calibrated_tree(tree, parts, cal, strength, budget, classes, gcal)
             checked += len(tree)
     assert checked > 100

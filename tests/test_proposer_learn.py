@@ -8,10 +8,12 @@ import random
 import numpy as np
 import pytest
 
-from support import naive
 from suffixspec import Proposer, SuffixAutomaton
 from suffixspec._kernels import learn as lk
-from test_proposer import _check_tree_invariants, _naive_part_candidates, _tree_paths
+
+from support import naive
+from support.naive import learned_conf
+from support.trees import check_tree_invariants, naive_part_candidates, tree_paths
 
 
 def _bucket(length):
@@ -80,13 +82,6 @@ def test_learned_counts_equal_a_direct_count(alphabet):
             session.close()
 
 
-def _conf(local, glob, cls, length, prior=1.0, prior_strength=8.0, session_strength=16.0):
-    base = length / (length + prior)
-    b = _bucket(length)
-    g = base if glob[cls, b, 1] == 0 else (glob[cls, b, 0] + prior_strength * base) / (glob[cls, b, 1] + prior_strength)
-    return g if local[cls, b, 1] == 0 else (local[cls, b, 0] + session_strength * g) / (local[cls, b, 1] + session_strength)
-
-
 def test_conf_kernel_equals_formula_and_reduces_to_the_prior():
     rng = np.random.default_rng(4)
     empty = lk.new_stats()
@@ -99,7 +94,7 @@ def test_conf_kernel_equals_formula_and_reduces_to_the_prior():
         local[..., 1] = rng.integers(0, 3, local.shape[:2])
         local[..., 0] = np.minimum(local[..., 1], rng.integers(0, 3, local.shape[:2]))
         cls, length = int(rng.integers(0, 3)), int(rng.integers(1, 100))
-        assert lk.conf(local, glob, cls, length, 1.0, 8.0, 16.0) == pytest.approx(_conf(local, glob, cls, length))
+        assert lk.conf(local, glob, cls, length, 1.0, 8.0, 16.0) == pytest.approx(learned_conf(local, glob, cls, length))
 
 
 def test_global_counts_fade_past_the_cap():
@@ -135,13 +130,13 @@ def test_trees_with_learned_confidence_equal_brute_force(alphabet):
         local, glob = session._stats.copy(), prop.learned()
         budget = rng.randrange(1, 20)
         tree = session.propose(budget)
-        _check_tree_invariants(tree)
+        check_tree_invariants(tree)
         # match_levels 2: 2 matched suffixes per source
-        union = _naive_part_candidates([text], text, 2, 2, 1.0, 0.5, 5, lambda n: _conf(local, glob, lk.CLS_OWN, n))
-        for path, score in _naive_part_candidates(corpus_docs, text, 1, 2, 1.0, 0.5, 5,
-                                                  lambda n: _conf(local, glob, lk.CLS_CORPUS, n)).items():
+        union = naive_part_candidates([text], text, 2, 2, 1.0, 0.5, 5, lambda n: learned_conf(local, glob, lk.CLS_OWN, n))
+        for path, score in naive_part_candidates(corpus_docs, text, 1, 2, 1.0, 0.5, 5,
+                                                 lambda n: learned_conf(local, glob, lk.CLS_CORPUS, n)).items():
             union[path] = max(union.get(path, 0.0), score)
-        got = _tree_paths(tree)
+        got = tree_paths(tree)
         for path, score in got.items():
             assert path in union and score == pytest.approx(union[path]), (trial, path)
         assert sorted(got.values(), reverse=True) == pytest.approx(sorted(union.values(), reverse=True)[:budget]), trial

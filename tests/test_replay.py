@@ -43,8 +43,8 @@ def test_lookup_draft_is_transformers_prompt_lookup(replay):
 
 
 def test_trace_model_reproduces_recorded_answers(replay):
-    from suffixspec.generate import CostModel, SpeculativeGenerator
     from suffixspec.draft.proposer import Proposer
+    from suffixspec.generate import CostModel, SpeculativeGenerator
 
     rows = [json.loads(line) for line in SHIPPED.read_text().splitlines()][:3]
     model = replay.trace_model(vocab=1 << 16, eos=-1)

@@ -4,12 +4,12 @@ a request's lifecycle (`lifecycle.Request`: stage and session state), and `Phase
 import numpy as np
 import pytest
 
-from suffixspec.verify.batch import RoundBatch
+from suffixspec.draft.tree import DraftTree
 from suffixspec.engine.budget import BudgetPolicy, CostModel, RankCalibration
-from suffixspec.errors import BadInputError, InternalError
 from suffixspec.engine.lifecycle import PendingClose, Request, SessionState, Stage
 from suffixspec.engine.stats import GenerationStats, PhaseTimer
-from suffixspec.draft.tree import DraftTree
+from suffixspec.errors import BadInputError, InternalError
+from suffixspec.verify.batch import RoundBatch
 
 
 def test_build_fills_neutral_values_and_broadcasts_single_values():

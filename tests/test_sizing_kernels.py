@@ -6,9 +6,9 @@ import pytest
 
 from suffixspec._kernels import sizing
 from suffixspec._kernels.sizing import round_gains
-from suffixspec.verify.batch import RoundBatch
-from suffixspec.engine.budget import BudgetPolicy, CostModel, OutputLengths, RankCalibration
 from suffixspec.draft.tree import DraftTree, prune_tree
+from suffixspec.engine.budget import BudgetPolicy, CostModel, OutputLengths, RankCalibration
+from suffixspec.verify.batch import RoundBatch
 
 
 def random_tree(rng, n, tie_levels=None):

@@ -5,9 +5,8 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from suffixspec.threads import WAIT_ENV, ThreadChoice, ThreadPlan, choose, usable_cores
+
 from support.http import ROOT, make_tiny_model_dir
 
 

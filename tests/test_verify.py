@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from suffixspec.verify.batch import RoundBatch
 from suffixspec.draft.tree import DraftTree
 from suffixspec.verify.accept import Sampler, accept, argmax_rows, uniform_draw
+from suffixspec.verify.batch import RoundBatch
 from suffixspec.verify.kv import KVState, _append, check_tree_logits
 from suffixspec.verify.support import tree_attention_support
 

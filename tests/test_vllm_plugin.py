@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from vllm034_standin import write_fake_vllm
 
 ROOT = Path(__file__).resolve().parents[1]

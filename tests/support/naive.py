@@ -100,6 +100,11 @@ def conf(local, glob, cls, length, prior, prior_strength, session_strength):
     return g if trials_s <= 0 else (hits_s + session_strength * g) / (trials_s + session_strength)
 
 
+def learned_conf(local, glob, cls, length, prior=1.0, prior_strength=8.0, session_strength=16.0):
+    """`conf` with the learn tests' default knobs (match prior 1, prior strength 8, session strength 16)."""
+    return conf(local, glob, cls, length, prior, prior_strength, session_strength)
+
+
 def rank_factor(cal, rank, share, strength):
     """min over ranks 0..rank of the judged (hits + strength) / (expected + strength), at most 1."""
     b = sum(1 for e in SHARE_EDGES if share >= e)
