@@ -244,6 +244,15 @@ def test_command_lines_read_as_a_user_types_them():
     assert R.command_line(["/abs/bench/bench_corpus.py", "--record=x.jsonl", "--no-peers"]) == "python bench/bench_corpus.py --no-peers"
 
 
+def test_command_lines_name_no_path_of_the_recording_machine():
+    """A file of the machine that recorded a run becomes the variable its flag also reads, else the path
+    below the checkout, else its name; temporary paths stay as typed."""
+    cmd = ["bench/bench_generate.py", "--specbench", "/work/shared/data/specbench-dev.jsonl", "--out=/home/me/bench/out",
+           "--corpus", "/data/idx/code.idx", "--lock", "/tmp/x.lock"]
+    assert R.command_line(cmd) == ("python bench/bench_generate.py --specbench $SUFFIXSPEC_SPECBENCH --out=bench/out "
+                                   "--corpus code.idx --lock /tmp/x.lock")
+
+
 def test_check_mode_finds_a_stale_table_and_rendering_mends_it(tmp_path):
     (tmp_path / "bench" / "results").mkdir(parents=True)
     write_jsonl(tmp_path / "bench" / "results" / "offmode.jsonl", [record("offmode", "2026-12-01T00:00:00+00:00", offmode(0.3))])
