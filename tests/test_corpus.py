@@ -620,13 +620,14 @@ def _bulk_frozen(docs):
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     starts = np.zeros(len(docs), np.int64)
     np.cumsum([len(d) for d in docs[:-1]], out=starts[1:])
-    S, E, M = bk.documents_automaton(tokens, starts)
+    P = np.full(len(tokens), -7, np.int32)
+    S, E, M = bk.documents_automaton(tokens, starts, P)
     ns, m = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
     out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
     out.update(offsets=np.empty(ns + 1, np.int32), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
-    sfk.to_csr_into(S, E, M, out["offsets"], out["etok"], out["eto"])
-    sfk.state_columns_into(S, M, out["links"], out["lens"], out["counts"], out["lasts"])
-    P = cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts)
+    sfk.freeze_into(S, E, M, out["offsets"], out["etok"], out["eto"], out["links"], out["lens"])
+    # the recorded prefix states are those of a walk of the frozen automaton
+    assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts))
     scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
     assert cbk.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
                                  np.empty(ns, np.int32), *scratch)
@@ -692,6 +693,16 @@ def test_bulk_builder_hubs_and_sparse_root():
     docs = [np.concatenate([base[i * 50 : i * 50 + 30], rng.integers(0, 40, 20)]) * 99991 % 5_000_000 for i in range(60)]
     docs += [np.full(50, 7), np.arange(400) % 9, np.arange(400)[::-1].copy()]
     _assert_bulk_equals_automaton([d.astype(np.int32) for d in docs])
+
+
+def test_bulk_builder_long_suffix_walk():
+    """A token whose suffix-link walk is longer than sam.WALK_LIMIT (the bulk loop hands it to the
+    general one): its prefix state is recorded too."""
+    from suffixspec._kernels import sam as sk
+
+    run = sk.WALK_LIMIT + 100
+    docs = [[3] * run + [4, 3, 3, 4], [5, 3, 3], [3] * 10 + [6]]
+    _assert_bulk_equals_automaton(docs)
 
 
 def test_shard_file_large_token_ids_fallback(tmp_path):

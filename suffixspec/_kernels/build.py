@@ -11,7 +11,8 @@ without a Python round trip per document and with the arrays sized for all the t
 automaton over the first documents: it thaws that one (`sam_freeze.thaw`, a pass over its arrays) and
 adds only the later documents. Inputs are checked first by `check_documents` and `layout_ok`; the
 caller (`FrozenAutomaton.from_documents`) raises on a bad one. `documents_automaton` stops
-before freezing, for the corpus shards, which freeze into their mapped file.
+before accumulating and freezing, for the corpus shards, which freeze into their mapped file; it
+also records each position's prefix state (`sam.extend_recording`).
 
 Arrays: `tokens` int32[n] (token ids, every one >= 0), `starts` int64[d] (0 first, strictly
 increasing, each below n; [0] when n is 0).
@@ -73,9 +74,10 @@ def layout_ok(links, lens, counts, lasts, offsets, etok, eto, n_tokens):
 
 
 @njit(cache=True, nogil=True)
-def _add_documents(S, E, H, M, tokens, starts, first):
+def _add_documents(S, E, H, M, tokens, starts, first, P):
     """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
-    the ones before and accumulate its counts: (S, E, H, T, M), T the tokens."""
+    the ones before (P: each position's prefix state, see `sam.extend_recording`): (S, E, H, T, M),
+    T the tokens. CNT and LAST still hold each state's own positions."""
     n = tokens.shape[0]
     T = np.empty(n, np.int32)  # exactly the tokens: extend never grows it
     T[:] = tokens
@@ -86,8 +88,7 @@ def _add_documents(S, E, H, M, tokens, starts, first):
         a = starts[i]
         b = starts[i + 1] if i + 1 < d else n
         M[sk.LAST_STATE] = 0  # start_document
-        S, E, H, T, L, stack = sk.extend(S, E, H, T, L, M, tokens[a:b], stack)
-    sk.accumulate(S, M)
+        S, E, H, T, L, stack = sk.extend_recording(S, E, H, T, L, M, tokens[a:b], stack, P)
     return S, E, H, T, M
 
 
@@ -96,7 +97,8 @@ def _frozen(S, E, H, M, tokens, starts, first):
     """Add the documents first.. of (tokens, starts) to the bulk-mode automaton (S, E, H, M) over
     the ones before, then the arrays `build_frozen` returns."""
     n = tokens.shape[0]
-    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, first)
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, first, np.empty(0, np.int32))
+    sk.accumulate(S, M)
     offsets, etok, eto = sfk.to_csr(S, E, M)
     links, lens, counts, lasts = sfk.state_columns(S, M)
     # edge rows are int32 ids, so every offset fits int32
@@ -134,13 +136,15 @@ def build_frozen(tokens, starts):
 
 
 @njit(cache=True, nogil=True)
-def documents_automaton(tokens, starts):
-    """(S, E, M): the automaton `build_frozen` freezes, counts accumulated (MODE_BULK layout, see
-    sam.py), for a caller that freezes it into arrays of its own (`sam_freeze.to_csr_into`,
-    `sam_freeze.state_columns_into`: a corpus shard's mapped file). The inputs must pass
+def documents_automaton(tokens, starts, P):
+    """(S, E, M): the automaton `build_frozen` freezes (MODE_BULK layout, see sam.py), for a caller
+    that freezes it into arrays of its own (`sam_freeze.freeze_into`: a corpus shard's mapped
+    file), with P int32[len(tokens)] filled with each position's prefix state (the state of its
+    whole document prefix). CNT and LAST are not accumulated: they hold each state's own
+    positions (the counts follow from P, `corpus_build.build_occurrences`). The inputs must pass
     `check_documents`."""
     S, E, H, M = _empty(tokens.shape[0])
-    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, 0)
+    S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, 0, P)
     return S, E, M
 
 

@@ -9,8 +9,9 @@ construction as every automaton's) a shard stores its *occurrence layout*:
   range `occ[occ_start[v] : occ_start[v] + counts[v]]`;
 - `occ_start` int32[n_states].
 
-`prefix_states` gives the state of each position's whole document prefix; `build_occurrences`
-turns those into counts, last ends and the layout, checking them against the suffix links.
+`build_occurrences` turns the state of each position's whole document prefix (recorded by the
+build, `build.documents_automaton`) into counts, last ends and the layout, checking them against
+the suffix links; `prefix_states` finds those states by a walk of a frozen automaton.
 The query kernels over the layout are in corpus_query.py.
 """
 

@@ -31,7 +31,7 @@ from numba import njit
 
 from ..errors import InternalError
 from . import lct
-from .address import address, view_i32, view_i32_2d, view_i64
+from .address import address, prefetch_address, view_i32, view_i32_2d, view_i64
 
 LINK, LEN, HEAD, CNT, LAST, DEG = 0, 1, 2, 3, 4, 5
 STATE_COLS = 6
@@ -387,8 +387,9 @@ def _init_state(S, v, length, link):
 
 
 @njit(cache=True)
-def _extend_bulk(S, E, H, T, M, tokens, j):
-    """MODE_BULK extension with tokens[j:] for as long as the arrays have room.
+def _extend_bulk(S, E, H, T, M, tokens, j, P):
+    """MODE_BULK extension with tokens[j:] for as long as the arrays have room (P: see
+    `extend_recording`).
 
     Never reallocates, so S, E, H, T stay loop-invariant (much faster code than a loop that
     may rebind them). Each token first walks its suffix-link path read-only, to learn how
@@ -406,6 +407,9 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
     cap_s = S.shape[0]
     cap_e = E.shape[0]
     cap_h = (H.shape[0] * HASH_LOAD_NUM) // HASH_LOAD_DEN
+    record = P.shape[0] > 0
+    hmask = H.shape[0] - 1
+    h_data = H.ctypes.data
     need = 0
     while j < n:
         c = tokens[j]
@@ -418,6 +422,8 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
             k = 1
             p = S[last, LINK]
             while p != -1:
+                # the hash slot of (p, c) loads alongside p's row: a hub's lookup costs no second serial miss
+                prefetch_address(h_data + 4 * _slot(p, c, hmask))
                 e = _find_edge(S, E, H, p, c)
                 if e != -1:
                     break
@@ -473,6 +479,7 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
                     p = S[p, LINK]
                     if p == -1:
                         break
+                    prefetch_address(h_data + 4 * _slot(p, c, hmask))
                     e = _find_edge(S, E, H, p, c)
                     if e == -1 or E[e, TO] != q:
                         break
@@ -484,6 +491,8 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
         last = cur
         S[cur, CNT] += 1
         S[cur, LAST] = pos
+        if record:
+            P[pos] = cur
         pos += 1
         j += 1
     M[N_STATES] = ns
@@ -497,6 +506,14 @@ def _extend_bulk(S, E, H, T, M, tokens, j):
 @njit(cache=True, nogil=True)
 def extend(S, E, H, T, L, M, tokens, stack):
     """Append `tokens` to the current document."""
+    return extend_recording(S, E, H, T, L, M, tokens, stack, np.empty(0, np.int32))
+
+
+@njit(cache=True, nogil=True)
+def extend_recording(S, E, H, T, L, M, tokens, stack, P):
+    """`extend`, in MODE_BULK also writing each new position's prefix state (the state of its
+    whole document prefix, `M[LAST_STATE]` after it) at P[position]: P int32 with room for
+    N_TOKENS + len(tokens) entries, or empty to record nothing (the online mode records nothing)."""
     n = tokens.shape[0]
     pos = M[N_TOKENS]
     if pos + n > T.shape[0]:
@@ -512,11 +529,13 @@ def extend(S, E, H, T, L, M, tokens, stack):
         E = _resized(E, ne0, max(ne0 + n + 16, E.shape[0] + (E.shape[0] >> 1) + 16))
     j = 0
     while j < n:
-        j, need = _extend_bulk(S, E, H, T, M, tokens, j)
+        j, need = _extend_bulk(S, E, H, T, M, tokens, j, P)
         if j == n:
             break
         if need < 0:
             S, E, H, T, L, stack = _extend_general(S, E, H, T, L, M, tokens[j : j + 1], stack)
+            if P.shape[0] > 0:
+                P[M[N_TOKENS] - 1] = M[LAST_STATE]
             j += 1
             continue
         ns, ne = M[N_STATES], M[N_EDGES]

@@ -1,8 +1,9 @@
 """Conversions between the growable automaton (sam.py) and the frozen CSR layout (frozen.py).
 
 - `to_csr` / `to_csr_into`: per-state edge offsets and the edges sorted by token within each
-  state; `state_columns` / `state_columns_into`: the LINK, LEN, CNT and LAST columns. The `_into`
-  forms write into given arrays (e.g. views of a mapped shard file).
+  state; `state_columns` / `state_columns_into`: the LINK, LEN, CNT and LAST columns;
+  `freeze_into`: the offsets, edges, LINK and LEN in one pass. The `_into` forms write into
+  given arrays (e.g. views of a mapped shard file).
 - `thaw`: the bulk-mode arrays (S, E, H, M) of the automaton a frozen layout holds, with room to
   `extend` it by more documents; the caller checks the layout first (`build.layout_ok`).
 Freezing reads the arrays only; thawing builds new ones.
@@ -59,11 +60,29 @@ def to_csr_into(S, E, M, offsets, etok, eto):
     sequential pass (edges are only ever added, so rows 0..N_EDGES-1 are all live) and each
     state's few edges sorted in place, rather than following every state's edge list.
     """
+    offsets[0] = 0
+    for v in range(M[N_STATES]):
+        offsets[v + 1] = offsets[v] + S[v, DEG]
+    _place_edges(S, E, M, offsets, etok, eto)
+
+
+@njit(cache=True)
+def freeze_into(S, E, M, offsets, etok, eto, links, lens):
+    """`to_csr_into` and the LINK and LEN columns (int32[N_STATES]) in its one pass over the
+    states (a corpus shard takes its counts and last ends from elsewhere)."""
+    offsets[0] = 0
+    for v in range(M[N_STATES]):
+        links[v] = S[v, LINK]
+        lens[v] = S[v, LEN]
+        offsets[v + 1] = offsets[v] + S[v, DEG]
+    _place_edges(S, E, M, offsets, etok, eto)
+
+
+@njit(cache=True, inline="always")
+def _place_edges(S, E, M, offsets, etok, eto):
+    """Scatter the edge rows into the CSR arrays by source and sort each state's row by token."""
     n = M[N_STATES]
     m = M[N_EDGES]
-    offsets[0] = 0
-    for v in range(n):
-        offsets[v + 1] = offsets[v] + S[v, DEG]
     fill = offsets[:n].copy()
     for e in range(m):
         v = E[e, SRC]

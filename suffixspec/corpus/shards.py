@@ -2,8 +2,9 @@
 
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
 (format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
-automaton's own construction, `_kernels/build.documents_automaton`), its frozen arrays and the
-occurrence layout (`_kernels/corpus_build.py`), and the document table. Broken invariants raise `InternalError`.
+automaton's own construction, `_kernels/build.documents_automaton`, which also records each
+position's prefix state), its frozen arrays and the occurrence layout with the counts and last
+ends (`_kernels/corpus_build.py`, from the prefix states), and the document table. Broken invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
 name to `shard-NNNNN.ssx` in its directory; it never writes a manifest (the caller commits).
@@ -19,7 +20,6 @@ import numpy as np
 
 from .._kernels import build as bk
 from .._kernels import corpus_build as cbk
-from .._kernels import frozen as fk
 from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
 from ..errors import BadInputError, InternalError
@@ -61,7 +61,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     np.cumsum(doc_lens[:-1], out=doc_starts[1:])
     if n_docs == 0 or n_tokens == 0 or int(doc_starts[-1]) + int(doc_lens[-1]) != n_tokens or (doc_lens <= 0).any():
         raise InternalError("document lengths disagree with the shard's tokens")
-    S, E, M = bk.documents_automaton(tokens, doc_starts)
+    pstate = np.empty(n_tokens, np.int32)  # each position's prefix state, recorded by the build
+    S, E, M = bk.documents_automaton(tokens, doc_starts, pstate)
     n_states, n_edges = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
     if int(M[sk.N_TOKENS]) != n_tokens:
         raise InternalError("automaton token count disagrees with the document lengths")
@@ -78,24 +79,18 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     out = MappedContainer(Path(path), KIND_SHARD, meta, specs)
     try:
         a = out.arrays
-        sfk.to_csr_into(S, E, M, a["offsets"], a["etok"], a["eto"])
-        sfk.state_columns_into(S, M, a["links"], a["lens"], a["counts"], a["lasts"])
+        sfk.freeze_into(S, E, M, a["offsets"], a["etok"], a["eto"], a["links"], a["lens"])
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts
         clock.lap("freeze")
-        pstate = cbk.prefix_states(a["offsets"], a["etok"], a["eto"], a["tokens"], a["doc_starts"])
-        if pstate.shape[0] and pstate[0] == fk.CORRUPT:
-            raise InternalError("automaton does not spell its own documents")
-        counts, lasts = a["counts"].copy(), a["lasts"].copy()
-        # scratch in the spent automaton's arrays: S holds 24 bytes per state, E 16 per edge (>= 3 per token)
+        # counts and last ends come with the layout, from the prefix states; scratch in the spent
+        # automaton's arrays: S holds 24 bytes per state, E 16 per edge (>= 3 per token)
         scratch_w = S.reshape(-1)[: cbk.W_COLS * n_states].reshape(n_states, cbk.W_COLS)
         scratch_order = E.reshape(-1)[:n_states]
         if not cbk.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"],
                                      scratch_w, scratch_order):
             raise InternalError("occurrence layout disagrees with the automaton's suffix links")
-        if not (np.array_equal(counts, a["counts"]) and np.array_equal(lasts, a["lasts"])):
-            raise InternalError("occurrence counts disagree with the automaton's")
-        del S, E, scratch_w, scratch_order, counts, lasts
+        del S, E, scratch_w, scratch_order
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
         del a, pstate
         clock.lap("occurrences")
