@@ -2,10 +2,10 @@
 the cost curve): every engine does it before its clock starts and reports it as `stats.setup_s`, and
 `SpeculativeGenerator.prepare` does it up front, each part once (`engine.warmup.Preparation`)."""
 
-from support.tiny_models import tiny_model
-
 from suffixspec import CostModel, Engine, SpeculativeGenerator
 from suffixspec.engine.warmup import Preparation
+
+from support.tiny_models import tiny_model
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
 
@@ -43,7 +43,7 @@ def test_prepare_does_each_part_once_and_times_it():
     first = gen.prepare()
     assert isinstance(first, Preparation) and gen.checked and gen.cost_model is not None
     assert first.check_s > 0 and first.cost_curve_s > 0  # the model's first passes, the curve measured or read
-    assert first.total_s == first.kernels_s + first.check_s + first.cost_curve_s
+    assert first.total_s == first.kernels_s + first.check_s + first.cost_curve_s and first.first_pass_s == 0.0
     again = gen.prepare()
     assert again.total_s == 0.0, again  # nothing left to do
     assert "not in the timings" in first.describe()
@@ -55,3 +55,22 @@ def test_a_plain_engine_warms_no_kernels_and_no_cost_curve(monkeypatch):
     gen = SpeculativeGenerator(tiny_model("llama"))
     prep = gen.prepare(drafts=False, cost_curve=False)
     assert prep.kernels_s == 0.0 and prep.cost_curve_s == 0.0 and not calls
+
+
+def test_prepare_with_a_prompt_passes_over_it_each_time():
+    gen = SpeculativeGenerator(tiny_model("llama"))
+    gen.prepare()
+    seen = []
+    forward = gen.model.forward
+
+    def counting(*args, **kwargs):
+        seen.append(kwargs.get("input_ids", args[0] if args else None).shape)
+        return forward(*args, **kwargs)
+
+    gen.model.forward = counting
+    try:
+        prep = gen.prepare(prompt=PROMPT)
+    finally:
+        del gen.model.forward
+    assert [tuple(s) for s in seen] == [(1, len(PROMPT))] and prep.first_pass_s > 0
+    assert prep.total_s == prep.first_pass_s  # the rest was done before

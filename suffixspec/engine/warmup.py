@@ -90,21 +90,25 @@ class Preparation:
     kernels_s: float = 0.0  # numba kernels compiled (first process of an installation) or loaded
     check_s: float = 0.0  # tree verification checked against sequential passes (the model's first passes)
     cost_curve_s: float = 0.0  # the pass-cost curve measured, or read from the cache folder
+    first_pass_s: float = 0.0  # one pass over a prompt: the process's first pass of that size
 
     @property
     def total_s(self) -> float:
-        return self.kernels_s + self.check_s + self.cost_curve_s
+        return self.kernels_s + self.check_s + self.cost_curve_s + self.first_pass_s
 
     def describe(self) -> str:
         return (f"one-time warm-up {self.total_s:.2f} s (kernels {self.kernels_s:.2f} s, tree check "
-                f"{self.check_s:.2f} s, cost curve {self.cost_curve_s:.2f} s), not in the timings")
+                f"{self.check_s:.2f} s, cost curve {self.cost_curve_s:.2f} s, first pass {self.first_pass_s:.2f} s), "
+                "not in the timings")
 
 
-def prepare_generator(gen, *, drafts: bool = True, cost_curve: bool = True,
+def prepare_generator(gen, *, drafts: bool = True, cost_curve: bool = True, prompt=None,
                       clock: Callable[[], float] = time.perf_counter) -> Preparation:
     """`gen`'s one-time work, each part once: the proposer's kernels when it is a `Proposer` and
     `drafts` may be made, the tree-verification check, and the cost curve when `cost_curve` (the
-    automatic budget) and trees can be verified. Timed on `clock`."""
+    automatic budget) and trees can be verified; with `prompt` (token ids), one pass over it, as
+    the process's first pass of that size would otherwise fall on the first timed request. Timed
+    on `clock`."""
     done = Preparation()
     proposer = gen.proposer if drafts else None
     if isinstance(proposer, Proposer):
@@ -122,4 +126,16 @@ def prepare_generator(gen, *, drafts: bool = True, cost_curve: bool = True,
         t = clock()
         gen.policy.ensure_cost_model(gen.model)
         done.cost_curve_s = clock() - t
+    if prompt is not None and len(prompt):
+        t = clock()
+        _one_pass(gen.model, prompt)
+        done.first_pass_s = clock() - t
     return done
+
+
+def _one_pass(model, prompt) -> None:
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        model(torch.as_tensor([list(prompt)], device=device), use_cache=False)
