@@ -153,6 +153,24 @@ class SpeculativeGenerator:
             self._checked = True
         return self._unsupported
 
+    @property
+    def checked(self) -> bool:
+        """Whether tree verification was checked (or declared) for this model."""
+        return self._checked
+
+    def prepare(self, *, drafts: bool = True, cost_curve: bool = True, prompt=None, clock=None):
+        """Do this generator's one-time work now, each part once (the proposer's kernels compiled or
+        loaded, the tree-verification check, the cost curve of the automatic budget; with `prompt`,
+        one pass over it) and return what it cost (`engine.warmup.Preparation`). Every engine calls
+        it before its clock starts, so a first request's timings never include it; call it before
+        timing anything else."""
+        import time
+
+        from .engine.warmup import prepare_generator
+
+        return prepare_generator(self, drafts=drafts, cost_curve=cost_curve, prompt=prompt,
+                                clock=clock or time.perf_counter)
+
     def assume_support(self, unsupported: str | None = None) -> None:
         """Skip the self-check: declare that tree verification works with this model (None), or that
         it does not and why (for stand-in models whose passes are known without checking)."""

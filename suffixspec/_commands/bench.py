@@ -253,12 +253,16 @@ def _bench_one(target, workload, settings) -> dict:
     workload, prompts = target.prompts(workload)
     print(f"suffixspec bench: {workload.name} ({len(prompts)} prompts, max_new_tokens {settings.max_new_tokens}); "
           "warming up", file=sys.stderr)
+    t_warm = time.perf_counter()
     bench.warm_up_all(target.backends, prompts, settings)  # with the whole first prompt
+    warmup_s = time.perf_counter() - t_warm
+    print(f"suffixspec bench: warm-up {warmup_s:.1f} s (one time: kernels, cost curve, first passes; "
+          "not in the timings)", file=sys.stderr)
     settings.warmup = False  # done above
     t_bench = time.perf_counter()
     runs = bench.run_benchmark(workload, prompts, target.backends, settings, progress=True)
     records = bench.summarize(runs, settings)
-    return {"workload": workload, "prompts": prompts, "runs": runs, "records": records,
+    return {"workload": workload, "prompts": prompts, "runs": runs, "records": records, "warmup_s": warmup_s,
             "bench_s": time.perf_counter() - t_bench, "quality": bench.quality_gate(workload, runs, target.decode)}
 
 
@@ -310,7 +314,8 @@ def run(args) -> int:
         "settings": {**_settings_dict(settings, workload, prompts, target.backends),
                      **{k: v for k, v in described.items() if k != "environment"}},
         "environment": described["environment"],
-        "timing": {"load_s": load_s, "bench_s": one["bench_s"], "total_s": time.perf_counter() - t_start},
+        "timing": {"load_s": load_s, "warmup_s": one["warmup_s"], "bench_s": one["bench_s"],
+                   "total_s": time.perf_counter() - t_start},
         "records": records,
         "quality": quality,
         "structured_output": constraint,
@@ -374,7 +379,7 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
                                                    "warmup": True})
             one = _bench_one(target, bench.load_workload(name, args.num_prompts), cell_settings)
             results.append((name, max_new, one["records"]))
-            parts.append({"workload": name, "max_new_tokens": max_new, "bench_s": one["bench_s"],
+            parts.append({"workload": name, "max_new_tokens": max_new, "warmup_s": one["warmup_s"], "bench_s": one["bench_s"],
                           "settings": _settings_dict(cell_settings, one["workload"], one["prompts"], target.backends),
                           "records": one["records"], "quality": one["quality"],
                           # per request, so that a cell's two modes can be paired request by request

@@ -90,6 +90,9 @@ def run(args) -> int:
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None),
                                recycle=recycle_default(args.recycle))
     ids = tokenizer.encode(prompt)
+    # one-time work (kernels, the tree check, the cost curve) before the clock, reported apart
+    prep = gen.prepare(drafts=budget != 0, cost_curve=budget == "auto", prompt=ids)
+    print(f"suffixspec generate: {prep.describe()}", file=sys.stderr)
 
     shown = [""]
     committed: list[int] = []
@@ -112,6 +115,9 @@ def run(args) -> int:
     report = stats.to_dict()
     report.pop("per_request")
     report["prompt_tokens"] = len(ids)
+    report["warmup_s"] = prep.total_s
+    report["warmup"] = {"kernels_s": prep.kernels_s, "check_s": prep.check_s, "cost_curve_s": prep.cost_curve_s,
+                        "first_pass_s": prep.first_pass_s}
     if gen.cost_model is not None:
         report["cost_curve"] = gen.cost_model.relative()
     if args.stats or args.compare:

@@ -114,11 +114,12 @@ class Engine:
         self._admitted_last = False  # the last step admitted while rows ran (the next one runs their round)
         self._closes = CloseQueue()  # finished requests' sessions, closed by `RoundRunner.flush_closes`
         self._clock = clock
+        # the generator's one-time work (kernels, tree check, cost curve) is timed apart, before the clock
+        self.stats.setup_s = gen.prepare(drafts=options.budget != 0, cost_curve=options.budget == "auto",
+                                         clock=clock).total_s
+        self.unsupported = gen.check_support()
         self._t0 = clock()
         self._rounds = RoundRunner(gen, self.policy, self.stats, clock, self.now, self._closes, stream)
-        self.unsupported = gen.check_support()
-        if self.unsupported is None and options.budget == "auto":
-            self.policy.ensure_cost_model(self.model)
         self._new_state = lambda b: KVState(self.model, b)
         self._state = self._new_state(0)
         self.device = self._state.device

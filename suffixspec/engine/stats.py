@@ -88,6 +88,7 @@ class GenerationStats:
     budget_s: float = 0.0  # the automatic budget: sizing each round and learning from it
     verifier_s: float = 0.0  # the forward pass, acceptance and the cache commit
     e2e_s: float = 0.0
+    setup_s: float = 0.0  # the generator's one-time work done for this run, before its clock started
     peak_memory_bytes: int = 0
     # draft nodes verified per request-round: the most recent BUDGETS_KEPT, and the totals of all
     budgets: deque[int] = field(default_factory=lambda: deque(maxlen=BUDGETS_KEPT))
@@ -178,6 +179,7 @@ class GenerationStats:
             "ttft_s": self.ttft_s,
             "tpot_s": self.tpot_s,
             "e2e_s": self.e2e_s,
+            "setup_s": self.setup_s,
             "tokens_per_s": self.tokens_per_s,
             "peak_memory_bytes": self.peak_memory_bytes,
             "mean_budget": self.mean_budget,
@@ -200,6 +202,8 @@ class GenerationStats:
             f"throughput {d['tokens_per_s']:.1f} tok/s  peak memory {d['peak_memory_bytes'] / 2**20:.0f} MiB"
             + (f"  fallback: {d['fallback']}" if d["fallback"] else ""),
         ]
+        if d["setup_s"]:
+            lines.append(f"one-time warm-up {d['setup_s']:.2f} s before the clock (kernels, tree check, cost curve)")
         return "\n".join(lines)
 
 

@@ -1,5 +1,6 @@
 """`warm_kernels`: every numba kernel a serving engine's rounds can reach, compiled or loaded before
-the first request instead of inside a round.
+the first request instead of inside a round; `prepare_generator`: all of a generator's one-time work
+(kernels, the tree check, the cost curve), timed apart as a `Preparation`.
 
 The kernels are `cache=True`: the first process of an installation compiles each one (the batched
 proposal, the largest, compiles longest) and later processes load them from disk, much faster.
@@ -11,12 +12,15 @@ be thawed rather than rebuilt (after a few closed requests), every running reque
 `warm_kernels` runs each of those paths once on throwaway objects: a scratch `Proposer` with the
 caller's corpus and knobs (its sessions, batched proposal, learning and response cache: add, merge,
 thaw), and a `BudgetPolicy` over a made-up cost curve (the round sizing). Nothing the caller holds
-changes: the corpus is only read, and the scratch proposer's cache is its own.
+changes: the corpus is only read, and the scratch proposer's cache is its own. A process warms the
+kernels of one (corpus, threads) setting once (`kernels_warm`).
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
@@ -27,9 +31,20 @@ from ..draft.tree import DraftTree, prune_tree
 from ..verify.batch import RoundBatch
 from .budget import BudgetPolicy, CostModel
 
-__all__ = ["warm_kernels"]
+__all__ = ["warm_kernels", "kernels_warm", "Preparation", "prepare_generator"]
 
 _TEXT = np.array([5, 6, 7, 8, 5, 6, 7, 9, 5, 6], np.int64)
+_WARMED: set[tuple] = set()  # (corpus identity, threads) settings whose kernels this process has warmed
+
+
+def _setting(corpus, threads) -> tuple:
+    corpora = corpus if isinstance(corpus, (list, tuple)) else ([] if corpus is None else [corpus])
+    return tuple(id(c) for c in corpora), threads
+
+
+def kernels_warm(corpus=None, threads=None) -> bool:
+    """Whether this process already ran `warm_kernels` for `corpus` and `threads`."""
+    return _setting(corpus, threads) in _WARMED
 
 
 def warm_kernels(corpus=None, *, filter=None, config: ProposerConfig | None = None, **knobs) -> float:
@@ -63,4 +78,64 @@ def warm_kernels(corpus=None, *, filter=None, config: ProposerConfig | None = No
     tree = DraftTree.from_paths([[1, 2, 3], [1, 4]])
     policy.size_round(RoundBatch.build([tree, tree], [8, 8]))
     prune_tree(tree, 2, 8)
+    _WARMED.add(_setting(corpus, cfg.threads))
     return time.perf_counter() - t0
+
+
+@dataclass
+class Preparation:
+    """A generator's one-time work done by one `prepare_generator` call, in seconds (0: done before, or
+    not needed)."""
+
+    kernels_s: float = 0.0  # numba kernels compiled (first process of an installation) or loaded
+    check_s: float = 0.0  # tree verification checked against sequential passes (the model's first passes)
+    cost_curve_s: float = 0.0  # the pass-cost curve measured, or read from the cache folder
+    first_pass_s: float = 0.0  # one pass over a prompt: the process's first pass of that size
+
+    @property
+    def total_s(self) -> float:
+        return self.kernels_s + self.check_s + self.cost_curve_s + self.first_pass_s
+
+    def describe(self) -> str:
+        return (f"one-time warm-up {self.total_s:.2f} s (kernels {self.kernels_s:.2f} s, tree check "
+                f"{self.check_s:.2f} s, cost curve {self.cost_curve_s:.2f} s, first pass {self.first_pass_s:.2f} s), "
+                "not in the timings")
+
+
+def prepare_generator(gen, *, drafts: bool = True, cost_curve: bool = True, prompt=None,
+                      clock: Callable[[], float] = time.perf_counter) -> Preparation:
+    """`gen`'s one-time work, each part once: the proposer's kernels when it is a `Proposer` and
+    `drafts` may be made, the tree-verification check, and the cost curve when `cost_curve` (the
+    automatic budget) and trees can be verified; with `prompt` (token ids), one pass over it, as
+    the process's first pass of that size would otherwise fall on the first timed request. Timed
+    on `clock`."""
+    done = Preparation()
+    proposer = gen.proposer if drafts else None
+    if isinstance(proposer, Proposer):
+        corpus = proposer.corpora or None
+        if not kernels_warm(corpus, proposer.threads):
+            t = clock()
+            warm_kernels(corpus, threads=proposer.threads)
+            done.kernels_s = clock() - t
+    if not gen.checked:
+        t = clock()
+        gen.check_support()
+        done.check_s = clock() - t
+    unsupported = gen.check_support()
+    if cost_curve and unsupported is None and gen.cost_model is None:
+        t = clock()
+        gen.policy.ensure_cost_model(gen.model)
+        done.cost_curve_s = clock() - t
+    if prompt is not None and len(prompt):
+        t = clock()
+        _one_pass(gen.model, prompt)
+        done.first_pass_s = clock() - t
+    return done
+
+
+def _one_pass(model, prompt) -> None:
+    import torch
+
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        model(torch.as_tensor([list(prompt)], device=device), use_cache=False)
