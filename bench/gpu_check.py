@@ -400,6 +400,9 @@ def main(argv=None) -> int:
         warm.wait(timeout=300)
     except subprocess.TimeoutExpired:
         warm.kill()
+    from suffixspec import warm_kernels
+
+    warm_kernels()  # loaded here too (from the cache the other process filled), before the sections' clocks
     for key, fn, arg in (("exactness", exactness, None), ("replay", replay, "curve"), ("cpu_share", cpu_share, "curve")):
         t = time.monotonic()
         deadline = t + caps[key]
