@@ -1,7 +1,7 @@
 """Inside llama-cpp-python: plain decoding, its `LlamaPromptLookupDecoding` and suffixspec's `SuffixSpecDraftModel`.
 
     python bench/bench_llama_cpp.py [--prompts 5] [--max-new-tokens 128] [--repeats 3] [--threads 2]
-                                    [--code-model PATH] [--record]
+                                    [--code-model PATH [--no-default]] [--record]
 
 Needs llama-cpp-python (built as .ci/llama_cpp.sh builds it). Code edits (corpora/copy_edit_prompts.jsonl)
 through `create_chat_completion`, one request at a time, greedy, end to end after `reset()`; one
@@ -116,12 +116,15 @@ def main(argv=None) -> int:
     p.add_argument("--max-draft", type=int, default=10)
     p.add_argument("--pld-tokens", type=int, default=10, help="LlamaPromptLookupDecoding's num_pred_tokens")
     p.add_argument("--code-model", default=None, help="a second GGUF (bench/code_model.py --check prints its path)")
+    p.add_argument("--no-default", action="store_true", help="skip the default model (with --code-model)")
     common.add_record_flag(p)
     args = p.parse_args(argv)
 
     from suffixspec.tokenizer import default_gguf_path
 
-    models = [str(default_gguf_path())] + ([args.code_model] if args.code_model else [])
+    models = ([] if args.no_default else [str(default_gguf_path())]) + ([args.code_model] if args.code_model else [])
+    if not models:
+        p.error("--no-default needs --code-model")
     results = [bench_model(m, args) for m in models]
     print(f"{'model':34} {'arm':14} {'tok/s':>7} {'range':>15} {'x plain':>7} {'range':>13} {'tok/eval':>8} {'differ':>7} {'in call':>7}")
     for res in results:
