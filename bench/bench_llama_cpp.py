@@ -1,7 +1,7 @@
 """Inside llama-cpp-python: plain decoding, its `LlamaPromptLookupDecoding` and suffixspec's `SuffixSpecDraftModel`.
 
     python bench/bench_llama_cpp.py [--prompts 5] [--max-new-tokens 128] [--repeats 3] [--threads 2]
-                                    [--code-model PATH [--no-default]] [--record]
+                                    [--lean] [--code-model PATH [--no-default]] [--record]
 
 Needs llama-cpp-python (built as .ci/llama_cpp.sh builds it). Code edits (corpora/copy_edit_prompts.jsonl)
 through `create_chat_completion`, one request at a time, greedy, end to end after `reset()`; one
@@ -11,7 +11,9 @@ Ours gets a fresh draft model each repeat (its response cache holds that repeat'
 never an earlier answer to the same prompt). Per arm: tokens per second over the set (median of
 the repeats, with their range), speed-up over plain per repeat (median, range), generated tokens
 per evaluation (prefill included), the outputs that differ from plain's, and for ours the share of
-the time spent inside its `__call__`. The default model first, then `--code-model`. Prints a table,
+the time spent inside its `__call__`. `--lean` adds plain decoding at llama-cpp-python's defaults
+(`logits_all=False`: the prefill computes one row of logits; a draft model forces all rows).
+The default model first, then `--code-model`. Prints a table,
 then one JSON line (`--record [PATH]`: also appended to bench/results/llama_cpp.jsonl).
 """
 
@@ -25,6 +27,9 @@ import time
 import common
 
 ARMS = ("plain", "prompt_lookup", "suffixspec")
+# plain decoding at llama-cpp-python's defaults (logits_all=False: the prefill computes the last
+# row of logits only); a draft model forces every row, so the arms above all pay for it
+LEAN = "plain_lean"
 
 
 def load_prompts(n: int) -> list[str]:
@@ -70,18 +75,21 @@ def bench_model(path: str, args) -> dict:
     drafts = {"plain": lambda: None, "prompt_lookup": lambda: LlamaPromptLookupDecoding(num_pred_tokens=args.pld_tokens),
               "suffixspec": ours}
     llms = {arm: llama_cpp.Llama(model_path=path, draft_model=drafts[arm](), **settings) for arm in ARMS}
+    arms = ARMS + ((LEAN,) if args.lean else ())
+    if args.lean:
+        llms[LEAN] = llama_cpp.Llama(model_path=path, **{**settings, "logits_all": False})
     boxes = {arm: counted(llm) for arm, llm in llms.items()}
     prompts = load_prompts(args.prompts)
-    for arm in ARMS:  # warm-up
+    for arm in llms:  # warm-up
         run_one(llms[arm], boxes[arm], prompts[-1], args)
-    runs = {arm: [] for arm in ARMS}  # per repeat, the list of per-prompt results
+    runs = {arm: [] for arm in arms}  # per repeat, the list of per-prompt results
     for rep in range(args.repeats):
         llms["suffixspec"].draft_model = ours()
-        for arm in ARMS:
+        for arm in arms:
             runs[arm].append([])
         for i, prompt in enumerate(prompts):
-            shift = (rep * len(prompts) + i) % len(ARMS)
-            for arm in ARMS[shift:] + ARMS[:shift]:
+            shift = (rep * len(prompts) + i) % len(arms)
+            for arm in arms[shift:] + arms[:shift]:
                 runs[arm][rep].append(run_one(llms[arm], boxes[arm], prompt, args))
     return summarise(path, runs, prompts)
 
@@ -91,7 +99,7 @@ def summarise(path: str, runs: dict, prompts: list[str]) -> dict:
         return sum(r["tokens"] for r in rep) / sum(r["seconds"] for r in rep)
 
     arms = {}
-    for arm in ARMS:
+    for arm in runs:
         rates = [rate(rep) for rep in runs[arm]]
         ups = [rate(a) / rate(p) for a, p in zip(runs[arm], runs["plain"])]
         per_eval = [sum(r["tokens"] for r in rep) / sum(r["evals"] for r in rep) for rep in runs[arm]]
@@ -116,6 +124,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-draft", type=int, default=10)
     p.add_argument("--pld-tokens", type=int, default=10, help="LlamaPromptLookupDecoding's num_pred_tokens")
     p.add_argument("--code-model", default=None, help="a second GGUF (bench/code_model.py --check prints its path)")
+    p.add_argument("--lean", action="store_true", help="also plain decoding with logits_all=False (llama-cpp-python's default)")
     p.add_argument("--no-default", action="store_true", help="skip the default model (with --code-model)")
     common.add_record_flag(p)
     args = p.parse_args(argv)
