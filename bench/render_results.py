@@ -301,11 +301,21 @@ def _vllm_soak(r) -> list[str]:
             f"identical to plain: {r['identical_to_plain']} of {r['sample']}; passed {r.get('passed')}"]
 
 
+def _llama_cpp(r) -> list[str]:
+    out = []
+    for m in r.get("models", []):
+        for arm, a in m["arms"].items():
+            share = f"; {100 * a['call_share']:.2f}% of the time inside its __call__" if "call_share" in a else ""
+            out.append(f"{m['model']} {arm}: {a['tok_s']} tok/s ({x(a['speedup'])} plain, range {a['speedup_range']}); "
+                       f"{a['tokens_per_eval']} tokens per evaluation; outputs differing from plain {a['outputs_differing']}{share}")
+    return out or _generic(r)
+
+
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
-             "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
+             "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
              "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e}
 
 TITLES = {
@@ -323,6 +333,8 @@ TITLES = {
     "soak": ("Thousands of mixed requests through the HTTP server", "bench/bench_soak.py"),
     "hostile": ("Hostile clients against the HTTP server", "bench/bench_hostile.py"),
     "vllm": ("Inside vLLM: plain, vLLM's methods and suffixspec's proposer", "bench/bench_vllm.py"),
+    "llama_cpp": ("Inside llama-cpp-python: plain, its prompt lookup and suffixspec's draft model",
+                  "bench/bench_llama_cpp.py"),
     "vllm_soak": ("A long-running vLLM server with suffixspec's proposer", "bench/bench_vllm_soak.py"),
     "recycle": ("Recycled predictions: tokens per round by source", "bench/bench_recycle.py"),
     "recycle_shipped": ("Recycled predictions on the shipped workloads: tokens per round by source",

@@ -1,0 +1,171 @@
+"""`SuffixSpecDraftModel`: suffixspec as llama-cpp-python's draft model (`Llama(draft_model=...)`).
+
+    from llama_cpp import Llama
+    from suffixspec.integrations.llama_cpp import SuffixSpecDraftModel
+    llm = Llama(model_path="model.gguf", draft_model=SuffixSpecDraftModel(), logits_all=True)
+
+Contract:
+- `SuffixSpecDraftModel` is a `llama_cpp.llama_speculative.LlamaDraftModel` built on first access of
+  the name (module `__getattr__`): importing this module, or suffixspec, never imports llama_cpp;
+  `draft_model_class(base)` builds the same class over another base (tests use a stand-in);
+- llama-cpp-python calls it once per evaluation with every token so far (prompt, output, the token
+  just sampled) and checks the returned linear draft (np.intc, possibly empty) in its next
+  evaluation; the given array is only read;
+- one proposer session per sequence: a call whose ids extend the previous call's ids feeds only the
+  new ids to the session; any other call closes the session (its output joins the proposer's
+  response cache) and starts a new one; `finish()` closes it at once;
+- the draft is the best root path of the session's tree, its length (at most `max_draft`) chosen to
+  maximise expected tokens per unit of the evaluation's cost: a line in the drafted tokens measured
+  online from the time between calls (`vllm_drafting.MeasuredStepCost`; `step_cost` fixes it);
+- keywords: `corpus` (index path(s)), `filter` (document tags, needs a corpus), `max_draft`,
+  `step_cost` and any `ProposerConfig` knob; the numba kernels are compiled and run in `__init__`;
+- llama-cpp-python sizes its logits buffer by `n_batch` rows unless `logits_all=True` while a
+  draft model makes every evaluation write a row per token: without `logits_all=True` (or
+  `n_batch >= n_ctx`) a context longer than `n_batch` raises in `Llama.eval` (docs/serving.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+
+import numpy as np
+
+from .. import BadInputError, CorpusIndex, DraftTree, Proposer
+from ..draft.config import ProposerConfig
+from ..engine.warmup import warm_kernels
+from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
+
+# SuffixSpecDraftModel is built by __getattr__ on first access
+__all__ = ["SuffixSpecDraftModel", "LlamaDrafter", "draft_model_class", "DEFAULT_MAX_DRAFT"]  # noqa: F822
+
+DEFAULT_MAX_DRAFT = 10
+_NO_VOCAB = np.iinfo(np.intc).max  # the tree's tokens come from the context and corpora: no cut
+_EMPTY = np.zeros(0, np.intc)
+
+
+class LlamaDrafter:
+    """The draft model's state and `__call__` (module docstring), without llama_cpp's base class.
+
+    `stats` counts calls, sessions started, calls measured, draft tokens and `call_seconds`, the
+    time spent inside `__call__`; `cost` is the evaluation's cost line (`cost.line(1)`: seconds at
+    no draft, seconds per drafted token)."""
+
+    def __init__(self, *, corpus=None, filter=None, max_draft: int = DEFAULT_MAX_DRAFT, step_cost=None, **knobs):
+        if isinstance(max_draft, bool) or not isinstance(max_draft, (int, np.integer)) or max_draft < 1:
+            raise BadInputError(f"max_draft: expected a positive integer, got {max_draft!r}", param="max_draft")
+        self.k = int(max_draft)
+        paths = [corpus] if isinstance(corpus, str) else list(corpus or [])
+        self.corpora = [c if isinstance(c, CorpusIndex) else CorpusIndex.open(c) for c in paths]
+        if filter is not None and not self.corpora:
+            raise BadInputError("filter: a filter needs a corpus (none was given)", param="filter")
+        self.filter = filter
+        knobs.setdefault("max_nodes", max(16, 4 * self.k))
+        knobs["max_depth"] = min(int(knobs.get("max_depth") or self.k), self.k)
+        knobs.setdefault("recency", 0.0)  # linear drafts: frequency alone, as the vLLM adapter
+        knobs.setdefault("cache_upkeep", "background")  # a closed sequence joins the cache off the next call
+        self.config = ProposerConfig.of(None, knobs)
+        self.cost = step_cost_from(step_cost, self.k)
+        warm_kernels(self.corpora or None, filter=filter, config=self.config)
+        self._draft_of(DraftTree.from_paths([[1, 2], [1, 3]]), self.k)  # the adapter's own kernel
+        self.proposer = Proposer(self.corpora or None, config=self.config)
+        self.stats = collections.Counter()
+        self._session = None
+        self._ids = np.zeros(1024, np.intc)  # the session's tokens so far, [:_length]
+        self._length = 0
+        self._last_draft = 0
+        self._last_end: float | None = None
+
+    def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
+        """The draft that follows `input_ids` (every token so far), as an np.intc array."""
+        t0 = time.perf_counter()
+        ids = np.asarray(input_ids)
+        if ids.ndim != 1:
+            raise BadInputError(f"input_ids: expected a 1-d array of token ids, got shape {ids.shape}")
+        n = ids.shape[0]
+        self.stats["calls"] += 1
+        if n == 0:
+            self.finish()
+            return _EMPTY.copy()
+        if self._extends(ids, n):
+            if n > self._length:
+                if self._last_end is not None:
+                    self.cost.observe(1 + self._last_draft, t0 - self._last_end, 1)
+                    self.stats["calls_measured"] += 1
+                self._feed(ids, n)
+        else:
+            self._start(ids, n)
+        draft = self._draft_of(self._session.propose(self.config.max_nodes), self.k)
+        self._last_draft = draft.shape[0]
+        self.stats["draft_tokens"] += draft.shape[0]
+        end = time.perf_counter()
+        self._last_end = end
+        self.stats["call_seconds"] += end - t0
+        return draft
+
+    def finish(self) -> None:
+        """Close the current sequence's session now (its output joins the response cache)."""
+        session, self._session = self._session, None
+        self._length = 0
+        self._last_end = None
+        if session is not None:
+            session.close()
+
+    def _extends(self, ids: np.ndarray, n: int) -> bool:
+        L = self._length
+        return self._session is not None and n >= L and np.array_equal(ids[:L], self._ids[:L])
+
+    def _store(self, ids: np.ndarray, start: int, n: int) -> None:
+        if self._ids.shape[0] < n:
+            grown = np.zeros(max(n, 2 * self._ids.shape[0]), np.intc)
+            grown[:start] = self._ids[:start]
+            self._ids = grown
+        self._ids[start:n] = ids[start:n]
+        self._length = n
+
+    def _start(self, ids: np.ndarray, n: int) -> None:
+        """A new sequence: the prompt is every token but the one just sampled, then that token."""
+        self.finish()
+        cut = n - 1 if n > 1 else n
+        self._session = self.proposer.start(np.asarray(ids[:cut], np.int64), filter=self.filter)
+        self._store(ids, 0, cut)
+        self.stats["sessions"] += 1
+        if n > cut:
+            self._feed(ids, n)
+
+    def _feed(self, ids: np.ndarray, n: int) -> None:
+        L = self._length
+        self._session.extend(np.asarray(ids[L:n], np.int64))
+        self._store(ids, L, n)
+
+    def _draft_of(self, tree: DraftTree, limit: int) -> np.ndarray:
+        """The best root path of `tree` of the length that pays most for one evaluation's cost."""
+        count = len(tree)
+        if count == 0 or limit <= 0:
+            return _EMPTY.copy()
+        values = np.empty((1, self.k + 1), np.float64)
+        nodes = np.empty((1, self.k + 1), np.int64)
+        starts = np.zeros(1, np.int64)
+        path_values(tree.tokens, tree.parents, tree.depths, tree.scores, starts, np.array([count], np.int64),
+                    np.array([limit], np.int64), _NO_VOCAB, values, nodes)
+        lengths = plan_lengths(values, lambda tokens: self.cost(tokens, 1))
+        out = np.zeros((1, self.k), np.int64)
+        write_paths(tree.tokens, tree.parents, starts, nodes, lengths, out)
+        return out[0, : int(lengths[0])].astype(np.intc)
+
+
+def draft_model_class(base: type) -> type:
+    """`SuffixSpecDraftModel` over `base` (llama_cpp's `LlamaDraftModel`, or a stand-in)."""
+    return type("SuffixSpecDraftModel", (LlamaDrafter, base), {
+        "__module__": __name__,
+        "__doc__": "llama-cpp-python draft model over suffixspec's proposer (`suffixspec.integrations.llama_cpp`).",
+    })
+
+
+def __getattr__(name: str):
+    if name == "SuffixSpecDraftModel":
+        from llama_cpp.llama_speculative import LlamaDraftModel
+
+        cls = globals()["SuffixSpecDraftModel"] = draft_model_class(LlamaDraftModel)
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
