@@ -42,6 +42,7 @@ def test_bench_url_against_suffixspec_serve(served, tmp_path, capsys):
     assert code == 0, printed + server.log()[-3000:]
     report = json.loads((out / "report.json").read_text())
     assert report["settings"]["model"] == "tiny" and report["settings"]["token_counts"]["plain"]["chunks"] == 0
+    assert report["timing"]["warmup_s"] > 0  # the warm-up, timed apart from the runs
     by = {(r["mode"], r["concurrency"]): r for r in report["records"]}
     assert set(by) == {("plain", 1), ("speculative", 1), ("plain", 2), ("speculative", 2)}
     for (mode, _), rec in by.items():

@@ -2,9 +2,15 @@
 the cost curve): every engine does it before its clock starts and reports it as `stats.setup_s`, and
 `SpeculativeGenerator.prepare` does it up front, each part once (`engine.warmup.Preparation`)."""
 
+import json
+import os
+import subprocess
+import sys
+
 from suffixspec import CostModel, Engine, SpeculativeGenerator
 from suffixspec.engine.warmup import Preparation
 
+from support.http import make_tiny_model_dir
 from support.tiny_models import tiny_model
 
 PROMPT = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
@@ -74,3 +80,22 @@ def test_prepare_with_a_prompt_passes_over_it_each_time():
         del gen.model.forward
     assert [tuple(s) for s in seen] == [(1, len(PROMPT))] and prep.first_pass_s > 0
     assert prep.total_s == prep.first_pass_s  # the rest was done before
+
+
+def test_generate_compare_reports_its_warm_up_apart(tmp_path):
+    """`suffixspec generate --compare` as a user runs it: a fresh cache folder (the cost curve is measured),
+    its one-time warm-up printed on stderr and in the JSON, identical output."""
+    model_dir = make_tiny_model_dir(tmp_path / "tiny")
+    env = dict(os.environ, SUFFIXSPEC_CACHE=str(tmp_path / "cache"))
+    args = [sys.executable, "-m", "suffixspec.cli", "generate", "--model", str(model_dir), "--prompt",
+            "def f(x):\n    return x\n", "--max-new-tokens", "12", "--threads", "1", "--compare", "--json"]
+    runs = [subprocess.run(args, capture_output=True, text=True, env=env, timeout=600) for _ in range(2)]
+    for done in runs:
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "one-time warm-up" in done.stderr and "not in the timings" in done.stderr
+    first, second = (json.loads(done.stdout.strip().splitlines()[-1]) for done in runs)
+    parts = first["warmup"]
+    assert first["identical"] is True and second["identical"] is True
+    assert abs(first["warmup_s"] - sum(parts.values())) < 1e-9
+    assert parts["cost_curve_s"] > 0 and parts["first_pass_s"] > 0 and parts["check_s"] > 0
+    assert first["setup_s"] == 0.0  # done by the warm-up, so the timed request found nothing left

@@ -211,6 +211,9 @@ def test_the_array_is_only_read():
     assert model(np.zeros(0, np.intc)).shape == (0,)
     with pytest.raises(BadInputError):
         model(np.zeros((2, 3), np.intc))
+    with pytest.raises(BadInputError, match="temperature") as refused:  # an unknown keyword is refused by name
+        model(ids, temperature=0.5)
+    assert refused.value.param == "temperature"
 
 
 def test_fixed_costs_choose_the_draft_length():

@@ -78,6 +78,9 @@ class LlamaDrafter:
 
     def __call__(self, input_ids, /, **kwargs) -> np.ndarray:
         """The draft that follows `input_ids` (every token so far), as an np.intc array."""
+        if kwargs:  # llama-cpp-python 0.3.36 passes none; any other is refused by name, never ignored
+            raise BadInputError(f"SuffixSpecDraftModel takes only input_ids; got unsupported keyword argument(s) "
+                                f"{', '.join(sorted(kwargs))}", param=sorted(kwargs)[0])
         t0 = time.perf_counter()
         ids = np.asarray(input_ids)
         if ids.ndim != 1:
