@@ -34,6 +34,8 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from suffixspec.fileio import atomic_write_json
+
 import common
 
 FILENAME = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
@@ -72,10 +74,7 @@ def _key(path: Path) -> dict:
 
 
 def _write_stamp(path: Path, sha256: str) -> None:
-    stamp = stamp_path(path)
-    tmp = stamp.with_name(stamp.name + ".tmp")
-    tmp.write_text(json.dumps({**_key(path), "sha256": sha256}) + "\n", encoding="utf-8")
-    os.replace(tmp, stamp)
+    atomic_write_json(stamp_path(path), {**_key(path), "sha256": sha256})
 
 
 def _stamped_sha256(path: Path) -> str | None:
