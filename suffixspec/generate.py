@@ -19,6 +19,7 @@ from .engine.budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCali
 from .engine.engine import Engine, model_vocab_size
 from .engine.fallback import PromptLookupProposer
 from .engine.options import RECYCLE_DEFAULT, DecodeOptions
+from .engine.reuse import make_prefix_pool
 from .engine.stats import GenerationResult, GenerationStats, RequestStats
 from .errors import BadInputError, BadInputTypeError
 from .tokenids import as_tokens
@@ -40,13 +41,14 @@ class SpeculativeGenerator:
     `cost_model`, `min_gain`, `batch_margin`, `prefill_margin` and `prefill_slack` (see `BudgetPolicy`).
     `recycle`: whether requests draft from the model's own past predictions by default (None:
     `options.RECYCLE_DEFAULT`; a request's `DecodeOptions.recycle` overrides it); `recycle_table` is
-    that source's `RecycleTable`.
+    that source's `RecycleTable`. `prefix_cache_bytes`: the bound of `prefix_pool`, the keys and
+    values of prompts read before (None: `engine.reuse.default_prefix_cache_bytes`; 0: none).
     """
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.06,
                  prefill_margin: float = 2.0, prefill_slack: float = 0.01, policy: BudgetPolicy | None = None,
-                 recycle: bool | None = None, **proposer_options):
+                 recycle: bool | None = None, prefix_cache_bytes: int | None = None, **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
@@ -61,6 +63,10 @@ class SpeculativeGenerator:
             raise BadInputTypeError(f"recycle: expected True, False or None, got {recycle!r}", param="recycle")
         self.recycle = bool(recycle)
         self._recycle_table = None
+        if prefix_cache_bytes is not None:
+            make_prefix_pool(prefix_cache_bytes, None)  # checked now, made on first use
+        self._prefix_cache_bytes = prefix_cache_bytes
+        self._prefix_pool = None
 
     # the policy's state, under the names callers have used
     @property
@@ -90,6 +96,15 @@ class SpeculativeGenerator:
 
             self._proposer = Proposer(**self._proposer_options)
         return self._proposer
+
+    @property
+    def prefix_pool(self):
+        """The keys and values of prompts and outputs this generator's engines have read
+        (`verify.prefix.PrefixPool`, made empty on first use; None when `prefix_cache_bytes` is 0):
+        a later prompt reads only what follows its longest prefix found there."""
+        if self._prefix_pool is None and self._prefix_cache_bytes != 0:
+            self._prefix_pool = make_prefix_pool(self._prefix_cache_bytes, self.model)
+        return self._prefix_pool
 
     @property
     def recycle_table(self):

@@ -44,7 +44,8 @@ from .budget import DraftCadence
 from .fallback import serve_plain
 from .lifecycle import CloseQueue, Event, Request, Stage
 from .options import DecodeOptions, check_int
-from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups, sample_families
+from .prefill import DEFAULT_MAX_STEP_TOKENS, PrefillJob, prefill_groups
+from .reuse import PrefixReuse, make_prefix_pool
 from .round import RoundRunner
 from .stats import GenerationResult, GenerationStats, RequestStats, peak_memory
 
@@ -79,12 +80,13 @@ class Engine:
     `stream(index, tokens)`: called with each round's committed tokens. `filter`: the corpus document
     filter of requests added without one. `max_step_tokens`: most prompt tokens (padding included)
     a step feeds to the model; a longer prompt is read in chunks over several steps (`prefill`).
-    `clock`: seconds."""
+    `clock`: seconds. `prefix_cache_bytes`: this engine's own prefix pool of that many bytes (0: none;
+    None: the generator's pool, `SpeculativeGenerator.prefix_pool`)."""
 
     def __init__(self, gen, *, options: DecodeOptions | None = None, max_batch: int | None = None,
                  stream: Callable[[int, list[int]], Any] | None = None, filter=None,
                  max_step_tokens: int | None = None, clock: Callable[[], float] = time.perf_counter,
-                 **option_fields):
+                 prefix_cache_bytes: int | None = None, **option_fields):
         from ..verify.kv import KVState
 
         if options is None:
@@ -119,10 +121,14 @@ class Engine:
                                          clock=clock).total_s
         self.unsupported = gen.check_support()
         self._t0 = clock()
-        self._rounds = RoundRunner(gen, self.policy, self.stats, clock, self.now, self._closes, stream)
         self._new_state = lambda b: KVState(self.model, b)
         self._state = self._new_state(0)
         self.device = self._state.device
+        # prompts read once: the generator's pool, or this engine's own when a bound is given
+        pool = gen.prefix_pool if prefix_cache_bytes is None else make_prefix_pool(prefix_cache_bytes, self.model)
+        self._reuse = PrefixReuse(pool if self.unsupported is None else None)
+        self._rounds = RoundRunner(gen, self.policy, self.stats, clock, self.now, self._closes, stream,
+                                   keep_rows=self._keep_rows)
         config = getattr(self.model, "config", None)
         self.vocab_size = model_vocab_size(self.model)
         self.max_positions = getattr(config, "max_position_embeddings", None)
@@ -156,8 +162,8 @@ class Engine:
         `options`: its own `DecodeOptions` (default: the engine's); `max_new_tokens` caps it further.
         `key` keys its sampling draws (default: its index). `filter`: its corpus document filter.
         `prediction`: tokens (or a string) its output is expected to repeat: drafted first.
-        `sibling`: the index of a request with the same prompt (one of `n` samples): admitted together
-        while that one still waits, their prompt is read once and its cache shared.
+        `sibling`: the index of a request with the same prompt (one of `n` samples), checked to have it:
+        requests admitted together read a prompt they share once (`reuse`), samples or not.
         Everything is checked here against the model: a bad request never reaches a round."""
         ids = self.gen.encode_one(prompt, "prompt")
         bad = None if self.vocab_size is None else next((t for t in ids if t >= self.vocab_size), None)
@@ -182,20 +188,17 @@ class Engine:
         predicted = None
         if prediction is not None:
             predicted = Prediction(self.gen.encode_one(prediction, "prediction") if len(prediction) else [])
-        family = None
         if sibling is not None:
             first = self._requests.get(sibling)
             if first is not None and first.prompt != list(ids):
                 raise BadInputError(f"sibling: expected a request with the same prompt, request {sibling} has "
                                     "another", param="sibling")
-            if first is not None and first.stage is Stage.WAITING:  # (one admitted already reads alone)
-                family = first.family if first.family is not None else first.index
         q = self._next
         self._next += 1
         rq = Request(q, q if key is None else key, limit, decoding, opts.budget, list(ids), list(ids),
                      stats=RequestStats(prompt_tokens=len(ids)), added_s=self.now(),
                      filter=self.filter if filter is None else filter,
-                     request_id=request_id, prediction=predicted, family=family,
+                     request_id=request_id, prediction=predicted,
                      recycle=bool(self.gen.recycle if opts.recycle is None else opts.recycle),
                      draft_view=escaped_view(self.tokenizer, ids) if decoding.grammar is not None else None)
         self._requests[q] = rq
@@ -307,33 +310,40 @@ class Engine:
 
     def _admit(self, free: int, step: Step) -> None:
         """Up to `free` waiting requests and the prefill in progress, within `max_step_tokens` fed
-        tokens: groups that fit are read in one pass each (their first round), then the rows join
-        the running batch; the first prompt too long for the step becomes the prefill job (if none is
-        in progress); the job then reads its next chunk with what is left. Newcomers not started
-        stay at the head of the queue, in their order."""
+        tokens: prefixes that several newcomers share are read once, then each newcomer starts from
+        the longest prefix of its prompt in the pool (`reuse`); groups that fit are read in one pass
+        each (their first round), then the rows join the running batch; the first prompt too long
+        for the step becomes the prefill job (if none is in progress); the job then reads its next
+        chunk with what is left. Newcomers not started stay at the head of the queue, in their order."""
         budget, spent, back = self.max_step_tokens, 0, []
         newcomers = [self._waiting.popleft() for _ in range(free)]
-        families, singles = sample_families(newcomers)
-        for family in families:
-            tokens = len(family[0].pending) - 1 + len(family)
-            if spent + tokens <= budget:
-                spent += self._start_family(family, step)
-            else:
-                singles.extend(family)
-        for group in prefill_groups(singles, max_tokens=budget):
-            tokens = len(group) * max(len(rq.pending) for rq in group)
-            if spent + tokens <= budget:
-                self._start(group)
-                spent += tokens
-                self._first_round(group, self._new_state(len(group)), step)
-            elif len(group) == 1 and tokens > budget and self._job is None:
-                self._start(group)
-                self._job = PrefillJob(group[0], self._new_state(1))
-            else:
-                back.extend(group)
+        reuse = self._reuse
+        reuse.begin_admission()
+        try:
+            for plan in reuse.plan_shared(newcomers):
+                if spent + plan.length - plan.cached <= budget:
+                    spent += self._read_shared(plan)
+            for rq in newcomers:
+                reuse.match(rq)
+            for group in prefill_groups(newcomers, max_tokens=budget):
+                tokens = len(group) * max(len(rq.pending) for rq in group)
+                if spent + tokens <= budget:
+                    self._start(group)
+                    spent += tokens
+                    self._first_round(group, self._seeded(group), step)
+                elif len(group) == 1 and tokens > budget and self._job is None:
+                    self._start(group)
+                    self._job = PrefillJob(group[0], self._seeded(group))
+                else:
+                    back.extend(group)
+            for rq in back:
+                reuse.unmatch(rq)
+        finally:
+            reuse.end_admission()
         for rq in sorted(back, key=lambda rq: rq.index, reverse=True):
             self._waiting.appendleft(rq)
         step.admitted.extend(rq.index for rq in newcomers if rq.stage is not Stage.WAITING)  # in arrival order
+        reuse.count([rq for rq in newcomers if rq.stage is not Stage.WAITING])
         left = budget - spent
         if self._job is not None and left >= min(budget // 4, self._job.remaining):
             spent += self._advance_job(left, step)
@@ -342,26 +352,25 @@ class Engine:
             self.stats.prefill_tokens += spent
         self._cadence.wake()  # a newcomer may draft well: the next round looks
 
-    def _start_family(self, family: list[Request], step: Step) -> int:
-        """Samples of one prompt: the prompt but its last token read once in one row, that row's cache
-        copied for each sample, then their first round (each from the last prompt token). Returns the
-        prompt tokens fed."""
-        self._start(family)
-        prompt = family[0].pending
-        state = self._new_state(1)
+    def _read_shared(self, plan) -> int:
+        """A prefix several newcomers share, read once into the pool (`PrefixReuse.read_shared`); a
+        failure leaves each to read its own prompt (and fail alone). Returns the tokens fed."""
         t = self._clock()
         try:
-            state.forward([prompt[:-1]], [DraftTree.empty()])
-            state.commit([[]])
-            state.select_rows([0] * len(family))
-        except Exception as exc:  # noqa: BLE001 - these requests' own failure
-            self._rows.extend(self._isolate(family, exc, step.events))
-            return len(prompt) - 1
-        self.stats.verifier_s += self._clock() - t
-        for rq in family:
-            rq.pending = [prompt[-1]]
-        self._first_round(family, state, step)
-        return len(prompt) - 1 + len(family)
+            return self._reuse.read_shared(plan, self._new_state)
+        except Exception as exc:  # noqa: BLE001 - the members read their prompts themselves
+            log.warning("reading a shared prefix failed: %r", exc)
+            return 0
+        finally:
+            self.stats.verifier_s += self._clock() - t
+
+    def _seeded(self, group: list[Request]):
+        """A KV state for `group`, each row starting from its pool match (on the verifier's time)."""
+        t = self._clock()
+        try:
+            return self._reuse.seeded_state(group, self._new_state)
+        finally:
+            self.stats.verifier_s += self._clock() - t
 
     def _start(self, group: list[Request]) -> None:
         for rq in group:
@@ -380,6 +389,7 @@ class Engine:
                 else:
                     rq.defer()
             kept = self._round(state, group, step.events, drafts=True)
+            self._keep_rows(state, range(len(kept)), kept)  # the prompts read, for requests that follow
             self._state.add_rows(state)
             self._rows.extend(kept)
         except Exception as exc:  # noqa: BLE001 - isolated below: one request fails, not the group
@@ -405,6 +415,18 @@ class Engine:
         self.stats.prefill_chunks += 1
         return fed
 
+    def _keep_rows(self, state, rows, requests: list[Request]) -> None:
+        """Rows of `state` (the rows of `requests`) into the prefix pool, on the verifier's time; a
+        failure costs the pool an entry, never a request."""
+        if not self._reuse.enabled or not requests:
+            return
+        t = self._clock()
+        try:
+            self._reuse.keep(state, list(rows), list(requests))
+        except Exception as exc:  # noqa: BLE001 - see the docstring
+            log.warning("keeping a prefix failed: %r", exc)
+        self.stats.verifier_s += self._clock() - t
+
     def _round(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
                cadence: DraftCadence | None = None) -> list[Request]:
         """One round of `requests` (the rows of `state`): `RoundRunner.run`, told whether requests wait."""
@@ -421,12 +443,15 @@ class Engine:
         now = self.now()
         if job is not None and job.request.cancelled:
             self._job = None
+            self._keep_rows(job.state, [0], [job.request])
             self.end_request(job.request, "cancelled", "", step.events, now)
         for rq in [rq for rq in self._waiting if rq.cancelled]:
             self._waiting.remove(rq)
             self.end_request(rq, "cancelled", "", step.events, now)
         keep = [i for i, rq in enumerate(self._rows) if not rq.cancelled]
         if len(keep) < len(self._rows):
+            gone = [i for i, rq in enumerate(self._rows) if rq.cancelled]
+            self._keep_rows(self._state, gone, [self._rows[i] for i in gone])
             for rq in self._rows:
                 if rq.cancelled:
                     self.end_request(rq, "cancelled", "", step.events, now)

@@ -93,7 +93,6 @@ class Request:
     prediction: Prediction | None = None
     trust: RequestTrust = field(default_factory=RequestTrust)
     cancelled: bool = False
-    family: int | None = None  # the first request's index among samples of one prompt (None: alone)
     draft_view: list[int] | None = None  # tokens its session sees after the prompt, for drafting only
     recycle: bool = False  # drafts from the model's past predictions too (`recycle.RecycleTable`)
 

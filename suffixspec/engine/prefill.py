@@ -12,8 +12,8 @@ Contract:
   several steps (`PrefillJob.feed`), the last chunk being its first round (the pass that chooses its
   first token and may carry a draft tree). At most one job is in progress; newcomers that do not fit
   a step wait in the queue, in their order.
-* Samples of one prompt (`Request.family`, the `n` of the OpenAI API) admitted together form a family
-  (`sample_families`): the engine reads their prompt once and copies its cache for each sample.
+* A newcomer's `pending` is what the prefix pool lacks of its prompt (`reuse`): groups and jobs read
+  only that, from the row's seeded cache.
 * Chunking changes only how the prompt's keys and values are computed (the same positions, the same
   causal attention), never which tokens are drawn.
 """
@@ -26,7 +26,7 @@ from typing import Any
 from ..draft.tree import DraftTree
 from .lifecycle import Request
 
-__all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups", "sample_families"]
+__all__ = ["DEFAULT_MAX_STEP_TOKENS", "PrefillJob", "prefill_groups"]
 
 # a running request waits at most one chunk of this many prompt tokens between two of its tokens
 DEFAULT_MAX_STEP_TOKENS = 512
@@ -48,29 +48,6 @@ def prefill_groups(requests: list[Request], waste: float = 0.25, max_tokens: int
             groups.append([rq])
             total = n
     return groups
-
-
-def sample_families(newcomers: list[Request]) -> tuple[list[list[Request]], list[Request]]:
-    """Newcomers split into families (two or more samples of one prompt of at least two tokens,
-    admitted together) and the others, each in arrival order."""
-    heads = {rq.family for rq in newcomers if rq.family is not None}
-    if not heads:
-        return [], list(newcomers)
-    by_family: dict[int, list[Request]] = {}
-    singles: list[Request] = []
-    for rq in newcomers:
-        if rq.family is None and rq.index not in heads:
-            singles.append(rq)
-        else:
-            by_family.setdefault(rq.index if rq.family is None else rq.family, []).append(rq)
-    families = []
-    for members in by_family.values():
-        if len(members) > 1 and len(members[0].pending) > 1:
-            families.append(members)
-        else:
-            singles.extend(members)
-    singles.sort(key=lambda rq: rq.index)
-    return families, singles
 
 
 @dataclass

@@ -15,7 +15,8 @@ Contract:
 
 * Phases are charged per `ROUND_CHARGES` (draft and feed to `proposer_s`, size and learn to
   `budget_s`, verify to `verifier_s`; settling nowhere).
-* `run` returns the requests that go on, in order, and keeps only their rows of the KV state.
+* `run` returns the requests that go on, in order, and keeps only their rows of the KV state; the
+  finished rows go to `keep_rows` first (the engine's prefix pool).
 * A round reads the engine's state through `RoundRunner`'s fields, never the engine itself.
 """
 
@@ -71,6 +72,7 @@ class RoundRunner:
     closes: CloseQueue
     stream: Callable[[int, list[int]], Any] | None = None
     min_weight: float = 0.25
+    keep_rows: Callable[[Any, list[int], list[Request]], Any] | None = None  # finished rows, before they go
 
     def run(self, state, requests: list[Request], events: list[Event], drafts: bool = True,
             cadence: DraftCadence | None = None, waiting: bool = False) -> list[Request]:
@@ -104,6 +106,9 @@ class RoundRunner:
         stats.record_budgets([len(r.tree) for r in rows])
         keep = [i for i, r in enumerate(rows) if not r.reason]
         if len(keep) < len(rows):
+            if self.keep_rows is not None:
+                done = [i for i, r in enumerate(rows) if r.reason]
+                self.keep_rows(state, done, [requests[i] for i in done])
             state.select_rows(keep)
         return [requests[i] for i in keep]
 

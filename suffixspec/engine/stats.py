@@ -32,6 +32,7 @@ class RequestStats:
     ttft_s: float = 0.0  # from submission (queueing included)
     e2e_s: float = 0.0  # from submission (queueing included)
     queue_s: float = 0.0  # from submission to admission into the running batch
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix pool
     finish_reason: str = ""  # "eos", "stop", "length", "cancelled" or "error"
     error: str = ""  # why the request failed ("error"), else empty
 
@@ -123,6 +124,11 @@ class GenerationStats:
         return sum(r.new_tokens for r in self.requests)
 
     @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens reused from the prefix pool, over the requests."""
+        return sum(r.cached_tokens for r in self.requests)
+
+    @property
     def drafted(self) -> int:
         return sum(r.drafted for r in self.requests)
 
@@ -187,6 +193,7 @@ class GenerationStats:
             "prefill_tokens": self.prefill_tokens,
             "prefill_steps": self.prefill_steps,
             "prefill_chunks": self.prefill_chunks,
+            "cached_tokens": self.cached_tokens,
             "per_request": [r.to_dict() for r in self.requests],
         }
 
@@ -202,6 +209,8 @@ class GenerationStats:
             f"throughput {d['tokens_per_s']:.1f} tok/s  peak memory {d['peak_memory_bytes'] / 2**20:.0f} MiB"
             + (f"  fallback: {d['fallback']}" if d["fallback"] else ""),
         ]
+        if d["cached_tokens"]:
+            lines.append(f"prompt tokens reused from the prefix cache {d['cached_tokens']}")
         if d["setup_s"]:
             lines.append(f"one-time warm-up {d['setup_s']:.2f} s before the clock (kernels, tree check, cost curve)")
         return "\n".join(lines)

@@ -397,6 +397,58 @@ class KVState:
                 self.compact()
 
     @torch.inference_mode()
+    def row_kv(self, row: int, start: int, end: int) -> list:
+        """Copies of row `row`'s keys and values of logical positions start..end (all cached):
+        per layer (keys [h, end - start, d], values [h, end - start, dv])."""
+        if self._last is not None:
+            raise InternalError("row_kv between forward and commit")
+        if not 0 <= start <= end <= int(self.n_cached[row]):
+            raise InternalError(f"row_kv: positions {start}..{end} of a row with {int(self.n_cached[row])} cached")
+        slots = None
+        if self._pos is not None:  # a row's valid slots hold positions 0, 1, .. in order
+            slots = torch.nonzero(self._pos[row] >= 0).flatten()[start:end]
+        out = []
+        for layer in self.cache.layers:
+            keys, values = layer.keys[row], layer.values[row]
+            if slots is None:
+                out.append((keys[:, start:end].clone(), values[:, start:end].clone()))
+            else:
+                out.append((keys.index_select(1, slots), values.index_select(1, slots)))
+        return out
+
+    @torch.inference_mode()
+    def seed(self, prefixes: list[list]) -> None:
+        """Start an empty state's rows from cached keys and values: row r holds `prefixes[r]` (per
+        layer (keys [h, n_r, d], values [h, n_r, dv]), logical positions 0..n_r - 1; an empty list:
+        nothing). Shorter rows are padded with holes."""
+        if self.cache_len or self._last is not None:
+            raise InternalError("seed: the state is not empty")
+        if len(prefixes) != self.batch_size:
+            raise InternalError(f"seed: expected {self.batch_size} rows, got {len(prefixes)}")
+        lengths = np.array([p[0][0].shape[1] if p else 0 for p in prefixes], np.int64)
+        L = int(lengths.max(initial=0))
+        if L == 0:
+            return
+        layers = max(len(p) for p in prefixes)
+        some = next(p for p in prefixes if p)
+        for layer in range(layers):
+            k0, v0 = some[layer]
+            keys = k0.new_zeros((self.batch_size, k0.shape[0], L, k0.shape[2]))
+            values = v0.new_zeros((self.batch_size, v0.shape[0], L, v0.shape[2]))
+            for r, p in enumerate(prefixes):
+                if p:
+                    keys[r, :, : lengths[r]] = p[layer][0]
+                    values[r, :, : lengths[r]] = p[layer][1]
+            self.cache.update(keys.to(self.device, self.dtype), values.to(self.device, self.dtype), layer)
+        self.n_cached = lengths.copy()
+        self._len = L
+        if not bool((lengths == L).all()):
+            pos = torch.arange(L, device=self.device).expand(self.batch_size, L).clone()
+            (lengths_t,) = self._to_device(lengths)
+            pos.masked_fill_(pos >= lengths_t[:, None], -1)
+            self._pos = pos
+
+    @torch.inference_mode()
     def add_rows(self, other: KVState) -> None:
         """Append `other`'s rows (same model, no pass in flight) after this state's rows.
 
