@@ -110,12 +110,16 @@ def test_samples_of_one_prompt_share_one_prefill_and_equal_their_own_runs():
         server = gen.serve(options=opts)
         server.add(prompt, key=k)
         alone.append(server.run().sequences[0])
-    server = gen.serve(options=opts)
-    first = server.add(prompt, key=0)
-    family = [first] + [server.add(prompt, key=k, sibling=first) for k in range(1, 4)]
-    res = server.run()
-    assert [res.sequences[i] for i in family] == alone
-    assert server.stats.prefill_tokens == len(prompt) - 1 + 4  # the prompt read once, then one token per sample
+    for cache, read in [(0, len(prompt) - 1 + 4), (None, 4)]:
+        # without a prefix cache the prompt is read once, then one token per sample; with the
+        # generator's cache (which holds it from the runs above) only the one token per sample
+        server = gen.serve(options=opts, prefix_cache_bytes=cache)
+        first = server.add(prompt, key=0)
+        family = [first] + [server.add(prompt, key=k, sibling=first) for k in range(1, 4)]
+        res = server.run()
+        assert [res.sequences[i] for i in family] == alone
+        assert server.stats.prefill_tokens == read
+        assert server.stats.cached_tokens == (0 if cache == 0 else 4 * (len(prompt) - 1))
 
 
 def test_grammar_prunes_exactly_the_nodes_it_forbids():

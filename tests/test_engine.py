@@ -490,6 +490,7 @@ def test_a_prefill_opens_its_session_only_when_it_could_carry_a_tree():
     plain decoding either way."""
     model = tiny_model("llama")
     prompts = prompts_for()[:2]
+    other = prompts_for(seed=7, lengths=(11,))[0]  # (a prompt of its own: one shared would be read apart)
     new = 12
     refs = [hf_generate(model, p, new) for p in prompts]
     for slack, first in [(1.0, 1), (0.01, 2)]:
@@ -517,16 +518,16 @@ def test_a_prefill_opens_its_session_only_when_it_could_carry_a_tree():
         server = gen.serve(max_new_tokens=new, budget="auto")
         for i, p in enumerate(prompts):
             server.add(p, request_id=i)
-        one = server.add(prompts[0], request_id=9, max_new_tokens=1)
+        one = server.add(other, request_id=9, max_new_tokens=1)
         while not server.idle:
             step_no[0] += 1
             server.step()
         res = server.result()
         server.close()
-        assert res.sequences == refs + [refs[0][:1]]
+        assert res.sequences == refs + [hf_generate(model, other, 1)]
         assert opened[0] == opened[1] == proposed[0] == proposed[1] == first, (slack, opened, proposed)
         assert 9 not in proposed, (slack, opened, proposed, closed)
-        assert closed.get(9) == list(prompts[0]) + refs[0][:1], (slack, opened, closed)
+        assert closed.get(9) == list(other) + hf_generate(model, other, 1), (slack, opened, closed)
         assert closed[0] == list(prompts[0]) + refs[0] and closed[1] == list(prompts[1]) + refs[1]
         assert res.stats.requests[one].new_tokens == 1
 

@@ -108,3 +108,38 @@ def save_recycle_table(gen, path, log) -> None:
         log.info("recycle table written to %s", path)
     except OSError as exc:
         log.error("could not write the recycle table to %s: %s", path, exc)
+
+
+_BYTE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def parse_bytes(value: str, flag: str) -> int:
+    """A byte count: digits with an optional unit (k, M, G, Ki, Mi, Gi; a trailing B is allowed)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMgG]i?)?[bB]?\s*", str(value))
+    if m is None:
+        raise BadInputError(f"{flag}: expected a number of bytes such as 536870912, 512Mi or 1G, got {value!r}",
+                            param=flag)
+    return int(float(m.group(1)) * _BYTE_UNITS[(m.group(2) or "").lower()])
+
+
+def prefix_cache_bytes(args) -> int | None:
+    """The prefix cache's bound from `--prefix-cache-bytes` / `--no-prefix-cache` (None: the default)."""
+    if getattr(args, "no_prefix_cache", False):
+        if getattr(args, "prefix_cache_bytes", None) is not None:
+            raise BadInputError("--no-prefix-cache and --prefix-cache-bytes: give one of them",
+                                param="--prefix-cache-bytes")
+        return 0
+    value = getattr(args, "prefix_cache_bytes", None)
+    return None if value is None else parse_bytes(value, "--prefix-cache-bytes")
+
+
+def add_prefix_cache_flags(p) -> None:
+    p.add_argument("--prefix-cache-bytes", default=None, metavar="N",
+                   help="keep the attention cache of prompts and outputs read, up to N bytes (such as 512Mi or "
+                        "2G), so a prompt that starts like an earlier one reads only the rest (default: a quarter "
+                        "of the GPU memory left after loading the model; on a CPU an eighth of the memory, at "
+                        "most 1 GiB)")
+    p.add_argument("--no-prefix-cache", action="store_true",
+                   help="read every prompt from its first token (no prefix cache)")

@@ -27,7 +27,15 @@ import time
 from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from ..errors import BadInputError
 from ..http.limits import Limits
-from .args import open_corpora, open_recycle_table, parse_budget, recycle_default, save_recycle_table
+from .args import (
+    add_prefix_cache_flags,
+    open_corpora,
+    open_recycle_table,
+    parse_budget,
+    prefix_cache_bytes,
+    recycle_default,
+    save_recycle_table,
+)
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
 DEFAULT_LIMITS = Limits()
@@ -64,6 +72,7 @@ def add_parser(sub) -> None:
     p.add_argument("--no-response-cache", action="store_true",
                    help="do not draft from earlier requests' outputs (by default finished outputs join a cache every "
                         "later request drafts from)")
+    add_prefix_cache_flags(p)
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
                         "the log says what was chosen)")
@@ -125,6 +134,7 @@ def _check(args) -> None:
 
 def run(args) -> int:
     _check(args)
+    args.prefix_cache_bytes = prefix_cache_bytes(args)
     budget = parse_budget(args.budget)
     api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_KEY) or None
 
@@ -211,8 +221,12 @@ def _load(args, budget, template, state, log, plan):
     state.metrics.corpora(corpora)
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
-    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle))
+    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle),
+                               prefix_cache_bytes=args.prefix_cache_bytes)
     open_recycle_table(gen, args.recycle_table, log)
+    pool = gen.prefix_pool
+    log.info("prefix cache: %s", f"up to {pool.max_bytes / 2**20:.0f} MiB of keys and values" if pool is not None
+             else "off (--no-prefix-cache)")
     engine = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
                        max_step_tokens=args.max_step_tokens)
     chat, where = chat_template_for(template, tokenizer)
@@ -222,6 +236,10 @@ def _load(args, budget, template, state, log, plan):
                        eos=frozenset(engine.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
                        has_corpus=bool(corpora), corpora=tuple(corpora))
     _warm_up(engine, tokenizer, proposer)
+    if pool is not None:  # the warm-up's request is not a client's
+        pool.clear()
+        pool.counters = type(pool.counters)()
+    state.metrics.prefix_cache(pool)
     if corpora:
         state.metrics.sources(proposer)  # counted from here: the warm-up's drafts are not a client's
     _freeze_heap()

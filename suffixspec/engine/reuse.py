@@ -51,6 +51,7 @@ class PrefixReuse:
     pool: PrefixPool | None
     _matches: dict[int, PrefixMatch] = field(default_factory=dict)
     _scratch: PrefixPool | None = None  # with the cache off: shared reads of one admission
+    _paid: dict[int, int] = field(default_factory=dict)  # tokens a shared read fed for the member it names
 
     @property
     def enabled(self) -> bool:
@@ -74,7 +75,8 @@ class PrefixReuse:
             return 0
         self._matches[rq.index] = found
         rq.pending = prompt[found.length :]
-        rq.stats.cached_tokens = found.length
+        # the first member of a shared read counts what it fed as read, not reused
+        rq.stats.cached_tokens = max(0, found.length - self._paid.pop(rq.index, 0)) if self.pool is not None else 0
         return found.length
 
     def unmatch(self, rq: Request) -> None:
@@ -154,6 +156,7 @@ class PrefixReuse:
 
     def end_admission(self) -> None:
         self._scratch = None
+        self._paid.clear()
 
     def read_shared(self, plan: SharedRead, new_state: Callable[[int], Any]) -> int:
         """Read `plan`'s prefix once (from what the pool holds of it) into the pool; returns the tokens
@@ -170,6 +173,7 @@ class PrefixReuse:
         state.forward([prefix[found.length :]], [DraftTree.empty()])
         state.commit([[]])
         pool.insert(prefix, lambda start, end: state.row_kv(0, start, end))
+        self._paid[head.index] = fed
         return fed
 
     # ---------------------------------------------------------------------------------- keeping

@@ -12,7 +12,8 @@ engine requests (one per prompt and sample, `choices.ChoiceJob` order), whose ev
   those, or, with `stream_options.include_usage`, in one more chunk with no choices; then `[DONE]`.
   When the drain cuts the stream, every unfinished choice ends with finish reason "abort", then an
   error event and `[DONE]`.
-* `usage.prompt_tokens` counts each prompt once; `completion_tokens` every sample generated.
+* `usage.prompt_tokens` counts each prompt once; `completion_tokens` every sample generated;
+  `prompt_tokens_details.cached_tokens` the prompt tokens read from the prefix cache (once per prompt).
 """
 
 from __future__ import annotations
@@ -122,7 +123,14 @@ class Answer:
         stats = merge_stats([f.stats for f in finals], [f.completion_tokens for f in finals])
         if req.corpus_documents is not None:
             stats["corpus_documents"] = req.corpus_documents
-        return protocol.usage(req.prompt_tokens, sum(f.completion_tokens for f in finals), prediction, stats)
+        # a prompt counts once: its samples' reuse is what the pool held before the first of them
+        cached: dict[int, int] = {}
+        for h, f in zip(self.handles, self.finals):
+            if f is not None:
+                p = h.job.prompt
+                cached[p] = min(cached.get(p, f.cached_tokens), f.cached_tokens)
+        return protocol.usage(req.prompt_tokens, sum(f.completion_tokens for f in finals), prediction, stats,
+                              cached_tokens=sum(cached.values()))
 
     # ---------------------------------------------------------------- logprobs
 

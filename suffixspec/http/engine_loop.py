@@ -69,6 +69,7 @@ class Final:
     stats: dict = field(default_factory=dict)
     tokens: list[int] = field(default_factory=list)  # the last round's tokens
     logprobs: list | None = None  # the last round's tokens' logprobs
+    cached_tokens: int = 0  # prompt tokens whose keys and values came from the prefix cache
 
 
 # ----------------------------------------------------------------------------------- messages (handler -> engine)
@@ -450,7 +451,7 @@ class EngineLoop:
             "queue_ms": round(rs.queue_s * 1e3, 3),
         }
         final = Final(ev.finish_reason, ev.error, rs.new_tokens, prediction, stats, list(ev.tokens),
-                      getattr(ev, "logprobs", None))
+                      getattr(ev, "logprobs", None), rs.cached_tokens)
         if self.metrics is not None:
             self.metrics.observe_finished(ev.finish_reason, rs)
         del self._handles[ev.index]

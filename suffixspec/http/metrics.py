@@ -5,7 +5,8 @@ each answered request; the engine thread calls `observe_step(...)` after every s
 running requests, rounds with and without speculation, proposer / budget / verifier seconds) and
 `observe_finished(...)` for every finished request (finish reason, TTFT / TPOT / end-to-end latency,
 tokens per round, drafted / accepted tokens, prompt / completion tokens); `corpora(indexes)` once the
-corpus indexes are open (documents and tokens per index); `sources(proposer)` once the proposer exists:
+corpus indexes are open (documents and tokens per index); `prefix_cache(pool)` once the engine exists (hit
+and miss tokens, evictions, bytes held and the bound); `sources(proposer)` once the proposer exists:
 drafted and accepted tokens by source (corpus, other), read from `Proposer.source_tokens` at each scrape (counted from that call on). `render()` is the text
 exposition format (`CONTENT_TYPE`). prometheus-client metrics are thread-safe.
 """
@@ -87,6 +88,11 @@ class Metrics:
         self.registry.register(_SourceCollector(proposer, p + "drafted_tokens_by_source",
                                                 p + "accepted_tokens_by_source"))
 
+    def prefix_cache(self, pool) -> None:
+        """Expose the engine's prefix pool (`verify.prefix.PrefixPool`; None: off), read at each scrape."""
+        if pool is not None:
+            self.registry.register(_PrefixCollector(pool, "suffixspec_prefix_cache_"))
+
     def http_request(self, endpoint: str, status: int) -> None:
         self.http.labels(endpoint=endpoint, status=str(status)).inc()
 
@@ -164,3 +170,28 @@ class _SourceCollector:
             for source, c in counts.items():
                 family.add_metric([source], c[what] - self.base[source][what])
             yield family
+
+
+class _PrefixCollector:
+    """The prefix pool's counters and size, read from the pool when scraped (plain ints: the engine
+    thread writes them, a scrape reads a consistent enough snapshot)."""
+
+    def __init__(self, pool, prefix: str):
+        self.pool, self.prefix = pool, prefix
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        from prometheus_client.core import GaugeMetricFamily
+
+        p, pool, counters = self.prefix, self.pool, self.pool.counters
+        yield CounterMetricFamily(p + "hit_tokens", "Prompt tokens whose keys and values came from the prefix cache",
+                                  value=counters.hit_tokens)
+        yield CounterMetricFamily(p + "miss_tokens", "Prompt tokens the model read (not found in the prefix cache)",
+                                  value=counters.miss_tokens)
+        yield CounterMetricFamily(p + "evictions", "Prefix cache entries evicted to stay within its bound",
+                                  value=counters.evictions)
+        yield GaugeMetricFamily(p + "bytes", "Bytes of keys and values held by the prefix cache", value=pool.nbytes)
+        yield GaugeMetricFamily(p + "max_bytes", "The prefix cache's bound in bytes (--prefix-cache-bytes)",
+                                value=pool.max_bytes)

@@ -530,9 +530,11 @@ def new_id(kind: str) -> str:
     return ("chatcmpl-" if kind == "chat" else "cmpl-") + uuid.uuid4().hex
 
 
-def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None, stats: dict) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, prediction: tuple[int, int] | None, stats: dict,
+          cached_tokens: int = 0) -> dict:
     out = {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-           "total_tokens": prompt_tokens + completion_tokens}
+           "total_tokens": prompt_tokens + completion_tokens,
+           "prompt_tokens_details": {"cached_tokens": cached_tokens}}
     accepted, rejected = prediction if prediction is not None else (0, 0)
     out["completion_tokens_details"] = {"accepted_prediction_tokens": accepted, "rejected_prediction_tokens": rejected}
     out["suffixspec"] = stats

@@ -159,7 +159,8 @@ def to_chat(body) -> dict:
 
 def _usage(chat_usage: dict) -> dict:
     return {"input_tokens": chat_usage["prompt_tokens"], "output_tokens": chat_usage["completion_tokens"],
-            "total_tokens": chat_usage["total_tokens"], "input_tokens_details": {"cached_tokens": 0},
+            "total_tokens": chat_usage["total_tokens"],
+            "input_tokens_details": {"cached_tokens": chat_usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)},
             "output_tokens_details": {"reasoning_tokens": 0}, "suffixspec": chat_usage.get("suffixspec")}
 
 
