@@ -140,7 +140,7 @@ def _server(records, cost, concurrency: int, budget="auto"):
     vocab = 1 + max(t for p, a in records for t in p + a)
     seqs = [np.array([vocab + i] + p + a + [0], np.int64) for i, (p, a) in enumerate(records)]
     model = trace_model(seqs, vocab + len(records), vocab)
-    gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False), cost_model=cost)
+    gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False), cost_model=cost, prefix_cache_bytes=0)
     gen.assume_support(None)  # the stand-in has no attention to check
     server = gen.serve(max_batch=concurrency, max_step_tokens=1 << 30, budget=budget)
     for i, (p, a) in enumerate(records):

@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     from suffixspec.generate import PromptLookupProposer
 
     proposer = Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer()
-    gen = SpeculativeGenerator(model, tok, proposer=proposer)
+    gen = SpeculativeGenerator(model, tok, proposer=proposer, prefix_cache_bytes=0)
     gen.cost_model = CostModel.cached(model)
     curve = gen.cost_model.relative()
 
@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     plds = [int(p) for p in str(args.pld_tokens).split(",")]
     gens = {}
     for b in budgets:  # one generator per budget: the auto calibration state stays per configuration
-        g = SpeculativeGenerator(model, tok, proposer=Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer())
+        g = SpeculativeGenerator(model, tok, proposer=Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer(), prefix_cache_bytes=0)
         g.cost_model = gen.cost_model
         gens[f"ss-{b}"] = (g, b)
     methods = ["plain"] + [f"pld-{p}" for p in plds] + list(gens)

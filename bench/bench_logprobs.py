@@ -37,7 +37,7 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
-    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False))
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False), prefix_cache_bytes=0)
     half = max(1, args.prompts // 2)
     texts = [r.prompt for r in load_workload("chat").requests[:half]]
     texts += [r.prompt for r in load_workload("code_edit").requests[: args.prompts - half]]

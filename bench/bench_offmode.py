@@ -65,11 +65,11 @@ def main(argv=None) -> int:
     if hasattr(proposer_module.Proposer, "close_sessions"):
         proposer_module.Proposer.close_sessions = timed(proposer_module.Proposer.close_sessions)
     model, tokenizer = load_model()
-    shared = SpeculativeGenerator(model, tokenizer)
+    shared = SpeculativeGenerator(model, tokenizer, prefix_cache_bytes=0)
     prompts = shared.encode([r.prompt for r in load_workload(args.workload).requests[: max(rows_list)]])
 
     def run(budget, rows):
-        gen = SpeculativeGenerator(model, tokenizer, cost_model=shared.cost_model)
+        gen = SpeculativeGenerator(model, tokenizer, cost_model=shared.cost_model, prefix_cache_bytes=0)
         server = gen.serve(max_new_tokens=args.max_new_tokens, budget=budget, max_batch=rows)
         for prompt in prompts[:rows]:
             server.add(prompt)

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     from suffixspec.models import load_model
 
     model, tokenizer = load_model()
-    gen = SpeculativeGenerator(model, tokenizer)
+    gen = SpeculativeGenerator(model, tokenizer, prefix_cache_bytes=0)
     prompts = gen.encode([r.prompt for r in load_workload(args.workload).requests[: args.prompts]])
 
     def ours(prompt) -> tuple[int, float]:

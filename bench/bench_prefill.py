@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     from suffixspec.models import load_model
 
     model, tokenizer = load_model()[:2]
-    gen = SpeculativeGenerator(model, tokenizer)
+    gen = SpeculativeGenerator(model, tokenizer, prefix_cache_bytes=0)
     runners = [tokenizer.encode(r.prompt) for r in load_workload("code_edit", 4).requests]
     newcomer = long_prompt(tokenizer, args.long)
     admission(gen, runners[:1], runners[0][:64], args.max_step_tokens)  # warm-up: kernels, cost model

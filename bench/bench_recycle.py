@@ -111,7 +111,7 @@ def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_
 
     proposer = NullProposer() if source == "recycle" else Proposer()
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=source != "copy",
-                               cost_model=FlatCost().model if flat else None)
+                               cost_model=FlatCost().model if flat else None, prefix_cache_bytes=0)
     for a in range(0, len(warm), batch):  # a server that ran before: its past responses and its table
         server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
         for p in warm[a: a + batch]:

@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     model, tokenizer = load_model()
     prompts = [tokenizer.encode(r.prompt) for r in load_workload("chat", 16).requests]
-    gen = SpeculativeGenerator(model, tokenizer)
+    gen = SpeculativeGenerator(model, tokenizer, prefix_cache_bytes=0)
     vocab = int(model.get_input_embeddings().weight.shape[0])
     rng = np.random.default_rng(0)
     table = RecycleTable(vocab)

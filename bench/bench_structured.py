@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     from suffixspec.draft.proposer import Proposer
 
     # no cache of past responses: every setting runs the same prompts, and greedy answers repeat
-    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False))
+    gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(global_cache=False), prefix_cache_bytes=0)
     gen.policy.ensure_cost_model(model)
     warm_kernels()
     import suffixspec.engine.engine as engine_module

@@ -152,7 +152,7 @@ def _speculative(model, prompts, new_tokens, batch) -> dict:
     from suffixspec.generate import SpeculativeGenerator
 
     gen = SpeculativeGenerator(model, proposer=Proposer(global_cache=False),
-                               cost_model=CostModel.measure(model, past=32, repeats=1))
+                               cost_model=CostModel.measure(model, past=32, repeats=1), prefix_cache_bytes=0)
     res = gen.generate(prompts, max_new_tokens=new_tokens, max_batch=batch, budget=8)
     st = res.stats
     return {"sequences": res.sequences, "rounds": st.rounds, "drafted": st.drafted, "accepted": st.accepted,

@@ -162,7 +162,7 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
     model = trace_model(vocab=1 << 16, eos=-1)
     sizes = cost.sizes.astype(int).tolist()
     gen = SpeculativeGenerator(model, proposer=Proposer(**options),
-                               cost_model=ChargedCost(sizes, cost.steps.tolist()))
+                               cost_model=ChargedCost(sizes, cost.steps.tolist()), prefix_cache_bytes=0)
     gen.assume_support(None)  # the stand-in has no attention to check
     tot = {"plain": 0.0, "pld": 0.0, "ours": 0.0, "clairvoyant": 0.0, "copier": 0.0}
     rounds = tokens = 0
