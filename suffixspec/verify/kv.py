@@ -398,8 +398,9 @@ class KVState:
 
     @torch.inference_mode()
     def row_kv(self, row: int, start: int, end: int) -> list:
-        """Copies of row `row`'s keys and values of logical positions start..end (all cached):
-        per layer (keys [h, end - start, d], values [h, end - start, dv])."""
+        """Row `row`'s keys and values of logical positions start..end (all cached): per layer (keys
+        [h, end - start, d], values [h, end - start, dv]); views of the cache while it is dense (copy
+        them before the next pass), else copies."""
         if self._last is not None:
             raise InternalError("row_kv between forward and commit")
         if not 0 <= start <= end <= int(self.n_cached[row]):
@@ -411,7 +412,7 @@ class KVState:
         for layer in self.cache.layers:
             keys, values = layer.keys[row], layer.values[row]
             if slots is None:
-                out.append((keys[:, start:end].clone(), values[:, start:end].clone()))
+                out.append((keys[:, start:end], values[:, start:end]))
             else:
                 out.append((keys.index_select(1, slots), values.index_select(1, slots)))
         return out

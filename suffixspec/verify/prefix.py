@@ -33,9 +33,26 @@ def _nbytes(kv: LayerKV) -> int:
     return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in kv)
 
 
+def _packed(kv: LayerKV) -> LayerKV:
+    """A copy of `kv` whose tensors are views of one buffer when every layer's keys and values have
+    one shape and dtype (one allocation per node: freeing it returns one block, not dozens), else
+    copies layer by layer. The pool never holds views of storage it does not own."""
+    if not kv:
+        return []
+    first = kv[0][0]
+    if all(k.shape == first.shape and v.shape == first.shape and k.dtype == first.dtype == v.dtype
+           and k.device == first.device == v.device for k, v in kv):
+        buf = first.new_empty((len(kv), 2, *first.shape))
+        for layer, (k, v) in enumerate(kv):
+            buf[layer, 0].copy_(k)
+            buf[layer, 1].copy_(v)
+        return [(buf[layer, 0], buf[layer, 1]) for layer in range(len(kv))]
+    return [(k.clone(), v.clone()) for k, v in kv]
+
+
 def _slice(kv: LayerKV, start: int, end: int) -> LayerKV:
-    """A copy of slots start..end of every layer (a copy: the pool never holds views of other storage)."""
-    return [(k[:, start:end].clone(), v[:, start:end].clone()) for k, v in kv]
+    """A packed copy of slots start..end of every layer."""
+    return _packed([(k[:, start:end], v[:, start:end]) for k, v in kv])
 
 
 class _Node:
@@ -142,8 +159,8 @@ class PrefixPool:
 
     def insert(self, tokens, kv_of) -> int:
         """Keep the keys and values of `tokens`; `kv_of(start, end)` gives those of tokens start..end
-        (per layer [h, end - start, d]) and is called only for the part the pool lacks. Returns the
-        tokens newly copied in."""
+        (per layer [h, end - start, d]; views are fine, the pool copies them) and is called only for
+        the part the pool lacks. Returns the tokens newly copied in."""
         ids = np.asarray(tokens, np.int64)
         node, i, now = self.root, 0, next(self._clock)
         while i < len(ids):
@@ -165,7 +182,7 @@ class PrefixPool:
         end = min(len(ids), i + self.max_bytes // per_token)  # what a pool of this size can hold at all
         if end <= i:
             return 0
-        leaf = _Node(ids[i:end].copy(), kv_of(i, end), node, now)
+        leaf = _Node(ids[i:end].copy(), _packed(kv_of(i, end)), node, now)
         node.children[int(ids[i])] = leaf
         self.nbytes += leaf.nbytes
         self.counters.inserted_tokens += end - i
