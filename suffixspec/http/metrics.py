@@ -91,7 +91,7 @@ class Metrics:
     def prefix_cache(self, pool) -> None:
         """Expose the engine's prefix pool (`verify.prefix.PrefixPool`; None: off), read at each scrape."""
         if pool is not None:
-            self.registry.register(_PrefixCollector(pool, "suffixspec_prefix_cache_"))
+            self.registry.register(_PrefixCollector(pool))
 
     def http_request(self, endpoint: str, status: int) -> None:
         self.http.labels(endpoint=endpoint, status=str(status)).inc()
@@ -176,8 +176,8 @@ class _PrefixCollector:
     """The prefix pool's counters and size, read from the pool when scraped (plain ints: the engine
     thread writes them, a scrape reads a consistent enough snapshot)."""
 
-    def __init__(self, pool, prefix: str):
-        self.pool, self.prefix = pool, prefix
+    def __init__(self, pool):
+        self.pool = pool
 
     def describe(self):
         return []
@@ -185,13 +185,14 @@ class _PrefixCollector:
     def collect(self):
         from prometheus_client.core import GaugeMetricFamily
 
-        p, pool, counters = self.prefix, self.pool, self.pool.counters
-        yield CounterMetricFamily(p + "hit_tokens", "Prompt tokens whose keys and values came from the prefix cache",
-                                  value=counters.hit_tokens)
-        yield CounterMetricFamily(p + "miss_tokens", "Prompt tokens the model read (not found in the prefix cache)",
-                                  value=counters.miss_tokens)
-        yield CounterMetricFamily(p + "evictions", "Prefix cache entries evicted to stay within its bound",
-                                  value=counters.evictions)
-        yield GaugeMetricFamily(p + "bytes", "Bytes of keys and values held by the prefix cache", value=pool.nbytes)
-        yield GaugeMetricFamily(p + "max_bytes", "The prefix cache's bound in bytes (--prefix-cache-bytes)",
-                                value=pool.max_bytes)
+        p, pool, counters = "suffixspec_", self.pool, self.pool.counters
+        yield CounterMetricFamily(p + "prefix_cache_hit_tokens", "Prompt tokens whose keys and values came from "
+                                  "the prefix cache", value=counters.hit_tokens)
+        yield CounterMetricFamily(p + "prefix_cache_miss_tokens", "Prompt tokens the model read (not found in the "
+                                  "prefix cache)", value=counters.miss_tokens)
+        yield CounterMetricFamily(p + "prefix_cache_evictions", "Prefix cache entries evicted to stay within its "
+                                  "bound", value=counters.evictions)
+        yield GaugeMetricFamily(p + "prefix_cache_bytes", "Bytes of keys and values held by the prefix cache",
+                                value=pool.nbytes)
+        yield GaugeMetricFamily(p + "prefix_cache_max_bytes", "The prefix cache's bound in bytes "
+                                "(--prefix-cache-bytes)", value=pool.max_bytes)
