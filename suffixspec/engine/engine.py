@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..draft.prediction import Prediction, prediction_counts
-from ..draft.tree import DraftTree
 from ..errors import BadInputError
 from ..verify.structured import escaped_view
 from .budget import DraftCadence
