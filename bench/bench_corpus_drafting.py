@@ -119,9 +119,9 @@ def set_traces(data: Path, name: str, tok) -> list[Trace]:
     return load_traces(data / f"corpus_completion_{name}.jsonl")
 
 
-def build_corpus(builder, name: str, tok, where: Path) -> CorpusIndex:
-    data = Path(builder.__file__).parent
-    named = pair_documents(data, name, tok) if name.startswith("pairs-") else corpus_tokens(builder, name, tok)
+def build_corpus(data: Path, name: str, tok, where: Path) -> CorpusIndex:
+    """The corpus index of set `name`, built from the files `data`'s recipe names."""
+    named = pair_documents(data, name, tok) if name.startswith("pairs-") else corpus_tokens(_builder(data), name, tok)
     docs = [Document(d, id=n) for n, d in named]
     path = where / f"{name}.idx"
     build_index(docs, path, tokenizer=tok)
@@ -188,7 +188,6 @@ def main(argv=None):
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
-    builder = _builder(data)
     tok = load_tokenizer(args.tokenizer)
     names = args.sets.split(",")
     if args.tokenizer != "default" and not all(n.startswith("pairs-") for n in names):
@@ -199,7 +198,7 @@ def main(argv=None):
         indexes = {}
         for name in names:
             traces = set_traces(data, name, tok)
-            index = indexes[name] = build_corpus(builder, name, tok, Path(tmp))
+            index = indexes[name] = build_corpus(data, name, tok, Path(tmp))
             rows = {}
             for b in BUDGETS:
                 without, with_ = acceptance(traces, b), acceptance(traces, b, index)

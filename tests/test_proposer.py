@@ -518,7 +518,7 @@ def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
         for s in sessions:
             assert s._src is src
             context = s._sam.tokens
-            for fa, (state, length) in zip(s._automata[src.n_static :], s._cur[src.n_static :].tolist()):
+            for fa, (state, length, _anchor) in zip(s._automata[src.n_static :], s._cur[src.n_static :].tolist()):
                 assert 0 <= length <= min(len(context), prop.resync_tokens + 60 * 8)
                 assert fa.locate(context[len(context) - length :]) == state
                 carried += length > 0
