@@ -14,13 +14,10 @@ count), and [most recent] marks the continuation of the most recent occurrence (
 for text being edited). A frozen state with many children is read through its precomputed best
 ones and their count total (`frozen.top_children`, the shares a full scan gives); elsewhere at most
 CHILD_BUF children of a state are read (a frozen state with more, and no table, keeps its own
-count as C). Corpus parts give the bonus to another child: the one whose most recent end lies
-nearest (within [-NEAR_BACK, NEAR_AHEAD]) to the session's anchor in that source moved on by the
-node's depth, with weight `corpus_locality` instead of `recency` (no bonus, and no (1 + weight)
-divisor, when the session has no anchor there or no child is near it): in a corpus the most
-recent occurrence means nothing, where the request stands in it does. Each expansion pushes at most `max_children` children on a max-heap shared by all
-parts (`expand`); a node scores the max over the parts that propose it, and the `budget` most
-probable nodes are kept. Probabilities never increase down a path.
+count as C). A corpus part's bonus goes to the child nearest the session's anchor instead
+(`_near_anchor`). Each expansion pushes at most `max_children` children on a max-heap shared by
+all parts (`expand`); a node scores the max over the parts that propose it, and the `budget`
+most probable nodes are kept. Probabilities never increase down a path.
 
 Sibling calibration: each part's step into a node is multiplied by `learn.rank_factor` of its
 rank (siblings created before it) and share (the factor above). It never grows with the rank, so a
@@ -494,11 +491,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             n_kids, total, top = gather_frozen(fp, v, width, min_row, kids)
         if n_kids == 0 or total <= 0:
             continue
-        rec = k.recency
-        if cls == learn.CLS_CORPUS:
-            top, rec = _near_anchor(kids, n_kids, session.cur[src, CUR_ANCHOR] + depth + 1, k)
         n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
-                                                          cls, gf, k, session.local, glob, cur, n_kids, total, top, rec,
+                                                          cls, gf, k, session, src, glob, cur, n_kids, total, top,
                                                           ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
@@ -506,10 +500,15 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _near_anchor(kids, n_kids, target, k):
-    """(end, weight) of the bonus of a corpus part's gathered children: the most recent end of the
-    child nearest `target` (the anchor moved on by the depth; first in gather order on ties) and
-    `k.locality`, or (-1, 0.0) when the anchor is unknown (target < 1) or no child is near it."""
+def _near_anchor(kids, n_kids, top, cls, cur, src, depth, k):
+    """(end, weight) of the bonus of the gathered children of a node at `depth` of part source
+    `src`: (`top`, recency) but for a corpus; there, the most recent end of the child nearest the
+    anchor (`cur[src, CUR_ANCHOR]`) moved on by depth + 1, within [-near_back, near_ahead], first
+    in gather order on ties, and the locality; (-1, 0.0) when there is no anchor or no child near.
+    In a corpus the most recent occurrence means nothing; where the request stands in it does."""
+    if cls != learn.CLS_CORPUS:
+        return top, k.recency
+    target = cur[src, CUR_ANCHOR] + depth + 1
     if target < 1:
         return np.int64(-1), 0.0
     best = np.int64(-1)
@@ -523,13 +522,15 @@ def _near_anchor(kids, n_kids, target, k):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur, n_kids,
-                   total, top, rec, may_direct, n_cand, n_heap):
-    """Score the n_kids gathered children of the state at hand (count `total`; the child whose
-    last end is `top` gets the bonus of weight `rec`) and make the best max_children of them candidates. The best one skips the heap when
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, session, src, glob, cur,
+                   n_kids, total, top, may_direct, n_cand, n_heap):
+    """Score the n_kids gathered children of the state at hand of part source `src` (count
+    `total`, most recent end `top`; the bonus: `_near_anchor`) and make the best max_children of
+    them candidates. The best one skips the heap when
     `may_direct` and it beats every waiting candidate (its siblings score no higher): returns
     (n_cand, n_heap, direct, direct_p), direct the candidate to pop next (-1: none)."""
-    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + rec))
+    top, rec = _near_anchor(kids, n_kids, top, cls, session.cur, src, cur.depth, k)
+    step = _conf(k, session.local, glob, cls, cur.length) / (total * (1.0 + rec))
     scale = cur.prob * step * (gf if cur.node >= 0 else 1.0)  # a root's factor waits for its agreement
     bonus = rec * total  # the child's whose kids[i, K_LAST] == top
     m = min(k.max_children, n_kids)
