@@ -25,6 +25,7 @@ manifest. The latency is measured on every set given (`--latency-sets`, default 
 
     python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout] [--record [PATH]]
     python bench/bench_corpus_drafting.py --sets pairs-dev,pairs-heldout --tokenizer path/to/model.gguf
+    python bench/bench_corpus_drafting.py --sets pairs-heldout,dev --latency-only --latency-sets pairs-heldout,dev
 
 `--data` names the directory of the trace files (default: this checkout's `corpora/`), so the
 script can run from another checkout (e.g. a `git worktree` of an earlier revision) on the same
@@ -185,6 +186,7 @@ def main(argv=None):
     ap.add_argument("--tokenizer", default="default", help="'default' or a tokenizer file (a GGUF); "
                                                            "other than the default: release-pair sets only")
     ap.add_argument("--no-others", action="store_true", help="skip the chat and code-edit traces without a corpus")
+    ap.add_argument("--latency-only", action="store_true", help="only the latency (of --latency-sets, else the first set)")
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
@@ -197,8 +199,10 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         indexes = {}
         for name in names:
-            traces = set_traces(data, name, tok)
             index = indexes[name] = build_corpus(data, name, tok, Path(tmp))
+            if args.latency_only:
+                continue
+            traces = set_traces(data, name, tok)
             rows = {}
             for b in BUDGETS:
                 without, with_ = acceptance(traces, b), acceptance(traces, b, index)
@@ -212,13 +216,13 @@ def main(argv=None):
                               "ratio_without": round(without / bound0, 3), "ratio_with": round(with_ / bound1, 3)})
             result["sets"][name] = {"traces": len(traces), "corpus_tokens": index.n_tokens,
                                     "corpus_documents": index.n_documents, "budgets": rows}
-        others = {} if args.no_others or args.tokenizer != "default" else {
+        others = {} if args.no_others or args.latency_only or args.tokenizer != "default" else {
             "chat": load_traces(data / "chat_traces_smollm2.jsonl"),
             "code_edit": load_traces(data / "code_edit_traces.jsonl", tok)}
         for name, traces in others.items():
             result["no_corpus"][name] = {b: round(acceptance(traces, b), 3) for b in BUDGETS}
         if not args.no_latency:
-            lat_sets = (args.latency_sets or names[0]).split(",")
+            lat_sets = [n for n in (args.latency_sets or names[0]).split(",") if n in indexes]
             result["latency_us"] = {name: {b: latency(set_traces(data, name, tok), indexes[name], args.repeats, b)
                                            for b in BUDGETS} for name in lat_sets}
         for index in indexes.values():
