@@ -363,7 +363,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     context is expanded, `_reroot`); `tree.share`, `tree.group` and `tree.step` feed
     `learn.count_tree`.
     """
-    S, E, L = session.S, session.E, session.L
+    S, E, L, cur_rows = session.S, session.E, session.L, session.cur
     online = session.M[sk.MODE] == sk.MODE_ONLINE
     cls_rows, glob, cal, gcal = shared.cls_rows, shared.glob, shared.cal, shared.gcal
     (cand, heap_key, heap_val, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
@@ -492,8 +492,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         if n_kids == 0 or total <= 0:
             continue
         n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
-                                                          cls, gf, k, session, src, glob, cur, n_kids, total, top,
-                                                          ready, n_cand, n_heap)
+                                                          cls, gf, k, session.local, glob, cur_rows, src, cur, n_kids,
+                                                          total, top, ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
@@ -522,15 +522,15 @@ def _near_anchor(kids, n_kids, top, cls, cur, src, depth, k):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, session, src, glob, cur,
-                   n_kids, total, top, may_direct, n_cand, n_heap):
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur_rows,
+                   src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
     """Score the n_kids gathered children of the state at hand of part source `src` (count
-    `total`, most recent end `top`; the bonus: `_near_anchor`) and make the best max_children of
-    them candidates. The best one skips the heap when
+    `total`, most recent end `top`; the bonus: `_near_anchor` over the cursor rows `cur_rows`)
+    and make the best max_children of them candidates. The best one skips the heap when
     `may_direct` and it beats every waiting candidate (its siblings score no higher): returns
     (n_cand, n_heap, direct, direct_p), direct the candidate to pop next (-1: none)."""
-    top, rec = _near_anchor(kids, n_kids, top, cls, session.cur, src, cur.depth, k)
-    step = _conf(k, session.local, glob, cls, cur.length) / (total * (1.0 + rec))
+    top, rec = _near_anchor(kids, n_kids, top, cls, cur_rows, src, cur.depth, k)
+    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + rec))
     scale = cur.prob * step * (gf if cur.node >= 0 else 1.0)  # a root's factor waits for its agreement
     bonus = rec * total  # the child's whose kids[i, K_LAST] == top
     m = min(k.max_children, n_kids)
