@@ -13,7 +13,7 @@ bound without and with it (`suffixspec.draft.simulate.context_bound_mean_accepte
 longest prefix of the rest of the output that continues some source's longest match of the context,
 in the request, earlier outputs or the corpus), the ratio to the bound, and the copy-oracle (the
 same without the match: any occurrence anywhere). Also acceptance without a corpus on the shipped chat and code-edit
-traces, and `Session.propose` latency at budget 64 with the corpus on the dev set: every
+traces, and `Session.propose` latency at budgets 16 and 64 with the corpus (`--latency-sets`, default the first set): every
 proposal, first ones of each request included, over `--repeats` warmed-up replays (p50 / p99 /
 max, median over repeats with their range), plus `Proposer.start` (the per-request set-up).
 
@@ -21,7 +21,7 @@ Release pairs (`corpora/make_release_pairs.py`): sets `pairs-dev` and `pairs-hel
 PyPI, the older release's `.py` files as the corpus, functions of the newer release as requests,
 their real code as the output), tokenized here with `--tokenizer` (the default's, or a GGUF such
 as the code model's); the sdists are fetched into bench/.cache/sdists and checked against the
-manifest. The latency is measured on every set given (`--latency-sets`, default the first).
+manifest.
 
     python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout] [--record [PATH]]
     python bench/bench_corpus_drafting.py --sets pairs-dev,pairs-heldout --tokenizer path/to/model.gguf
