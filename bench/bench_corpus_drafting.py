@@ -13,11 +13,19 @@ bound without and with it (`suffixspec.draft.simulate.context_bound_mean_accepte
 longest prefix of the rest of the output that continues some source's longest match of the context,
 in the request, earlier outputs or the corpus), the ratio to the bound, and the copy-oracle (the
 same without the match: any occurrence anywhere). Also acceptance without a corpus on the shipped chat and code-edit
-traces, and `Session.propose` latency at budget 64 with the corpus on the dev set: every
+traces, and `Session.propose` latency at budgets 16 and 64 with the corpus (`--latency-sets`, default the first set): every
 proposal, first ones of each request included, over `--repeats` warmed-up replays (p50 / p99 /
 max, median over repeats with their range), plus `Proposer.start` (the per-request set-up).
 
+Release pairs (`corpora/make_release_pairs.py`): sets `pairs-dev` and `pairs-heldout` (projects of
+PyPI, the older release's `.py` files as the corpus, functions of the newer release as requests,
+their real code as the output), tokenized here with `--tokenizer` (the default's, or a GGUF such
+as the code model's); the sdists are fetched into bench/.cache/sdists and checked against the
+manifest.
+
     python bench/bench_corpus_drafting.py [--data DIR] [--repeats 3] [--sets dev,heldout] [--record [PATH]]
+    python bench/bench_corpus_drafting.py --sets pairs-dev,pairs-heldout --tokenizer path/to/model.gguf
+    python bench/bench_corpus_drafting.py --sets pairs-heldout,dev --latency-only --latency-sets pairs-heldout,dev
 
 `--data` names the directory of the trace files (default: this checkout's `corpora/`), so the
 script can run from another checkout (e.g. a `git worktree` of an earlier revision) on the same
@@ -30,6 +38,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 import tempfile
 import time
 import zlib
@@ -39,7 +48,7 @@ import numpy as np
 
 from suffixspec import Proposer
 from suffixspec.corpus import CorpusIndex, Document, build_index
-from suffixspec.draft.simulate import load_traces, oracle_mean_accepted, replay
+from suffixspec.draft.simulate import Trace, load_traces, oracle_mean_accepted, replay
 from suffixspec.tokenizer import load_tokenizer
 
 import common
@@ -54,9 +63,10 @@ CACHE = common.CACHE
 BUDGETS = (16, 64)
 
 
-def _builder(data: Path):
-    spec = importlib.util.spec_from_file_location("make_corpus_completion_traces", data / "make_corpus_completion_traces.py")
+def _builder(data: Path, script: str = "make_corpus_completion_traces"):
+    spec = importlib.util.spec_from_file_location(script, data / f"{script}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[script] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
     return mod
 
@@ -75,8 +85,45 @@ def corpus_tokens(builder, name: str, tok) -> list[tuple[str, np.ndarray]]:
     return docs
 
 
-def build_corpus(builder, name: str, tok, where: Path) -> CorpusIndex:
-    docs = [Document(d, id=n) for n, d in corpus_tokens(builder, name, tok)]
+def _encode_cached(key: str, texts: list[str], tok) -> list[np.ndarray]:
+    """`tok.encode` of each text, kept in bench/.cache under `key` and the tokenizer's fingerprint."""
+    crc = zlib.crc32(json.dumps([tok.fingerprint, texts]).encode())
+    cached = CACHE / f"{key}_{crc:08x}.npz"
+    if cached.exists():
+        with np.load(cached) as z:
+            return [z[f"d{i}"] for i in range(len(texts))]
+    ids = [np.asarray(e, np.int32) for e in tok.encode_batch(texts)]
+    CACHE.mkdir(parents=True, exist_ok=True)
+    np.savez(cached, **{f"d{i}": d for i, d in enumerate(ids)})
+    return ids
+
+
+def pair_traces(data: Path, name: str, tok) -> list[Trace]:
+    """The requests of release-pair set `name` ("pairs-dev"), tokenized; `Trace.id` is the record's id."""
+    rows = [json.loads(line) for line in (data / f"release_pairs_{name[6:]}.jsonl").read_text("utf-8").splitlines()
+            if line.strip()]
+    ids = _encode_cached(f"pairs_{name}", [r["prompt"] for r in rows] + [r["output"] for r in rows], tok)
+    return [Trace(ids[i], ids[len(rows) + i], r["id"]) for i, r in enumerate(rows)]
+
+
+def pair_documents(data: Path, name: str, tok) -> list[tuple[str, np.ndarray]]:
+    """(document id, token ids) of release-pair set `name`'s corpus (the older releases)."""
+    builder = _builder(data, "make_release_pairs")
+    docs = builder.corpus_documents(name[6:], CACHE / "sdists")
+    ids = _encode_cached(f"pairs_corpus_{name}", [t for _, t in docs], tok)
+    return [(n, d) for (n, _), d in zip(docs, ids)]
+
+
+def set_traces(data: Path, name: str, tok) -> list[Trace]:
+    if name.startswith("pairs-"):
+        return pair_traces(data, name, tok)
+    return load_traces(data / f"corpus_completion_{name}.jsonl")
+
+
+def build_corpus(data: Path, name: str, tok, where: Path) -> CorpusIndex:
+    """The corpus index of set `name`, built from the files `data`'s recipe names."""
+    named = pair_documents(data, name, tok) if name.startswith("pairs-") else corpus_tokens(_builder(data), name, tok)
+    docs = [Document(d, id=n) for n, d in named]
     path = where / f"{name}.idx"
     build_index(docs, path, tokenizer=tok)
     return CorpusIndex.open(path)
@@ -114,9 +161,9 @@ def timed_replay(traces, budget, corpus) -> tuple[np.ndarray, np.ndarray, np.nda
     return np.asarray(ns) / 1e3, np.asarray(first), np.asarray(starts) / 1e3
 
 
-def latency(traces, corpus, repeats: int) -> dict:
-    timed_replay(traces, 64, corpus)  # warm-up: compiled kernels, caches touched
-    runs = [timed_replay(traces, 64, corpus) for _ in range(repeats)]
+def latency(traces, corpus, repeats: int, budget: int = 64) -> dict:
+    timed_replay(traces, budget, corpus)  # warm-up: compiled kernels, caches touched
+    runs = [timed_replay(traces, budget, corpus) for _ in range(repeats)]
 
     def summary(pick):
         rows = [(np.percentile(v, 50), np.percentile(v, 99), v.max()) for v in (pick(r) for r in runs)]
@@ -135,17 +182,27 @@ def main(argv=None):
     ap.add_argument("--sets", default="dev,heldout")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-latency", action="store_true")
+    ap.add_argument("--latency-sets", default=None, help="sets whose proposer latency is measured (default: the first)")
+    ap.add_argument("--tokenizer", default="default", help="'default' or a tokenizer file (a GGUF); "
+                                                           "other than the default: release-pair sets only")
+    ap.add_argument("--no-others", action="store_true", help="skip the chat and code-edit traces without a corpus")
+    ap.add_argument("--latency-only", action="store_true", help="only the latency (of --latency-sets, else the first set)")
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
-    builder = _builder(data)
-    tok = load_tokenizer("default")
-    result = {"sets": {}, "no_corpus": {}}
+    tok = load_tokenizer(args.tokenizer)
+    names = args.sets.split(",")
+    if args.tokenizer != "default" and not all(n.startswith("pairs-") for n in names):
+        ap.error("--tokenizer other than 'default': the single-snapshot sets hold default-tokenizer ids; "
+                 "give release-pair sets only (pairs-dev, pairs-heldout)")
+    result = {"sets": {}, "no_corpus": {}, "tokenizer": tok.name}
     with tempfile.TemporaryDirectory() as tmp:
         indexes = {}
-        for name in args.sets.split(","):
-            traces = load_traces(data / f"corpus_completion_{name}.jsonl")
-            index = indexes[name] = build_corpus(builder, name, tok, Path(tmp))
+        for name in names:
+            index = indexes[name] = build_corpus(data, name, tok, Path(tmp))
+            if args.latency_only:
+                continue
+            traces = set_traces(data, name, tok)
             rows = {}
             for b in BUDGETS:
                 without, with_ = acceptance(traces, b), acceptance(traces, b, index)
@@ -159,14 +216,15 @@ def main(argv=None):
                               "ratio_without": round(without / bound0, 3), "ratio_with": round(with_ / bound1, 3)})
             result["sets"][name] = {"traces": len(traces), "corpus_tokens": index.n_tokens,
                                     "corpus_documents": index.n_documents, "budgets": rows}
-        others = {"chat": load_traces(data / "chat_traces_smollm2.jsonl"),
-                  "code_edit": load_traces(data / "code_edit_traces.jsonl", tok)}
+        others = {} if args.no_others or args.latency_only or args.tokenizer != "default" else {
+            "chat": load_traces(data / "chat_traces_smollm2.jsonl"),
+            "code_edit": load_traces(data / "code_edit_traces.jsonl", tok)}
         for name, traces in others.items():
             result["no_corpus"][name] = {b: round(acceptance(traces, b), 3) for b in BUDGETS}
         if not args.no_latency:
-            name = args.sets.split(",")[0]
-            result["latency_us"] = latency(load_traces(data / f"corpus_completion_{name}.jsonl"), indexes[name], args.repeats)
-            result["latency_set"] = name
+            lat_sets = [n for n in (args.latency_sets or names[0]).split(",") if n in indexes]
+            result["latency_us"] = {name: {b: latency(set_traces(data, name, tok), indexes[name], args.repeats, b)
+                                           for b in BUDGETS} for name in lat_sets}
         for index in indexes.values():
             index.close()
 
@@ -181,13 +239,13 @@ def main(argv=None):
         print(f"{'':8} corpus: {st['corpus_tokens']} tokens, {st['corpus_documents']} documents, {st['traces']} traces")
     for name, r in result["no_corpus"].items():
         print(f"{name:8} no corpus: " + ", ".join(f"budget {b}: {v:.3f}" for b, v in r.items()))
-    if "latency_us" in result:
-        lat = result["latency_us"]
-        for k in ("all", "first", "start"):
-            v = lat[k]
-            what = "propose, all" if k == "all" else ("propose, first of a request" if k == "first" else "start")
-            print(f"latency {what:28} p50 {v['p50']:7.1f} us {v['p50_range']}  p99 {v['p99']:7.1f} us {v['p99_range']}  "
-                  f"max {v['max']:8.1f} us {v['max_range']}")
+    for name, per_budget in result.get("latency_us", {}).items():
+        for b, lat in per_budget.items():
+            for k in ("all", "first", "start"):
+                v = lat[k]
+                what = "propose, all" if k == "all" else ("propose, first of a request" if k == "first" else "start")
+                print(f"latency {name} b{b} {what:28} p50 {v['p50']:7.1f} us {v['p50_range']}  p99 {v['p99']:7.1f} us "
+                      f"{v['p99_range']}  max {v['max']:8.1f} us {v['max_range']}")
     common.emit(result, args, "corpus_drafting")
 
 

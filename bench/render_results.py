@@ -196,6 +196,21 @@ def _corpus(r) -> list[str]:
     return out
 
 
+def _corpus_drafting(r) -> list[str]:
+    out = []
+    for name, st in r.get("sets", {}).items():
+        cells = [f"budget {b}: {v['with_corpus']:.2f} tokens per round, {v['ratio_with']:.3f} of the context bound"
+                 for b, v in st["budgets"].items() if "ratio_with" in v]
+        out.append(f"{name} ({r.get('tokenizer', 'default')}, {st['traces']} traces, {st['corpus_tokens']} corpus tokens): "
+                   + "; ".join(cells))
+    for name, per_budget in r.get("latency_us", {}).items():
+        if "all" in per_budget:  # one budget (64), as older runs recorded it
+            per_budget = {"64": per_budget}
+        out.append(f"propose latency on {name}: " + "; ".join(
+            f"budget {b} p50 {v['all']['p50']:.1f} us, p99 {v['all']['p99']:.1f} us" for b, v in per_budget.items()))
+    return out
+
+
 def _automaton(r) -> list[str]:
     out = []
     for name, s in r.get("streams", {}).items():
@@ -313,6 +328,7 @@ def _llama_cpp(r) -> list[str]:
 
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
              "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
+             "corpus_drafting": _corpus_drafting,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
@@ -325,6 +341,7 @@ TITLES = {
     "proposer": ("Drafts against the peers, proposer latency", "bench/bench_proposer.py"),
     "automaton": ("Suffix automaton build, memory, online latency", "bench/bench_automaton.py"),
     "corpus": ("Corpus index build, size, open, queries", "bench/bench_corpus.py"),
+    "corpus_drafting": ("Drafting from a stale corpus against the context bound", "bench/bench_corpus_drafting.py"),
     "offmode": ("What a round costs with speculation switched off", "bench/bench_offmode.py"),
     "prefill": ("Long prompts beside running requests", "bench/bench_prefill.py"),
     "refusal": ("Oversized requests refused", "bench/bench_refusal.py"),

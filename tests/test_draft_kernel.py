@@ -49,17 +49,17 @@ def _parts(session, prop):
     for _ in range(prop.match_levels):
         if length < prop.min_match:
             break
-        out.append((-1, naive.CLS_OWN, state, length))
+        out.append((-1, naive.CLS_OWN, state, length, -1))
         state = sam.state_link(state) if state > 0 else 0
         length = sam.state_length(state) if state > 0 else 0
     for j, fa in enumerate(session._automata):
-        state, length = (int(x) for x in session._cur[j])
+        state, length, anchor = (int(x) for x in session._cur[j])
         if state < 0:
             continue
         for _ in range(prop.match_levels):
             if length < prop.min_match:
                 break
-            out.append((j, int(session._cls[j]), state, length))
+            out.append((j, int(session._cls[j]), state, length, anchor))
             state = fa.state_link(state)
             length = fa.state_length(state) if state > 0 else 0
     return out
@@ -70,7 +70,8 @@ def _reference(session, prop, budget):
     knobs = dict(match_prior=p[dk.P_MATCH_PRIOR], recency=p[dk.P_RECENCY], min_prob=p[dk.P_MIN_PROB],
                  max_depth=p[dk.P_MAX_DEPTH], max_children=int(p[dk.P_MAX_CHILDREN]),
                  prior_strength=p[dk.P_PRIOR_STRENGTH], session_strength=p[dk.P_SESSION_STRENGTH],
-                 cal_strength=p[dk.P_CAL_STRENGTH])
+                 cal_strength=p[dk.P_CAL_STRENGTH], locality=p[dk.P_CORPUS_LOCALITY],
+                 near_back=p[dk.P_NEAR_BACK], near_ahead=p[dk.P_NEAR_AHEAD])
     own = _own_children(session._sam)
 
     def children(src, v):
@@ -113,21 +114,23 @@ def test_kernel_trees_equal_the_reference_round_after_round(seed):
     for _ in range(rng.randrange(0, 4)):
         corpus.add_document(_text(rng, alphabet, rng.randrange(10, 80)))
     kw = dict(max_children=rng.choice([1, 2, 4, 8]), max_depth=rng.choice([0, 3, 8]), recency=rng.choice([0.0, 0.5, 2.0]),
-              match_prior=rng.choice([0.5, 1.0, 3.0]), min_prob=rng.choice([0.0, 1e-3, 0.05]),
+              match_prior=rng.choice([0.5, 1.0, 3.0]), corpus_locality=rng.choice([0.0, 1.0, 4.0]), min_prob=rng.choice([0.0, 1e-3, 0.05]),
               match_levels=rng.choice([1, 2, 3]), min_match=rng.choice([1, 2]), global_cache=False, learn=True)
     prop = Proposer(corpus=corpus.freeze() if len(corpus) else None, **kw)
     text = _text(rng, alphabet, 400)
     session = prop.start(text[:40])
-    nodes = 0
+    nodes = anchored = 0
     pos = 40
     while pos < len(text):
         budget = rng.choice([1, 3, 8, 24, 64])
         nodes += _check(session, prop, budget, (seed, pos, budget, kw))
+        anchored += int((session._cur[:, dk.CUR_ANCHOR] >= 0).any())
         step = rng.randrange(1, 6)
         session.extend(text[pos : pos + step])
         pos += step
     assert nodes > 0
     if len(corpus):
+        assert anchored > 0  # corpus rows had anchors, so the locality bonus was in play
         assert prop._group_cal[:, 2].sum() > 0  # groups were judged, so their factors applied
     assert prop._calibration[:, :, 2].sum() > 0
 

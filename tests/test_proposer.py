@@ -12,7 +12,7 @@ from suffixspec.cli import main as cli_main
 from suffixspec.draft.simulate import Trace, load_traces, oracle_mean_accepted, simulate
 from suffixspec.errors import InternalError
 
-from support.trees import check_tree_invariants, naive_part_candidates, tree_paths
+from support.trees import check_tree_invariants, corpus_rule, naive_part_candidates, tree_paths
 
 
 def _naive_self_candidates(text, budget, match_prior, recency, max_depth=12, levels=3):
@@ -253,8 +253,9 @@ def test_tree_over_several_sources_equals_brute_force_union(match_levels):
         tree = session.propose(budget)
         check_tree_invariants(tree)
         union = naive_part_candidates([text], text, 2, match_levels, 1.0, 0.5, 5)
-        for docs in corpus_docs:
-            for path, score in naive_part_candidates(docs, text, 1, match_levels, 1.0, 0.5, 5).items():
+        for j, docs in enumerate(corpus_docs):
+            rule = corpus_rule(session, j)
+            for path, score in naive_part_candidates(docs, text, 1, match_levels, 1.0, 0.5, 5, corpus=rule).items():
                 union[path] = max(union.get(path, 0.0), score)
         got = tree_paths(tree)
         for path, score in got.items():
@@ -518,7 +519,7 @@ def test_cache_cursors_stay_valid_matches_while_the_cache_changes():
         for s in sessions:
             assert s._src is src
             context = s._sam.tokens
-            for fa, (state, length) in zip(s._automata[src.n_static :], s._cur[src.n_static :].tolist()):
+            for fa, (state, length, _anchor) in zip(s._automata[src.n_static :], s._cur[src.n_static :].tolist()):
                 assert 0 <= length <= min(len(context), prop.resync_tokens + 60 * 8)
                 assert fa.locate(context[len(context) - length :]) == state
                 carried += length > 0

@@ -16,7 +16,7 @@ from suffixspec._kernels import learn as lk
 
 from support import naive
 from support.naive import learned_conf
-from support.trees import check_tree_invariants, naive_part_candidates
+from support.trees import check_tree_invariants, corpus_rule, naive_part_candidates
 
 EDGES = [0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95]
 
@@ -269,8 +269,10 @@ def test_calibrated_trees_equal_their_brute_force_definition(alphabet):
             for docs, min_count, cls in (([text], 2, lk.CLS_OWN), (corpus_docs, 1, lk.CLS_CORPUS)):
                 for length in _level_lengths(docs, text, min_count, prop.match_levels):
                     classes.append(cls)
+                    rule = corpus_rule(session, 0) if cls == lk.CLS_CORPUS else None
                     parts.append(naive_part_candidates(docs, text[len(text) - length :], min_count, 1, 1.37, 0.5, 5,
-                                                       lambda m, cls=cls: learned_conf(local, glob, cls, m, 1.37)))
+                                                       lambda m, cls=cls: learned_conf(local, glob, cls, m, 1.37),
+                                                       corpus=rule))
             _check_calibrated_tree(tree, parts, cal, strength, budget, classes, gcal)
             checked += len(tree)
     assert checked > 100
@@ -311,15 +313,19 @@ def test_top_children_equal_a_sort_of_every_child():
 @pytest.mark.parametrize("max_children", [1, 2, 4])
 def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
     """A corpus whose states have many children: trees read through the precomputed best children
-    equal the trees of a full scan of every child (the table blanked in place)."""
+    equal the trees of a full scan of every child (the table blanked in place). Without locality:
+    the table holds the most frequent children and the most recent one, every child a tree of the
+    recency rule can take; a corpus part's locality bonus looks for the child near the anchor
+    among the children it reads, so with a table it may miss one a full scan finds (the test
+    after this one)."""
     rng = random.Random(40 + max_children)
     for trial in range(6):
         alphabet = rng.choice([20, 60])
         sam = SuffixAutomaton()
         for _ in range(3):
             sam.add_document([rng.randrange(alphabet) for _ in range(600)])
-        prop = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False)
-        blank = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False)
+        prop = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False, corpus_locality=0.0)
+        blank = Proposer(corpus=sam.freeze(), max_children=max_children, global_cache=False, corpus_locality=0.0)
         blank._current_sources().tops[...] = 0  # no table: every child is read
         for request in range(3):
             text = [rng.randrange(alphabet) for _ in range(rng.randrange(1, 6))]
@@ -336,6 +342,37 @@ def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
             b.close()
         assert not blank._current_sources().tops.any()
         assert max(int(tops[0].max()) for tops in prop._current_sources().held_tops) >= 0  # states with a row
+
+
+def test_with_locality_a_table_changes_trees_only_where_the_session_has_an_anchor():
+    """With locality on, trees through the table are well-formed, and equal a full scan's while
+    the session has no anchor in the corpus (no bonus at all: nothing the table could miss)."""
+    from suffixspec._kernels import draft as dk
+
+    rng = random.Random(77)
+    same = anchored = 0
+    for trial in range(4):
+        sam = SuffixAutomaton()
+        for _ in range(3):
+            sam.add_document([rng.randrange(30) for _ in range(600)])
+        prop = Proposer(corpus=sam.freeze(), max_children=2, global_cache=False)
+        blank = Proposer(corpus=sam.freeze(), max_children=2, global_cache=False)
+        blank._current_sources().tops[...] = 0
+        text = [rng.randrange(30) for _ in range(3)]
+        a, b = prop.start(text), blank.start(text)
+        for _ in range(20):
+            budget = rng.randrange(1, 40)
+            ta, tb = a.propose(budget), b.propose(budget)
+            check_tree_invariants(ta)
+            if int(a._cur[0, dk.CUR_ANCHOR]) < 0:
+                assert ta.tokens.tolist() == tb.tokens.tolist() and np.allclose(ta.scores, tb.scores)
+                same += 1
+            else:
+                anchored += 1
+            more = sam.tokens[rng.randrange(1000) :][:4].tolist() if rng.random() < 0.5 else [rng.randrange(30)]
+            a.extend(more)
+            b.extend(more)
+    assert same > 0 and anchored > 0
 
 
 def test_a_corpus_whose_lone_guesses_fail_is_discounted():

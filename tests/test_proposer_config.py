@@ -31,6 +31,7 @@ BAD = {
     "prior_strength": [0, -1.0, math.nan, True],
     "session_strength": [0.0, math.inf],
     "calibration_strength": [0, "16"],
+    "corpus_locality": [-1, math.nan, True, "4"],
     "cache_upkeep": ["later", "", 1, None],
 }
 

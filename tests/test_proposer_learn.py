@@ -13,7 +13,7 @@ from suffixspec._kernels import learn as lk
 
 from support import naive
 from support.naive import learned_conf
-from support.trees import check_tree_invariants, naive_part_candidates, tree_paths
+from support.trees import check_tree_invariants, corpus_rule, naive_part_candidates, tree_paths
 
 
 def _bucket(length):
@@ -134,7 +134,8 @@ def test_trees_with_learned_confidence_equal_brute_force(alphabet):
         # match_levels 2: 2 matched suffixes per source
         union = naive_part_candidates([text], text, 2, 2, 1.0, 0.5, 5, lambda n: learned_conf(local, glob, lk.CLS_OWN, n))
         for path, score in naive_part_candidates(corpus_docs, text, 1, 2, 1.0, 0.5, 5,
-                                                 lambda n: learned_conf(local, glob, lk.CLS_CORPUS, n)).items():
+                                                 lambda n: learned_conf(local, glob, lk.CLS_CORPUS, n),
+                                                 corpus=corpus_rule(session, 0)).items():
             union[path] = max(union.get(path, 0.0), score)
         got = tree_paths(tree)
         for path, score in got.items():

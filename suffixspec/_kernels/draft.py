@@ -14,9 +14,10 @@ count), and [most recent] marks the continuation of the most recent occurrence (
 for text being edited). A frozen state with many children is read through its precomputed best
 ones and their count total (`frozen.top_children`, the shares a full scan gives); elsewhere at most
 CHILD_BUF children of a state are read (a frozen state with more, and no table, keeps its own
-count as C). Each expansion pushes at most `max_children` children on a max-heap shared by all
-parts (`expand`); a node scores the max over the parts that propose it, and the `budget` most
-probable nodes are kept. Probabilities never increase down a path.
+count as C). A corpus part's bonus goes to the child nearest the session's anchor instead
+(`_near_anchor`). Each expansion pushes at most `max_children` children on a max-heap shared by
+all parts (`expand`); a node scores the max over the parts that propose it, and the `budget`
+most probable nodes are kept. Probabilities never increase down a path.
 
 Sibling calibration: each part's step into a node is multiplied by `learn.rank_factor` of its
 rank (siblings created before it) and share (the factor above). It never grows with the rank, so a
@@ -54,8 +55,17 @@ from .children import (
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
- P_CAL_STRENGTH) = range(8)
-N_PARAMS = 8
+ P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD) = range(11)
+N_PARAMS = 11
+
+# A cursor row (int64) into a frozen source: state (-1: the session does not use that source),
+# matched length, and for a corpus source the session's anchor: the end position (in that source)
+# where its text is taken to be in the corpus, -1 when unknown (session.py keeps it)
+CUR_STATE, CUR_LEN, CUR_ANCHOR = 0, 1, 2
+CUR_COLS = 3
+# a corpus child is near the anchor when its most recent end lies within [-NEAR_BACK, NEAR_AHEAD]
+# of where the anchored text would put it (the proposer passes them as P_NEAR_BACK, P_NEAR_AHEAD)
+NEAR_BACK, NEAR_AHEAD = 64, 256
 
 
 @njit(cache=True, inline="always")
@@ -193,7 +203,7 @@ def framed_workspace(wsf):
 #   E      int32 [edges, sk.E_COLS]  its edges (TOK, TO, NEXT)
 #   L      int32 [states, sk.L_COLS]  its link-cut tree, which `expand` may restructure (lct.py)
 #   M      int64 [sk.META]  its counters and mode (counts through L once MODE_ONLINE)
-#   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length) in each frozen source
+#   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length, anchor) in each frozen source
 #   local  float64 [N_CLASSES, N_BUCKETS, 2]  its learn stats (`learn.conf`)
 Session = namedtuple("Session", "S E L M cur local")
 
@@ -218,7 +228,7 @@ Tree = namedtuple("Tree", "tok par depth prob share group step")
 # `params` read once per proposal; cal_on: some rank-0 node was judged (else rank 0 is never
 # discounted and the rank factor of a first child is not computed)
 Knobs = namedtuple("Knobs", "match_prior recency min_prob max_depth max_children prior_strength "
-                            "session_strength cal_strength cal_on")
+                            "session_strength cal_strength cal_on locality near_back near_ahead")
 
 # The expansion at hand: output node `node` (-1: the context) through part `part`, at its
 # automaton's `state` with matched length `length`, `depth` nodes below the context, with path
@@ -235,7 +245,8 @@ def knobs(params, cal):
             cal_on = True
     return Knobs(params[P_MATCH_PRIOR], params[P_RECENCY], params[P_MIN_PROB], params[P_MAX_DEPTH],
                  int(params[P_MAX_CHILDREN]), params[P_PRIOR_STRENGTH], params[P_SESSION_STRENGTH],
-                 params[P_CAL_STRENGTH], cal_on)
+                 params[P_CAL_STRENGTH], cal_on, params[P_CORPUS_LOCALITY],
+                 int(params[P_NEAR_BACK]), int(params[P_NEAR_AHEAD]))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -352,7 +363,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     context is expanded, `_reroot`); `tree.share`, `tree.group` and `tree.step` feed
     `learn.count_tree`.
     """
-    S, E, L = session.S, session.E, session.L
+    S, E, L, cur_rows = session.S, session.E, session.L, session.cur
     online = session.M[sk.MODE] == sk.MODE_ONLINE
     cls_rows, glob, cal, gcal = shared.cls_rows, shared.glob, shared.cal, shared.gcal
     (cand, heap_key, heap_val, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
@@ -481,23 +492,47 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         if n_kids == 0 or total <= 0:
             continue
         n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
-                                                          cls, gf, k, session.local, glob, cur, n_kids, total, top,
-                                                          ready, n_cand, n_heap)
+                                                          cls, gf, k, session.local, glob, cur_rows, src, cur, n_kids,
+                                                          total, top, ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
     return n_out, stack
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur, n_kids,
-                   total, top, may_direct, n_cand, n_heap):
-    """Score the n_kids gathered children of the state at hand (count `total`, most recent end
-    `top`) and make the best max_children of them candidates. The best one skips the heap when
+def _near_anchor(kids, n_kids, top, cls, cur, src, depth, k):
+    """(end, weight) of the bonus of the gathered children of a node at `depth` of part source
+    `src`: (`top`, recency) but for a corpus; there, the most recent end of the child nearest the
+    anchor (`cur[src, CUR_ANCHOR]`) moved on by depth + 1, within [-near_back, near_ahead], first
+    in gather order on ties, and the locality; (-1, 0.0) when there is no anchor or no child near.
+    In a corpus the most recent occurrence means nothing; where the request stands in it does."""
+    if cls != learn.CLS_CORPUS:
+        return top, k.recency
+    target = cur[src, CUR_ANCHOR] + depth + 1
+    if target < 1:
+        return np.int64(-1), 0.0
+    best = np.int64(-1)
+    best_d = k.near_ahead + k.near_back + 1
+    for i in range(n_kids):
+        d = kids[i, K_LAST] - target
+        if -k.near_back <= d <= k.near_ahead and abs(d) < best_d:
+            best_d = abs(d)
+            best = kids[i, K_LAST]
+    return best, (k.locality if best >= 0 else 0.0)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur_rows,
+                   src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
+    """Score the n_kids gathered children of the state at hand of part source `src` (count
+    `total`, most recent end `top`; the bonus: `_near_anchor` over the cursor rows `cur_rows`)
+    and make the best max_children of them candidates. The best one skips the heap when
     `may_direct` and it beats every waiting candidate (its siblings score no higher): returns
     (n_cand, n_heap, direct, direct_p), direct the candidate to pop next (-1: none)."""
-    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + k.recency))
+    top, rec = _near_anchor(kids, n_kids, top, cls, cur_rows, src, cur.depth, k)
+    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + rec))
     scale = cur.prob * step * (gf if cur.node >= 0 else 1.0)  # a root's factor waits for its agreement
-    bonus = k.recency * total  # the most recent child's (kids[i, K_LAST] == top)
+    bonus = rec * total  # the child's whose kids[i, K_LAST] == top
     m = min(k.max_children, n_kids)
     best_first(kids, n_kids, m, bonus, top)
     direct = -1

@@ -5,8 +5,8 @@ A session's parts (matched contexts), in this order:
 
 - its live automaton (prompt + output): `match_levels` parts, the longest earlier match of the
   whole text and then the next shorter ones along suffix links;
-- frozen automata (corpora, past-response generations): one cursor row `(state, length)` each,
-  `state < 0` for a source the session does not use; `match_levels` parts each. Their arrays come
+- frozen automata (corpora, past-response generations): one cursor row `(state, length, anchor)`
+  each, `state < 0` for a source the session does not use (anchor: `draft.CUR_ANCHOR`); `match_levels` parts each. Their arrays come
   as one table (`frozen.source_table`), each row of a source class (`learn.CLS_*`); the caller
   keeps them alive while a kernel runs, the kernels only read them.
 
@@ -35,9 +35,8 @@ from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32
 from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, REC_COLS, source_arrays
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
-# a cursor row (int64): state (-1: the session does not use that source), matched length
-CUR_STATE, CUR_LEN = 0, 1
-CUR_COLS = 2
+# a cursor row (int64): state (-1: the session does not use that source), matched length, anchor
+CUR_STATE, CUR_LEN, CUR_ANCHOR, CUR_COLS = dk.CUR_STATE, dk.CUR_LEN, dk.CUR_ANCHOR, dk.CUR_COLS
 
 (F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
  F_GLOBAL, F_CAL, F_TOPS, F_GCAL) = range(15)
@@ -46,13 +45,13 @@ STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
 def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops, gcal) -> np.ndarray:
-    """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, 2]), the
+    """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, CUR_COLS]), the
     `source_table` they index and their source classes (int64 [n]), the proposer's params and
     knobs, the session's and the proposer's learn stats tables, the proposer's calibration table,
     the sources' `frozen.top_table` and the proposer's group table (`learn.new_group_calibration`;
     the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
-        raise InternalError(f"session_frame: expected cursors [n, 2] and a table [n, {2 * N_SOURCE_ARRAYS}], "
+        raise InternalError(f"session_frame: expected cursors [n, {CUR_COLS}] and a table [n, {2 * N_SOURCE_ARRAYS}], "
                          f"got {cur.shape} and {table.shape}")
     stats_shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
     if (cls_rows.shape != (cur.shape[0],) or cls_rows.dtype != np.int64 or local.shape != stats_shape

@@ -110,6 +110,9 @@ class ProposerConfig:
     min_prob: float = _knob(0.0, "drop tree nodes less likely than this to be accepted", low=0, high=1)
     match_prior: float = _knob(1.0, "confidence of a match of length L without learning: L / (L + match_prior)", low=0)
     recency: float = _knob(0.5, "weight of a source's most recent continuation against its counts", low=0)
+    corpus_locality: float = _knob(4.0, "weight, in a corpus, of the continuation found nearest the request's "
+                                        "place there (where its last unique match ended, moved on since) against "
+                                        "the counts (replaces `recency` for corpora)", low=0)
     max_children: int = _knob(4, "branching: children per tree node", low=1)
     global_cache: bool = _knob(True, "learn from closed sessions: keep their outputs in a cache of past responses")
     cache_tokens: int = _knob(1 << 20, "tokens the cache of past responses holds", low=1)

@@ -429,6 +429,8 @@ def _kernel_params(cfg: ProposerConfig) -> np.ndarray:
     params[dk.P_PRIOR_STRENGTH] = cfg.prior_strength
     params[dk.P_SESSION_STRENGTH] = cfg.session_strength
     params[dk.P_CAL_STRENGTH] = cfg.calibration_strength
+    params[dk.P_CORPUS_LOCALITY] = cfg.corpus_locality
+    params[dk.P_NEAR_BACK], params[dk.P_NEAR_AHEAD] = dk.NEAR_BACK, dk.NEAR_AHEAD
     params.flags.writeable = False
     return params
 

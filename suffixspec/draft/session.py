@@ -65,7 +65,38 @@ _tree = DraftTree.unchecked
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
-_CUR_STATE, _CUR_LEN = pk.CUR_STATE, pk.CUR_LEN
+_CUR_STATE, _CUR_LEN, _CUR_ANCHOR = pk.CUR_STATE, pk.CUR_LEN, pk.CUR_ANCHOR
+ANCHOR_MIN = 4  # a corpus match this long or longer may anchor the session (`_anchor`)
+ANCHOR_TAIL, ANCHOR_STEPS = 16, 4  # `_start_cursor`
+
+
+def _anchor(fa: FrozenAutomaton, state: int, length: int, moved: int) -> int:
+    """The session's anchor in corpus automaton `fa` (`dk.CUR_ANCHOR`) once its match is (state,
+    length): where that match ends when it occurs once, or when its most recent end lies within
+    NEAR_BACK of `moved` (the previous anchor moved on by the tokens committed since, -1: none);
+    else `moved` (past the end of the text, an anchor is near no continuation: harmless)."""
+    if state > 0 and length >= ANCHOR_MIN:
+        last = int(fa.lasts[state])
+        if int(fa.counts[state]) == 1 or (moved >= 0 and abs(last - moved) <= dk.NEAR_BACK):
+            return last
+    return moved
+
+
+def _start_cursor(fa: FrozenAutomaton, prompt: np.ndarray) -> tuple[int, int, int]:
+    """(state, length, anchor) of a corpus row after the prompt. The anchor is looked for at
+    ANCHOR_STEPS points of the prompt's last ANCHOR_TAIL tokens too: a prompt often ends inside
+    what the corpus holds as one token (a line break before its indentation), where the match is
+    short and no anchor is found."""
+    n = prompt.shape[0]
+    state, length, anchor, at = 0, 0, -1, 0
+    for end in range(max(0, n - ANCHOR_TAIL), n + 1, ANCHOR_TAIL // ANCHOR_STEPS):
+        state, length = fa._advance(state, length, prompt[at:end])
+        anchor = _anchor(fa, state, length, anchor + (end - at) if anchor >= 0 else -1)
+        at = end
+    if at < n:
+        state, length = fa._advance(state, length, prompt[at:])
+        anchor = _anchor(fa, state, length, anchor + (n - at) if anchor >= 0 else -1)
+    return state, length, anchor
 
 
 class Session:
@@ -93,14 +124,15 @@ class Session:
                 self._restricted.append(RestrictedSource(c, c.subset(tags=filter)))
             else:
                 self._restricted.append(RestrictedSource(c, c.subset(filter) if filter is not None else None))
-        # one cursor row (pk.CUR_STATE, pk.CUR_LEN) per source of self._automata; state -1: not used
+        # one cursor row (pk.CUR_STATE, pk.CUR_LEN, pk.CUR_ANCHOR) per source of self._automata;
+        # state -1: not used
         self._automata: list[FrozenAutomaton] = list(proposer._static)
         self._cur = np.zeros((len(self._automata), pk.CUR_COLS), np.int64)
         for j, (fa, owner) in enumerate(zip(self._automata, proposer._static_owner)):
             if owner in restricted_owner:
-                self._cur[j] = (-1, 0)
+                self._cur[j] = (-1, 0, -1)
             else:
-                self._cur[j] = fa._advance(0, 0, prompt)
+                self._cur[j] = _start_cursor(fa, prompt)
         self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
         self._stats = lk.new_stats()  # this request's learned counts (lk)
         # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
@@ -154,19 +186,23 @@ class Session:
                 self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
                 self._frame = self._hot = None
             cur = self._cur
+            n_static = len(p._static)
             for j, fa in enumerate(self._automata):
                 if cur[j, _CUR_STATE] < 0:
                     continue
                 if not learning:
-                    cur[j] = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
-                    continue
-                offsets, etok, eto, _counts, _lasts, links, lens = fa.kernel_arrays()
-                state, length = lk.count_frozen(offsets, etok, eto, links, lens, int(cur[j, _CUR_STATE]),
-                                                int(cur[j, _CUR_LEN]), toks, p.min_match, int(self._cls[j]),
-                                                self._stats, p._learned)
-                if state == fk.CORRUPT:
-                    fa._corrupt("while matching")
-                cur[j] = (state, length)
+                    state, length = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
+                else:
+                    offsets, etok, eto, _counts, _lasts, links, lens = fa.kernel_arrays()
+                    state, length = lk.count_frozen(offsets, etok, eto, links, lens, int(cur[j, _CUR_STATE]),
+                                                    int(cur[j, _CUR_LEN]), toks, p.min_match, int(self._cls[j]),
+                                                    self._stats, p._learned)
+                    if state == fk.CORRUPT:
+                        fa._corrupt("while matching")
+                anchor = int(cur[j, _CUR_ANCHOR])
+                if j < n_static:  # a corpus row: its anchor follows (`_anchor`)
+                    anchor = _anchor(fa, state, length, anchor + toks.shape[0] if anchor >= 0 else -1)
+                cur[j] = (state, length, anchor)
 
     def _sync(self, src: Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
@@ -192,13 +228,13 @@ class Session:
             fa = src.automata[j]
             row = by_object.get(id(fa))
             if row is None and src.generations[j] in by_generation:
-                state, length = by_generation[src.generations[j]]
-                row = (pk.normalize_frozen(fa.links, fa.lens, state, length), length)
+                state, length, _anchor_pos = by_generation[src.generations[j]]
+                row = (pk.normalize_frozen(fa.links, fa.lens, state, length), length, -1)
             if row is None:
                 if tail is None:
                     tail = self._sam.tokens[-self.proposer.resync_tokens :]
                 # no match is longer than the automaton's longest document: re-reading more is waste
-                row = fa._advance(0, 0, tail[max(0, tail.shape[0] - fa.longest_document) :])
+                row = fa._advance(0, 0, tail[max(0, tail.shape[0] - fa.longest_document) :]) + (-1,)
             cur[j] = row
         self._cur = cur
         self._automata = src.automata

@@ -164,14 +164,28 @@ class Heap:
         return out
 
 
+def near_anchor(kids, target, knobs):
+    """(last end, weight) of a corpus expansion's bonus: the child whose most recent end lies
+    nearest `target` within [-near_back, near_ahead] (the first such on ties) and the locality
+    weight; (-1, 0.0) when target < 1 (no anchor) or no child is that near."""
+    best, best_d = -1, None
+    if target >= 1:
+        for kid in kids:
+            d = kid[3] - target
+            if -knobs["near_back"] <= d <= knobs["near_ahead"] and (best_d is None or abs(d) < best_d):
+                best, best_d = kid[3], abs(d)
+    return best, (knobs["locality"] if best >= 0 else 0.0)
+
+
 def draft_tree(parts, children, knobs, local, glob, cal, gcal, budget):
     """The kernel's draft tree: a list of nodes, dicts with token, parent, prob, share, group, step.
 
-    `parts`: [(source, cls, state, length)], source -1 for the request's own automaton;
+    `parts`: [(source, cls, state, length, anchor)], source -1 for the request's own automaton,
+    anchor the session's place in a corpus source (-1: none; `near_anchor`);
     `children(source, state)`: [(token, next state, count, last end)] in the order the kernel
     gathers them (a lone child of the own automaton counts 1, last end 0: its share is 1);
     `knobs`: dict of match_prior, recency, min_prob, max_depth, max_children, prior_strength,
-    session_strength, cal_strength; tables as nested lists (`learn.py` layouts)."""
+    session_strength, cal_strength, locality, near_back, near_ahead; tables as nested lists (`learn.py` layouts)."""
     rec, min_prob, max_depth = knobs["recency"], knobs["min_prob"], knobs["max_depth"]
     strength = knobs["cal_strength"]
     cal_on = any(cal[0][b][2] > 0 for b in range(len(cal[0])))
@@ -197,7 +211,7 @@ def draft_tree(parts, children, knobs, local, glob, cal, gcal, budget):
     cands = []  # dicts: token, parent, state, length, depth, part, group, p, share
     heap = Heap()
     direct = None
-    rooted = not any(src >= 0 and group(cls, 1) >= 0 for src, cls, _, _ in parts)
+    rooted = not any(src >= 0 and group(cls, 1) >= 0 for src, cls, *_ in parts)
     seeded = 0
     while budget > 0:
         if seeded == len(parts) and not rooted:
@@ -270,10 +284,12 @@ def draft_tree(parts, children, knobs, local, glob, cal, gcal, budget):
         total = float(sum(k[2] for k in kids))
         if not kids or total <= 0:
             continue
-        top = max(k[3] for k in kids)
-        step = conf_at(cls, length) / (total * (1.0 + rec))
+        top, r = max(k[3] for k in kids), rec
+        if cls == CLS_CORPUS:
+            top, r = near_anchor(kids, parts[q][4] + depth + 1, knobs)
+        step = conf_at(cls, length) / (total * (1.0 + r))
         scale = p * step * (gf if here >= 0 else 1.0)
-        bonus = rec * total
+        bonus = r * total
         weight = lambda kid: kid[2] + (bonus if kid[3] == top else 0.0)  # noqa: E731
         best = sorted(kids, key=lambda kid: -weight(kid))[: knobs["max_children"]]  # stable: ties in order
         for taken, kid in enumerate(best):
