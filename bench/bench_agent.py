@@ -147,10 +147,18 @@ def run_setting(args, api: str, cache: bool, concurrency: int, convs: list[dict]
 
 # ----------------------------------------------------------------------------------- --ttft: the prefix cache
 
-AGENT_TOOLS = TOOLS + [{"type": "function", "function": {
-    "name": "run_tests", "description": "Run the tests of a file.",
-    "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"],
-                   "additionalProperties": False}}}]
+
+
+def _tool(name: str, description: str, **props) -> dict:
+    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
+        "type": "object", "properties": {k: {"type": "string", "maxLength": n} for k, n in props.items()},
+        "required": list(props), "additionalProperties": False}}}
+
+
+# (string bounds, so that a forced call ends within its turn's tokens: a cut call has no history to send)
+AGENT_TOOLS = [_tool("read_file", "Read a file.", path=40), _tool("write_file", "Replace a function in a file.",
+                                                                   path=40, function=40, content=900),
+               _tool("run_tests", "Run the tests of a file.", path=40)]
 AGENT_TASKS = (("fnmatch.py", "fnmatchcase"), ("colorsys.py", "hls_to_rgb"), ("textwrap.py", "indent"),
                ("bisect.py", "insort_left"), ("csv.py", "DictWriter"))
 CHAT_FILE = "reprlib.py"
@@ -209,8 +217,8 @@ def agent_script(module: str, function: str) -> Script:
     system = {"role": "system", "content": "You are a coding agent. Work through the tools."}
     task = {"role": "user", "content": f"Add type hints to {function} in {module}: read the file, write the new "
                                        f"{function} back, run the tests, then say what you changed."}
-    steps = [Step(40, "read_file", stdlib_file(module)), Step(320, "write_file", "written"),
-             Step(40, "run_tests", "4 passed in 0.02s"), Step(64, "auto")]
+    steps = [Step(64, "read_file", stdlib_file(module)), Step(480, "write_file", "written"),
+             Step(64, "run_tests", "4 passed in 0.02s"), Step(64, "auto")]
     return Script(f"agent:{module}", [system, task], steps, AGENT_TOOLS)
 
 

@@ -193,7 +193,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="the served model (default: the embedded default)")
     p.add_argument("--prefix-cache-bytes", type=int, default=GIB, help="the pool's bound (default 1 GiB)")
-    p.add_argument("--prompt-chars", type=int, default=5000, help="characters per prompt (about 1,300 tokens)")
+    p.add_argument("--prompt-chars", type=int, default=4800, help="characters per prompt (about 1,300 tokens)")
     p.add_argument("--flat-mib", type=float, default=64.0, help="growth allowed once the pool is full")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="leave out the --no-prefix-cache server")
