@@ -208,13 +208,19 @@ def test_forced_calls_cut_by_max_tokens_come_back_as_calls(served):
             calls, reason = streamed_calls(oai.chat.completions.create(max_tokens=cut, stream=True, **kw))
             assert reason == "length" and [(c["name"], c["arguments"]) for c in calls] == [
                 (call.function.name, call.function.arguments)], (cut, calls)
-        cut = oai.responses.create(model="tiny", input=USER[0]["content"], max_output_tokens=length // 2, temperature=0,
-                                   parallel_tool_calls=False, tools=[{"type": "function", **t["function"]}
-                                                                     for t in kw["tools"]],
-                                   tool_choice={"type": "function", "name": named} if choice != "required" else choice)
+        rkw = dict(model="tiny", input=USER[0]["content"], max_output_tokens=length // 2, temperature=0,
+                   parallel_tool_calls=False, tools=[{"type": "function", **t["function"]} for t in kw["tools"]],
+                   tool_choice={"type": "function", "name": named} if choice != "required" else choice)
+        cut = oai.responses.create(**rkw)
         (item,) = cut.output
         assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
         assert item.type == "function_call" and item.name == named and item.status == "incomplete"
+        events = list(oai.with_options(timeout=60).responses.create(stream=True, **rkw))  # (not the helper: it wants "completed")
+        final = events[-1].response
+        assert events[-1].type == "response.incomplete"
+        (streamed,) = final.output
+        assert final.status == "incomplete" and (streamed.type, streamed.name, streamed.arguments, streamed.status) == (
+            "function_call", named, item.arguments, "incomplete")
 
 
 def cut_reference(text: str, k: int, allowed: list[str]) -> list[tuple[str, str]]:
