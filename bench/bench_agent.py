@@ -88,7 +88,7 @@ def chat_conversation(oai, model: str, conv: dict, budget) -> dict:
         stats["tokens"] += r.usage.completion_tokens
         stats["rounds"] += use["rounds"]
         msg = r.choices[0].message
-        if not msg.tool_calls:
+        if not msg.tool_calls or r.choices[0].finish_reason == "length":  # (a cut call's arguments are not JSON)
             break
         call = msg.tool_calls[0]
         messages.append({"role": "assistant", "content": None, "tool_calls": [
@@ -110,7 +110,7 @@ def responses_conversation(oai, model: str, conv: dict, budget) -> dict:
         stats["tokens"] += r.usage.output_tokens
         stats["rounds"] += r.usage.model_extra["suffixspec"]["rounds"]
         calls = [item for item in r.output if item.type == "function_call"]
-        if not calls:
+        if not calls or r.status == "incomplete":
             break
         items.append({"type": "function_call", "call_id": calls[0].call_id, "name": calls[0].name,
                       "arguments": calls[0].arguments})
