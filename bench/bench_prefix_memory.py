@@ -32,7 +32,7 @@ import common
 
 GIB = 1 << 30
 MIB = 1 << 20
-PHASES = (20, 50)  # prompts sent, then more: readings are reported after each phase
+PHASES = (20, 50)  # prompts sent, then more: readings are reported after each phase (`--phases`)
 
 
 def distinct_prompts(count: int, chars: int) -> list[str]:
@@ -110,13 +110,13 @@ def cache_series(metrics: dict[str, float]) -> dict:
     return {"pool_bytes": metrics[pool] if pool else None, "evictions": metrics[evict] if evict else None}
 
 
-def summarise(readings: list[dict], bound: int | None, flat_bytes: int) -> dict:
+def summarise(readings: list[dict], bound: int | None, flat_bytes: int, phases=PHASES) -> dict:
     """One arm's readings (`{"prompts", "rss", "pool_bytes", "evictions"}`, the first after the warm-up,
     prompts 0) against the targets: growth after each phase within BOUND + 0.5 GiB; after the pool is
     full (its first eviction), growth within `flat_bytes`."""
     base = readings[0]["rss"]
     marks, total = [], 0
-    for n in PHASES:
+    for n in phases:
         total += n
         at = next((r for r in readings if r["prompts"] == total), None)
         if at is not None:
@@ -165,11 +165,11 @@ def _mib(value) -> str:
     return "-" if value is None else f"{value / MIB:.0f}"
 
 
-def table(arms: dict) -> list[str]:
+def table(arms: dict, phases=PHASES) -> list[str]:
     lines = [f"{'arm':>4} {'prompts':>7} {'rss MiB':>8} {'growth MiB':>10} {'pool MiB':>8} {'evictions':>9}"]
     for arm, readings in arms.items():
         base = readings[0]["rss"]
-        marks = {0} | {sum(PHASES[: k + 1]) for k in range(len(PHASES))}
+        marks = {0} | {sum(phases[: k + 1]) for k in range(len(phases))}
         for r in readings:
             if r["prompts"] in marks:
                 ev = "-" if r["evictions"] is None else f"{r['evictions']:.0f}"
@@ -194,29 +194,33 @@ def main(argv=None) -> int:
     p.add_argument("--model", default=None, help="the served model (default: the embedded default)")
     p.add_argument("--prefix-cache-bytes", type=int, default=GIB, help="the pool's bound (default 1 GiB)")
     p.add_argument("--prompt-chars", type=int, default=4800, help="characters per prompt (about 1,300 tokens)")
+    p.add_argument("--phases", type=lambda v: tuple(int(x) for x in v.split(",")), default=PHASES,
+                   help="prompts per phase, comma-separated (default 20,50)")
     p.add_argument("--flat-mib", type=float, default=64.0, help="growth allowed once the pool is full")
     p.add_argument("--no-reference", dest="reference", action="store_false",
                    help="leave out the --no-prefix-cache server")
     p.add_argument("--threads", type=int, default=None, help="the server's torch CPU threads (default: its own)")
     common.add_record_flag(p)
     args = p.parse_args(argv)
+    if not args.phases or min(args.phases) < 1:
+        p.error(f"--phases: expected positive counts such as 20,50, got {args.phases}")
     if args.prefix_cache_bytes <= 0:
         p.error("--prefix-cache-bytes: expected a positive bound (the reference arm is the cache off)")
     require_serve_flags(("--prefix-cache-bytes", "--no-prefix-cache"))
-    prompts = distinct_prompts(sum(PHASES), args.prompt_chars)
+    prompts = distinct_prompts(sum(args.phases), args.prompt_chars)
     arms = {}
     with tempfile.TemporaryDirectory() as tmp:
         for arm in ("on", "off") if args.reference else ("on",):
             arms[arm] = run_arm(args, arm, prompts, Path(tmp))
     flat = int(args.flat_mib * MIB)
-    summary = {arm: summarise(readings, args.prefix_cache_bytes if arm == "on" else None, flat)
+    summary = {arm: summarise(readings, args.prefix_cache_bytes if arm == "on" else None, flat, args.phases)
                for arm, readings in arms.items()}
     summary["flat_bytes"] = flat
-    for line in table(arms) + verdicts(summary):
+    for line in table(arms, args.phases) + verdicts(summary):
         print(line)
     tokens = sorted(r["prompt_tokens"] for r in arms["on"] if r["prompt_tokens"])
     common.emit({"model": args.model or "default", "prefix_cache_bytes": args.prefix_cache_bytes,
-                 "phases": PHASES, "prompt_tokens_median": tokens[len(tokens) // 2], "threads": args.threads,
+                 "phases": args.phases, "prompt_tokens_median": tokens[len(tokens) // 2], "threads": args.threads,
                  "summary": summary, "readings": arms}, args, "prefix_memory")
     return 0
 
