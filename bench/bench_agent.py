@@ -217,8 +217,8 @@ def agent_script(module: str, function: str) -> Script:
     system = {"role": "system", "content": "You are a coding agent. Work through the tools."}
     task = {"role": "user", "content": f"Add type hints to {function} in {module}: read the file, write the new "
                                        f"{function} back, run the tests, then say what you changed."}
-    steps = [Step(64, "read_file", stdlib_file(module)), Step(480, "write_file", "written"),
-             Step(64, "run_tests", "4 passed in 0.02s"), Step(64, "auto")]
+    steps = [Step(96, "read_file", stdlib_file(module)), Step(480, "write_file", "written"),
+             Step(96, "run_tests", "4 passed in 0.02s"), Step(64, "auto")]
     return Script(f"agent:{module}", [system, task], steps, AGENT_TOOLS)
 
 
