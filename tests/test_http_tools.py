@@ -185,6 +185,94 @@ def test_calls_written_by_a_model_are_parsed_and_streamed():
     assert content_sent.strip() == "Reading both."
 
 
+def test_forced_calls_cut_by_max_tokens_come_back_as_calls(served):
+    """A forced call that `max_tokens` cuts is a call with `finish_reason` "length", its arguments as far as
+    written (greedy: a prefix of the whole call's), whole and streamed, wherever the cut falls."""
+    oai = client(served)
+    tools = random_tools(np.random.default_rng(7), 2)
+    named = tools[1]["function"]["name"]
+    for choice in ({"type": "function", "function": {"name": named}}, "required"):
+        kw = dict(model="tiny", messages=USER, tools=tools[1:] if choice == "required" else tools, tool_choice=choice,
+                  temperature=0, parallel_tool_calls=False)
+        full = oai.chat.completions.create(max_tokens=120, **kw)
+        assert full.choices[0].finish_reason == "tool_calls"
+        (whole,) = full.choices[0].message.tool_calls
+        length = full.usage.completion_tokens
+        for cut in sorted({1, 2, 4, length // 3, length // 2, length - 3, length - 1}):
+            res = oai.chat.completions.create(max_tokens=cut, **kw)
+            msg = res.choices[0].message
+            assert res.choices[0].finish_reason == "length" and msg.content is None, (cut, msg)
+            (call,) = msg.tool_calls
+            assert call.id.startswith("call_") and call.function.name == named, (cut, call)
+            assert whole.function.arguments.startswith(call.function.arguments), (cut, call, whole)
+            calls, reason = streamed_calls(oai.chat.completions.create(max_tokens=cut, stream=True, **kw))
+            assert reason == "length" and [(c["name"], c["arguments"]) for c in calls] == [
+                (call.function.name, call.function.arguments)], (cut, calls)
+        rkw = dict(model="tiny", input=USER[0]["content"], max_output_tokens=length // 2, temperature=0,
+                   parallel_tool_calls=False, tools=[{"type": "function", **t["function"]} for t in kw["tools"]],
+                   tool_choice={"type": "function", "name": named} if choice != "required" else choice)
+        cut = oai.responses.create(**rkw)
+        (item,) = cut.output
+        assert cut.status == "incomplete" and cut.incomplete_details.reason == "max_output_tokens"
+        assert item.type == "function_call" and item.name == named and item.status == "incomplete"
+        events = list(oai.with_options(timeout=60).responses.create(stream=True, **rkw))  # (not the helper: it wants "completed")
+        final = events[-1].response
+        assert events[-1].type == "response.incomplete"
+        (streamed,) = final.output
+        assert final.status == "incomplete" and (streamed.type, streamed.name, streamed.arguments, streamed.status) == (
+            "function_call", named, item.arguments, "incomplete")
+
+
+def cut_reference(text: str, k: int, allowed: list[str]) -> list[tuple[str, str]]:
+    """What a forced answer `text` (calls in the grammar's compact form) cut after `k` characters holds,
+    call by call from the text's positions: a closed call whole; an open one when the name part written
+    fits one allowed function, with its arguments as far as written."""
+    out, head = [], '<tool_call>\n{"name":"'
+    for start in [i for i in range(len(text)) if text.startswith("<tool_call>", i)]:
+        if k <= start:
+            break
+        name_at = start + len(head)
+        name = text[name_at: text.index('"', name_at)]
+        args_at = name_at + len(name) + len('","arguments":')
+        args_end = text.index("}\n</tool_call>", args_at)
+        closed = k >= args_end + len("}\n</tool_call>")
+        written = text[name_at: min(k, name_at + len(name))] if k > name_at else ""
+        fits = [n for n in allowed if (n == written if k > name_at + len(name) else n.startswith(written))]
+        if closed or len(fits) == 1:
+            out.append((name, text[args_at: min(k, args_end)] if k > args_at else ""))
+    return out
+
+
+def test_cut_forced_calls_parse_and_stream_at_every_cut():
+    """Every prefix of a forced answer (the grammar's form: one call, or two): the calls `cut_reference`
+    says, never content; its stream's fragments rebuild the same calls."""
+    from suffixspec.http.tools import ToolStream, parse_calls, parse_tools
+
+    names = ["read_file", "read_dir", "write"]
+    tools = [{"type": "function", "function": {"name": n}} for n in names]
+    one = '<tool_call>\n{"name":"read_file","arguments":{"path":"a \\"}.py","n":[1,{"k":2}]}}\n</tool_call>\n'
+    two = one + '<tool_call>\n{"name":"write","arguments":{"text":"x"}}\n</tool_call>\n'
+    for choice, text, allowed in (({"type": "function", "function": {"name": "read_file"}}, one, ["read_file"]),
+                                  ("required", two, names)):
+        spec = parse_tools({"tools": tools, "tool_choice": choice})
+        for k in range(len(text) + 1):
+            content, calls = parse_calls(text[:k], spec)
+            assert content is None and [(c.name, c.arguments) for c in calls] == cut_reference(text, k, allowed), k
+            stream, frags = ToolStream(spec), []
+            for j in range(1, k + 1):
+                piece, fr = stream.feed(text[:j])
+                assert piece == ""
+                frags += fr
+            piece, fr, final = stream.finish(text[:k])
+            assert piece == "" and [(c.name, c.arguments) for c in final] == cut_reference(text, k, allowed)
+            rebuilt = {}
+            for f in frags + fr:
+                entry = rebuilt.setdefault(f["index"], {"name": None, "arguments": ""})
+                entry["name"] = f["function"].get("name") or entry["name"]
+                entry["arguments"] += f["function"]["arguments"]
+            assert [(v["name"], v["arguments"]) for _, v in sorted(rebuilt.items())] == cut_reference(text, k, allowed)
+
+
 # ----------------------------------------------------------------------------------- the Responses API
 
 

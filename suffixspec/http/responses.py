@@ -194,7 +194,8 @@ def response_object(chat: dict, body: dict) -> dict:
     if message.get("content"):
         out["output"].append(_message_item(message["content"], status="incomplete" if incomplete else "completed"))
     for call in message.get("tool_calls") or []:
-        out["output"].append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"]))
+        out["output"].append(_call_item(call["id"], call["function"]["name"], call["function"]["arguments"],
+                                        status="incomplete" if incomplete else "completed"))
     out["usage"] = _usage(chat["usage"])
     return out
 

@@ -15,7 +15,12 @@ Contract:
   schema, compact JSON. "auto" leaves the output free; "none" renders no tools.
 * `parse_calls(text, spec)`: `(content, calls)`: every well-formed `<tool_call>` block naming a listed
   tool, or a whole output that is a Llama-3-style JSON call (`{"name": ..., "parameters"|"arguments": {...}}`);
-  content is the text outside the calls (None when empty). Anything else stays text.
+  content is the text outside the calls (None when empty). Anything else stays text. A forced call the
+  output ends inside (`max_tokens` cut it; the grammar allows no other end) is a call too, its arguments
+  as far as they were written (not valid JSON then; the finish reason says "length"), named by what the
+  grammar left possible: its written name, or the one allowed name its written part begins; a cut too
+  early to tell which is dropped, never content. Without a forced choice an unclosed call stays text
+  (or, after whole calls, is dropped).
 * `CallStream` turns a growing output into `delta.tool_calls` fragments: a call's index, id and name
   first, then pieces of its arguments, whose concatenation is the call's arguments string.
 """
@@ -36,6 +41,9 @@ NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 CALL_HEAD = re.compile(r'<tool_call>\s*\{\s*"name"\s*:\s*"([^"]*)"\s*,\s*"arguments"\s*:\s*')
 RAW_ARGS = re.compile(r'^\s*\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"arguments"\s*:\s*(\{.*\})\s*\}\s*$', re.S)
+CUT_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([^"]*)("?)')  # a call's start, its name maybe unfinished
+CALL_START = '{"name":"'  # how the grammar (compact JSON) opens a call's body
+ARGS_HEAD = re.compile(r'\s*,\s*"arguments"\s*:\s*')
 COMPACT = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
 HOLD = 32  # characters of a call's arguments held back in a stream (they may be the call's closing)
 
@@ -190,7 +198,11 @@ def parse_calls(text: str, spec: ToolSpec) -> tuple[str | None, list[ToolCall]]:
         at = m.end()
         calls.append(call)
     rest.append(text[at:])
-    if not calls:
+    tail = rest[-1]
+    cut = tail.find(OPEN)  # where a last call cut short begins (the answer ran out of tokens); not content
+    if spec.forced and cut < 0 and tail.strip() and OPEN.startswith(tail.strip()):
+        cut = tail.index(tail.strip())  # cut inside its very tag
+    if not calls and not (spec.forced and cut >= 0):
         body = text.strip().removeprefix("<|python_tag|>").strip()
         if body.startswith("{"):
             try:
@@ -200,11 +212,35 @@ def parse_calls(text: str, spec: ToolSpec) -> tuple[str | None, list[ToolCall]]:
             if call is not None:
                 return None, [call]
         return (text or None), []
-    tail = rest[-1]
-    if OPEN in tail:  # a last call cut short (the answer ran out of tokens) is not content
-        rest[-1] = tail[: tail.index(OPEN)]
+    if cut >= 0:
+        rest[-1] = tail[:cut]
+        partial = _cut_call(tail[cut:], spec) if spec.forced else None
+        calls += [partial] if partial is not None else []
     content = "".join(rest).strip()
     return (content or None), calls
+
+
+def _cut_call(text: str, spec: ToolSpec) -> ToolCall | None:
+    """The forced call `text` (from its `<tool_call>` tag on, cut before its end): the allowed function it
+    names (the written name, or the only allowed one its written part begins), its arguments as far as
+    written. None when that part fits several functions, or is not the forced form."""
+    body = text[len(OPEN):] if text.startswith(OPEN) else ""
+    head = CUT_HEAD.match(body)
+    if head is None and not CALL_START.startswith(body.lstrip()):
+        return None
+    written, whole = (head.group(1), head.group(2) == '"') if head else ("", False)
+    names = [t.name for t in spec.allowed if (t.name == written if whole else t.name.startswith(written))]
+    if len(names) != 1:
+        return None
+    args = ARGS_HEAD.match(body, head.end()) if head is not None and whole else None
+    arguments = "" if args is None else body[args.end():]
+    try:  # arguments whole, the call cut in its closing: they end where their JSON object does
+        value, end = json.JSONDecoder().raw_decode(arguments)
+        if isinstance(value, dict):
+            arguments = arguments[:end]
+    except ValueError:
+        pass
+    return ToolCall(_call_id(), names[0], arguments)
 
 
 @dataclass
@@ -302,4 +338,4 @@ class ToolStream:
     def finish(self, text: str) -> tuple[str, list[dict], list[ToolCall]]:
         content, calls = parse_calls(text, self.spec)
         fragments = self.calls.finish(calls)
-        return self._content((content or "") if calls else text), fragments, calls
+        return self._content(content or ""), fragments, calls
