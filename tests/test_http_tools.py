@@ -113,10 +113,14 @@ def test_tool_history_and_auto_are_accepted(served):
         {"role": "assistant", "content": None, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {"name": "tool_0", "arguments": '{"a0": 3}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "42"}]
+    prompts = {}
     for choice in ("auto", "none"):
         r = client(served).chat.completions.create(model="tiny", messages=history, tools=tools, tool_choice=choice,
                                                    max_tokens=8, temperature=0)
         assert r.choices[0].finish_reason in ("stop", "length", "tool_calls")
+        prompts[choice] = r.usage.prompt_tokens
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason != "tool_calls"  # "none": no call
+    assert prompts["none"] == prompts["auto"]  # the tools stay in the prompt under "none"
 
 
 def test_prefill_answers_only_the_continuation(served):

@@ -7,9 +7,9 @@ Contract of `chat_prompt(body, ctx, tools) -> ids`:
   content a string or text parts, or null for an assistant message carrying `tool_calls`). An
   assistant's `tool_calls` (`{id, type: "function", function: {name, arguments}}`) and a tool
   message's `tool_call_id` are kept; every problem is a 400 naming the message and field.
-* With tools (`tools.ToolSpec`, choice not "none"): a template that takes `tools` gets them (and the
-  history as it is); any other gets `tools.system_prompt` merged into a leading system message, earlier
-  calls written in the Hermes format and tool results as `tool` turns.
+* With tools (`tools.ToolSpec`, whatever the choice, "none" included): a template that takes `tools`
+  gets them (and the history as it is); any other gets `tools.system_prompt` merged into a leading
+  system message, earlier calls written in the Hermes format and tool results as `tool` turns.
 * `continue_final_message: true` with `add_generation_prompt: false` (vLLM's names) continues the final
   assistant message: the prompt ends with its text, no turn is opened, and the answer is only the
   continuation. Both true, or continuing a final message that is not the assistant's, is a 400.
@@ -124,7 +124,9 @@ def chat_prompt(body: dict, ctx, tools: ToolSpec | None) -> list[int]:
     if ctx.chat is None:
         raise APIError(400, "messages: this model has no chat template; start the server with --chat-template FILE",
                        param="messages", code="no_chat_template")
-    active = tools is not None and tools.choice != "none"
+    # tools stay in the prompt under tool_choice "none" too (as vLLM and OpenAI keep them): an agent's
+    # closing turn then starts like its earlier turns, and the prefix cache finds them
+    active = tools is not None and bool(tools.tools)
     takes_tools = active and ctx.chat.takes_tools
     if active and not takes_tools:
         turns = _plain_history(turns, tools)
