@@ -55,7 +55,7 @@ def test_index_jsonl_info_and_filtered_query(tmp_path, capsys):
     info = last_json(capsys.readouterr().out)
     for key in ("n_tokens", "n_documents", "bytes_on_disk", "format_version", "tokenizer"):
         assert key in info
-    assert info["n_documents"] == 3 and info["format_version"] == 1 and info["tokenizer"]["vocab_size"] > 1000
+    assert info["n_documents"] == 3 and info["format_version"] == 2 and info["tokenizer"]["vocab_size"] > 1000
     index = CorpusIndex.open(ix)
     assert index.document_ids == ["click/core.py", "click/utils.py", "flask/app.py"]
     assert index.document_tags[1] == {"repo": "click", "lang": "python"}

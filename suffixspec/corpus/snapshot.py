@@ -19,10 +19,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 
+from .._kernels import corpus_build as cbk
+from .._kernels.frozen import CORRUPT
 from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
 from .format import (
@@ -52,7 +55,7 @@ def _count(value) -> bool:
 
 
 class Shard:
-    """One mapped, checked shard: a FrozenAutomaton over its arrays plus the occurrence layout."""
+    """One mapped, checked shard: a FrozenAutomaton over its arrays; the occurrence layout on demand."""
 
     def __init__(self, path: Path, record: dict, number: int, vocab_size: int):
         self.path = path
@@ -72,14 +75,15 @@ class Shard:
             self.fa = FrozenAutomaton(**{k: a[k] for k in FROZEN_FIELDS})
         except IndexFormatError as exc:
             f.fail(str(exc))
-        self.occ, self.occ_start, self.doc_info_bytes = a["occ"], a["occ_start"], a["doc_info"]
+        self.doc_info_bytes = a["doc_info"]
+        self._layout = None  # (occ, occ_start), computed on the first restricted query
+        self._layout_lock = threading.Lock()
         self.token_base, self.doc_base = record["token_base"], record["doc_base"]
         self.n_tokens, self.n_documents = record["n_tokens"], record["n_documents"]
         fa = self.fa
         checks = [
             (lambda: fa.tokens.shape[0] == self.n_tokens, "token array length"),
             (lambda: fa.doc_starts.shape[0] == self.n_documents, "document table length"),
-            (lambda: self.occ.shape[0] == self.n_tokens and self.occ_start.shape[0] == fa.n_states, "occurrence layout size"),
             (lambda: fa.n_states == m["n_states"] and fa.n_edges == m["n_edges"], "state/edge counts"),
             (lambda: int(fa.offsets[0]) == 0 and int(fa.offsets[-1]) == fa.n_edges, "edge offsets"),
             (lambda: int(fa.counts[0]) == self.n_tokens and int(fa.links[0]) == -1 and int(fa.lens[0]) == 0, "root state"),
@@ -96,11 +100,36 @@ class Shard:
         if key not in TOKENS_CHECKED:  # a file once checked in this process, unchanged since: not again
             for name, arr in (("tokens", fa.tokens), ("etok", fa.etok)):
                 # one vectorised pass: seen unsigned, a negative id is larger than any vocabulary
-                if arr.shape[0] and int(arr.view(np.uint32).max()) >= vocab_size:
+                if arr.shape[0] and int(arr.view(np.dtype(f"<u{arr.dtype.itemsize}")).max()) >= vocab_size:
                     f.fail(f"array {name}: token ids outside the vocabulary [0, {vocab_size})")
             if len(TOKENS_CHECKED) >= 4096:
                 TOKENS_CHECKED.clear()
             TOKENS_CHECKED[key] = True
+
+    def layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """(occ, occ_start): the occurrence layout (`_kernels/corpus_build.py`) that restricted
+        queries read, computed once per open shard from its automaton and text (a walk of the text,
+        then one placement pass) and kept in memory; a damaged shard raises IndexFormatError."""
+        got = self._layout
+        if got is None:
+            with self._layout_lock:
+                got = self._layout
+                if got is None:
+                    got = self._layout = self._compute_layout()
+        return got
+
+    def _compute_layout(self) -> tuple[np.ndarray, np.ndarray]:
+        fa = self.fa
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+        if pstate.shape[0] and pstate[0] == CORRUPT:
+            self.corrupt("while walking the text")
+        ns = fa.n_states
+        occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns, np.int32)
+        if not cbk.place_occurrences(fa.links, fa.counts, pstate, occ, occ_start, np.empty((ns, cbk.W_COLS), np.int32)):
+            self.corrupt("the counts disagree with the suffix links and the text")
+        occ.flags.writeable = False
+        occ_start.flags.writeable = False
+        return occ, occ_start
 
     def doc_info(self) -> dict:
         try:
