@@ -433,6 +433,7 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     narrow = np.int32 if big_ids else np.uint16
     assert C.token_dtype(tokens) == narrow
     arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), arrays["tokens"].astype(narrow)
+    arrays["lens"] = arrays["lens"].astype(np.uint16)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
     meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
     from suffixspec.corpus import format as F
@@ -441,6 +442,26 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     assert mapped["payload_crc"] == plain["payload_crc"] and mapped["bytes"] == plain["bytes"]
     assert (tmp_path / "mapped.ssx").read_bytes() == (tmp_path / "plain.ssx").read_bytes()
     assert set(mapped["phases"]) == {"automaton", "freeze", "counts", "checksums", "write"}
+
+
+def test_long_document_int32_lengths_and_uint16_elsewhere(tmp_path):
+    """A shard whose longest document is over 65535 tokens keeps int32 state lengths (and answers as
+    the automaton does); the other shards of the index take uint16 ones."""
+    rng = np.random.default_rng(5)
+    long_doc = np.tile(rng.integers(0, 50, 700), 100)[:70000]  # repeats: matches longer than 65535 tokens
+    docs = [rng.integers(0, 50, 300), long_doc, rng.integers(0, 50, 200)]
+    ix = build(tmp_path, docs, shard_tokens=1000)
+    assert [s.fa.lens.dtype for s in ix.shards] == [np.uint16, np.int32, np.uint16]
+    assert [s.fa.tokens.dtype for s in ix.shards] == [np.uint16] * 3
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    for q in (long_doc[100:69900], long_doc[-300:], docs[0][5:40], np.concatenate([docs[2][:9], long_doc[:5]])):
+        m = ix.query(q)
+        assert m.length == sa.match_length(q) and m.count == sa.count(q[len(q) - m.length:])
+        assert sorted(ix.continuations(q[-3:]).items()) == sorted(sa.continuations(sa.locate(q[-3:])).as_dict().items())
+    assert ix.match_length(long_doc) == 70000
+    assert ix.query(long_doc[1:], ix.subset(ids=["d1"])).length == 69999
 
 
 def test_reader_layout_equals_reference(tmp_path):

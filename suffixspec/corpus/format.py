@@ -36,7 +36,7 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "KIND_MANIFEST", "KIND_SHARD", "KIND_DELET
            "write_container", "crc32_combine", "PhaseClock"]
 
 MAGIC = b"SFXSPIDX"
-FORMAT_VERSION = 2  # 1: before the compact shards (occurrence layout stored, int32 token ids)
+FORMAT_VERSION = 2  # 1: before the compact shards (occurrence layout stored, int32 token ids and lengths)
 KIND_MANIFEST, KIND_SHARD, KIND_DELETED = 1, 2, 3
 KIND_NAMES = {KIND_MANIFEST: "manifest", KIND_SHARD: "shard", KIND_DELETED: "deleted-documents"}
 MANIFEST = "manifest.ssx"
@@ -51,9 +51,9 @@ DTYPES = {"<i4", "<i8", "<u2", "|u1", "|b1"}
 # the arrays of a shard file, in file order, and the dtypes each may have
 SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts", "doc_info")
 SHARD_DTYPES = {name: ("<i4",) for name in SHARD_ARRAYS}
-# token ids are uint16 in a shard whose ids all fit (int32 otherwise)
-SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), doc_starts=("<i8",),
-                    doc_info=("|u1",))
+# token ids are uint16 in a shard whose ids all fit, state lengths in one whose longest document fits
+SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"),
+                    doc_starts=("<i8",), doc_info=("|u1",))
 DELETED_DTYPES = {"bitmap": ("|u1",)}
 MAX_ARRAYS = 64
 

@@ -4,8 +4,8 @@ Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one compl
 (format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
 automaton's own construction, `_kernels/build.documents_automaton`, which also records each
 position's prefix state), its frozen arrays with the counts and last ends (`_kernels/corpus_build.py`,
-from the prefix states; token ids as uint16 when they all fit, `token_dtype`), and the document
-table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
+from the prefix states; token ids as uint16 when they all fit, `token_dtype`, and state lengths
+when the longest document fits), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
 invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
@@ -58,7 +58,7 @@ def sum_phases(records) -> dict:
 
 def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
-    automaton, then its frozen arrays and occurrence layout straight into the mapped file.
+    automaton, then its frozen arrays, counts and last ends straight into the mapped file.
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
     phases = {}
     clock = PhaseClock(phases)
@@ -78,7 +78,9 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
     i4 = np.int32
     tok_dtype = token_dtype(tokens)
-    specs = [("links", i4, n_states), ("lens", i4, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
+    # no state is longer than the longest document: uint16 lengths when it fits
+    len_dtype = np.uint16 if int(doc_lens.max()) <= np.iinfo(np.uint16).max else i4
+    specs = [("links", i4, n_states), ("lens", len_dtype, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
              ("offsets", i4 if n_edges < 2**31 else np.int64, n_states + 1),  # int32 halves the edge offsets
              ("etok", tok_dtype, n_edges), ("eto", i4, n_edges), ("tokens", tok_dtype, n_tokens),
              ("doc_starts", np.int64, n_docs), ("doc_info", np.uint8, len(doc_info))]

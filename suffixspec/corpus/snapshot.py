@@ -6,9 +6,11 @@ the manifest (always fully checksummed, it is small) and its consistency; each s
 container structure (format.py), its meta against the manifest record (counts, size, payload
 checksum: a file of another index or generation is refused), array lengths against the counts,
 the root state, the edge offsets' ends, the document table (checksummed, and increasing), and
-every token id of the text and of the edges in [0, vocabulary size) (one vectorised pass per
+every token id of the text and of the edges (uint16 or int32) in [0, vocabulary size) (one vectorised pass per
 array, once per process for a file unchanged since: see TOKENS_CHECKED); the deleted bitmap (checksummed, indexes in range). Other array contents are checked
-lazily: the kernels range-check every index they follow and report damage (`Shard.corrupt`).
+lazily: the kernels range-check every index they follow and report damage (`Shard.corrupt`);
+`Shard.layout` computes the occurrence layout restricted queries read (once per shard, checked
+against the counts and suffix links).
 `verify=True` adds every checksum of every file. A writer removes the files of an older
 manifest only after publishing the new one; a reader that opened the older manifest and then
 misses one of its files (or finds another generation's) re-reads the manifest and tries again
