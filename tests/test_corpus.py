@@ -801,3 +801,34 @@ def test_crc32_combine_equals_crc_of_concatenation():
     for n1, n2 in cases:
         a, b = rng.bytes(int(n1)), rng.bytes(int(n2))
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
+    """The proposer drafts the same trees from a corpus index (uint16 ids and lengths on disk) as from
+    the in-memory automaton of the same documents (int32 arrays); a filtered session drafts through the
+    reader's occurrence layout (its answers are checked against brute force above)."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(11)
+    base = [rng.integers(0, 40000, int(rng.integers(50, 400))) for _ in range(12)]
+    docs = base + [np.where(rng.random(b.shape[0]) < 0.05, rng.integers(0, 40000, b.shape[0]), b) for b in base]
+    ix = build(tmp_path, docs)
+    assert ix.n_shards == 1 and ix.shards[0].fa.etok.dtype == np.uint16 and ix.shards[0].fa.lens.dtype == np.uint16
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    fa = FrozenAutomaton.from_documents(np.concatenate(docs).astype(np.int32), starts)
+    assert fa.etok.dtype == np.int32
+    parity = {"parity": "0"}, {"parity": "1"}
+    for budget in (8, 32):
+        a, b = Proposer(corpus=ix), Proposer(corpus=fa)
+        for i, d in enumerate(docs[::5]):
+            prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
+            sa, sb = a.start(prompt), b.start(prompt)
+            ta, tb = sa.propose(budget), sb.propose(budget)
+            assert len(ta) > 0
+            for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                assert np.array_equal(x, y)
+            sa.close()
+            sb.close()
+            sr = a.start(prompt, filter=parity[i % 2])
+            assert len(sr.propose(budget)) > 0
+            sr.close()
