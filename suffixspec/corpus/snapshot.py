@@ -127,7 +127,7 @@ class Shard:
             self.corrupt("while walking the text")
         ns = fa.n_states
         occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns, np.int32)
-        if not cbk.place_occurrences(fa.links, fa.counts, pstate, occ, occ_start, np.empty((ns, cbk.W_COLS), np.int32)):
+        if not cbk.place_occurrences(fa.links, fa.counts, pstate, occ, occ_start, np.empty((ns, cbk.P_COLS), np.int32)):
             self.corrupt("the counts disagree with the suffix links and the text")
         occ.flags.writeable = False
         occ_start.flags.writeable = False
