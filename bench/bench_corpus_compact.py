@@ -1,8 +1,8 @@
 """The corpus index's encoding, before vs after, paired: bytes per token, build, `suffixspec index`
 end to end, open, queries, and the proposer's drafts and latency with the index as its corpus.
 
-    python bench/bench_corpus_compact.py --base DIR [--new DIR] [--repeats 3] [--stdlib DIR] [--traces 40]
-                                         [--no-e2e] [--record [PATH]]
+    python bench/bench_corpus_compact.py --base DIR [--new DIR] [--labels BASE,NEW] [--repeats 3]
+                                         [--stdlib DIR] [--traces 40] [--no-e2e] [--record [PATH]]
 
 Arms: `base`, the `suffixspec` package under `--base DIR` (e.g. `git archive REV suffixspec | tar -x
 -C DIR`), and `new`, the one under `--new DIR` (default: this checkout's). Each measurement runs in a fresh process per arm, the arms
@@ -12,7 +12,8 @@ Python's), its `*.py` files as in `bench_corpus.py` (one document each, default 
 under bench/.cache/), indexed with one job into one shard (the issue's measure). Per arm:
 - `bytes_per_token`, `build_tokens_per_s` (build_index from token ids: the build alone) and its
   phases, `open_ms_first` / `open_ms_median` (7 opens in one process);
-- `e2e_tokens_per_s`: `suffixspec index DIR --glob '*.py' --jobs 1` as a subprocess, wall time;
+- `e2e_tokens_per_s`: `suffixspec index DIR --glob '*.py' --jobs 1 --skip-bad` as a subprocess, wall
+  time, DIR a copy of the same files (site-packages left out, as above; made once under bench/.cache/);
 - the proposer over `--traces` requests cut from the next standard library found beside it (its
   files of the same names; else the same one's): prompt = a file's first 512 tokens, then
   `Session.propose` at budgets 16 and 64, greedy acceptance against the file's next 256 tokens;
@@ -82,13 +83,35 @@ def worker(args) -> dict:
             out.update(proposer(args, tok, ix, meta, Proposer))
         if args.e2e:
             t = time.perf_counter()
-            r = subprocess.run([sys.executable, "-m", "suffixspec.cli", "index", args.stdlib, "--glob", "*.py", "--jobs",
-                                "1", "-o", str(Path(work) / "e2e"), "--tokenizer", "default"], capture_output=True, text=True)
+            r = subprocess.run([sys.executable, "-m", "suffixspec.cli", "index", args.e2e_src, "--glob", "*.py", "--jobs",
+                                "1", "--skip-bad", "-o", str(Path(work) / "e2e"), "--tokenizer", "default"],
+                               capture_output=True, text=True)
             e2e_s = time.perf_counter() - t
             if r.returncode != 0:
                 raise SystemExit(f"suffixspec index failed: {r.stderr[-2000:]}")
             n = CorpusIndex.open(Path(work) / "e2e").n_tokens
             out.update(e2e_tokens=n, e2e_s=round(e2e_s, 2), e2e_tokens_per_s=round(n / e2e_s))
+    return out
+
+
+def e2e_source(stdlib: str) -> Path:
+    """A copy of the standard library's `*.py` files outside site-packages and __pycache__ (the
+    files `bench_corpus.stdlib_corpus` reads), made once."""
+    import shutil
+    import zlib
+
+    out = common.CACHE / f"stdlib_src_{zlib.crc32(stdlib.encode()):08x}"
+    if out.is_dir():
+        return out
+    tmp = out.with_name(out.name + f".{os.getpid()}.tmp")
+    root = Path(stdlib)
+    for f in sorted(root.rglob("*.py")):
+        if "site-packages" in f.parts or "__pycache__" in f.parts or not f.is_file():
+            continue
+        dst = tmp / f.relative_to(root)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, dst)
+    os.replace(tmp, out)
     return out
 
 
@@ -168,7 +191,9 @@ def main():
     ap.add_argument("--stdlib", default=str(Path(os.__file__).parent), metavar="DIR")
     ap.add_argument("--traces", type=int, default=40)
     ap.add_argument("--no-e2e", dest="e2e", action="store_false")
+    ap.add_argument("--labels", default="", metavar="BASE,NEW", help="names recorded for the arms (e.g. their git revisions)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--e2e-src", default=None, help=argparse.SUPPRESS)
     common.add_record_flag(ap)
     args = ap.parse_args()
     if args.worker:
@@ -179,7 +204,7 @@ def main():
     arms = {"base": str(Path(args.base).resolve()), "new": str(Path(args.new).resolve())}
     runs = {a: [] for a in arms}
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", "--stdlib", args.stdlib, "--traces", str(args.traces)]
-    cmd += [] if args.e2e else ["--no-e2e"]
+    cmd += ["--e2e-src", str(e2e_source(args.stdlib))] if args.e2e else ["--no-e2e"]
     for r in range(args.repeats):
         for arm in (list(arms) if r % 2 == 0 else list(arms)[::-1]):
             env = dict(os.environ, PYTHONPATH=arms[arm])
@@ -188,7 +213,7 @@ def main():
                 raise SystemExit(f"{arm} arm failed:\n{got.stderr[-3000:]}")
             runs[arm].append(json.loads(got.stdout.strip().splitlines()[-1]))
             print(f"repeat {r} {arm}: {runs[arm][-1]}", file=sys.stderr, flush=True)
-    result = {"stdlib": args.stdlib, "repeats": args.repeats, "base": args.base, "new": args.new}
+    result = {"stdlib": args.stdlib, "repeats": args.repeats, "base": args.base, "new": args.new, "labels": args.labels}
     keys = [k for k in runs["new"][0] if k in runs["base"][0]] + [k for k in runs["new"][0] if k not in runs["base"][0]]
     print(f"{'metric':<32} {'base':>14} {'new':>14} {'new/base':>9}   range base | new")
     for k in keys:
