@@ -55,7 +55,7 @@ def _prefetch(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def prefix_states(offsets, etok, eto, tokens, doc_starts):
     """State of each position's whole document prefix (-2 for a damaged automaton)."""
     n = tokens.shape[0]
@@ -136,7 +136,7 @@ def count_ends(links, lens, pstate, counts, lasts, W, order):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def place_occurrences(links, counts, pstate, occ, occ_start, W):
     """The occurrence layout occ int32[n_tokens], occ_start int32[n_states] from the suffix links,
     the counts and `pstate`: occ lists every state's positions in suffix-link-tree preorder (a

@@ -111,7 +111,8 @@ class Shard:
     def layout(self) -> tuple[np.ndarray, np.ndarray]:
         """(occ, occ_start): the occurrence layout (`_kernels/corpus_build.py`) that restricted
         queries read, computed once per open shard from its automaton and text (a walk of the text,
-        then one placement pass) and kept in memory; a damaged shard raises IndexFormatError."""
+        then one placement pass, both without the GIL: other threads' queries and drafts go on) and
+        kept in memory; a damaged shard raises IndexFormatError."""
         got = self._layout
         if got is None:
             with self._layout_lock:
