@@ -291,6 +291,21 @@ def _generic(r) -> list[str]:
             for k, v in r.items() if isinstance(v, (int, float, str, bool))]
 
 
+def _corpus_compact(r) -> list[str]:
+    """Paired arms: each figure's base and new medians, their ratio and ranges; digests equal or not."""
+    out = [f"arms (base, new): {r.get('labels') or 'unlabelled'}; {r.get('repeats')} repeats, medians [ranges]"]
+    for k, v in r.items():
+        if not isinstance(v, dict):
+            continue
+        if "ratio" in v:
+            fmt = (lambda a: "-" if a is None else f"{a:.4g}")
+            out.append(f"{k}: {fmt(v['base'])} {v['base_range']} -> {fmt(v['new'])} {v['new_range']}"
+                       + (f" ({v['ratio']}x)" if v["ratio"] is not None else ""))
+        else:
+            out.append(f"{k}: {'identical' if v.get('base') == v.get('new') else 'different'} ({v.get('new')})")
+    return out
+
+
 def _vllm(r) -> list[str]:
     rows = r.get("results", [])
     if not rows or "workload" not in rows[0]:
@@ -332,7 +347,7 @@ SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
-             "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e}
+             "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e, "corpus_compact": _corpus_compact}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -342,6 +357,7 @@ TITLES = {
     "automaton": ("Suffix automaton build, memory, online latency", "bench/bench_automaton.py"),
     "corpus": ("Corpus index build, size, open, queries", "bench/bench_corpus.py"),
     "corpus_drafting": ("Drafting from a stale corpus against the context bound", "bench/bench_corpus_drafting.py"),
+    "corpus_compact": ("Corpus index encoding, before vs after (paired)", "bench/bench_corpus_compact.py"),
     "offmode": ("What a round costs with speculation switched off", "bench/bench_offmode.py"),
     "prefill": ("Long prompts beside running requests", "bench/bench_prefill.py"),
     "refusal": ("Oversized requests refused", "bench/bench_refusal.py"),

@@ -53,9 +53,12 @@ def test_index_jsonl_info_and_filtered_query(tmp_path, capsys):
     assert ix.is_dir() and not any(p.name.startswith(".") for p in tmp_path.iterdir())
     assert main(["info", str(ix), "--json"]) == 0
     info = last_json(capsys.readouterr().out)
-    for key in ("n_tokens", "n_documents", "bytes_on_disk", "format_version", "tokenizer"):
+    for key in ("n_tokens", "n_documents", "bytes_on_disk", "bytes_per_token", "format_version", "tokenizer"):
         assert key in info
-    assert info["n_documents"] == 3 and info["format_version"] == 1 and info["tokenizer"]["vocab_size"] > 1000
+    assert info["n_documents"] == 3 and info["format_version"] == 2 and info["tokenizer"]["vocab_size"] > 1000
+    files = [ix / "manifest.ssx"] + sorted(ix.glob("shard-*.ssx"))
+    assert info["bytes_on_disk"] == sum(f.stat().st_size for f in files)
+    assert info["bytes_per_token"] == round(info["bytes_on_disk"] / info["n_tokens"], 2)
     index = CorpusIndex.open(ix)
     assert index.document_ids == ["click/core.py", "click/utils.py", "flask/app.py"]
     assert index.document_tags[1] == {"repo": "click", "lang": "python"}
@@ -118,6 +121,17 @@ def test_bad_input_reports_file_and_line(tmp_path, capsys):
     assert "empty corpus" in capsys.readouterr().err
     assert main(["index", str(src), "-o", out, "--tag", "oops"]) == 2
     assert "KEY=VALUE" in capsys.readouterr().err
+
+
+def test_batch_encoder_gives_the_tokenizers_ids(small_tokenizer):
+    """`suffixspec index` encodes through the backend's fast batch call: the ids of `encode_batch`."""
+    from suffixspec._commands.index import batch_encoder
+    from suffixspec.tokenizer import load_tokenizer
+
+    texts = ["def invoke(self, ctx):\n    return 12345", "", "  naïve ünïcode  ✓\n\n\tx = 'a'  # ü", "x" * 3000,
+             "\r\n".join(f"line {i}" for i in range(200))]
+    for tok in (load_tokenizer(), load_tokenizer(small_tokenizer)):
+        assert [list(x) for x in batch_encoder(tok)(texts)] == tok.encode_batch(texts)
 
 
 def test_info_detects_damage_and_tokenizer_mismatch(tmp_path, capsys, small_tokenizer):

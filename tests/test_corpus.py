@@ -409,15 +409,17 @@ def test_shard_of_huge_token_ids_answers_like_the_automaton(tmp_path):
         assert ix.count(p) == sa.count(p) == naive.count(big, p)
 
 
-def test_mapped_shard_file_equals_in_memory_write(tmp_path):
+@pytest.mark.parametrize("big_ids", [False, True])
+def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     """A shard written in place through its file mapping has the bytes of the frozen automaton
-    plus occurrence layout written from memory."""
+    written from memory: token ids as uint16 when they all fit, else int32; no occurrence layout."""
     import json
 
-    from suffixspec._kernels import corpus_build as cbk
     from suffixspec.corpus import shards as C
 
     docs = [d for d in random_docs(17, n_docs=20, max_len=80) if d]
+    if big_ids:
+        docs = [np.asarray(d, np.int64) + 65534 for d in docs]  # ids around uint16's range
     lens = np.array([len(d) for d in docs], np.int64)
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
     ids, tags = [f"d{i}" for i in range(len(docs))], [{"n": str(i)} for i in range(len(docs))]
@@ -426,10 +428,12 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     for d in docs:
         sa.add_document(d)
     fa = sa.freeze()
-    pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
-    occ, occ_start = naive.occurrence_layout(fa.links, pstate)
-    arrays = {**fa.arrays(), "occ": np.array(occ, np.int32), "occ_start": np.array(occ_start, np.int32)}
+    arrays = dict(fa.arrays())
     arrays["offsets"] = arrays["offsets"].astype(np.int32)
+    narrow = np.int32 if big_ids else np.uint16
+    assert C.token_dtype(tokens) == narrow
+    arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), arrays["tokens"].astype(narrow)
+    arrays["lens"] = arrays["lens"].astype(np.uint16)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
     meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
     from suffixspec.corpus import format as F
@@ -437,7 +441,58 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path):
     plain = F.write_container(tmp_path / "plain.ssx", F.KIND_SHARD, meta, arrays)
     assert mapped["payload_crc"] == plain["payload_crc"] and mapped["bytes"] == plain["bytes"]
     assert (tmp_path / "mapped.ssx").read_bytes() == (tmp_path / "plain.ssx").read_bytes()
-    assert set(mapped["phases"]) == {"automaton", "freeze", "occurrences", "checksums", "write"}
+    assert set(mapped["phases"]) == {"automaton", "freeze", "counts", "checksums", "write"}
+
+
+def test_long_document_int32_lengths_and_uint16_elsewhere(tmp_path):
+    """A shard whose longest document is over 65535 tokens keeps int32 state lengths (and answers as
+    the automaton does); the other shards of the index take uint16 ones."""
+    rng = np.random.default_rng(5)
+    long_doc = np.tile(rng.integers(0, 50, 700), 100)[:70000]  # repeats: matches longer than 65535 tokens
+    docs = [rng.integers(0, 50, 300), long_doc, rng.integers(0, 50, 200)]
+    ix = build(tmp_path, docs, shard_tokens=1000)
+    assert [s.fa.lens.dtype for s in ix.shards] == [np.uint16, np.int32, np.uint16]
+    assert [s.fa.tokens.dtype for s in ix.shards] == [np.uint16] * 3
+    sa = SuffixAutomaton()
+    for d in docs:
+        sa.add_document(d)
+    for q in (long_doc[100:69900], long_doc[-300:], docs[0][5:40], np.concatenate([docs[2][:9], long_doc[:5]])):
+        m = ix.query(q)
+        assert m.length == sa.match_length(q) and m.count == sa.count(q[len(q) - m.length:])
+        assert sorted(ix.continuations(q[-3:]).items()) == sorted(sa.continuations(sa.locate(q[-3:])).as_dict().items())
+    assert ix.match_length(long_doc) == 70000
+    assert ix.query(long_doc[1:], ix.subset(ids=["d1"])).length == 69999
+
+
+def test_reader_layout_equals_reference(tmp_path):
+    """The occurrence layout a reader computes for a shard (on its first restricted query) is the
+    reference's: every position under its prefix state, in suffix-link-tree preorder."""
+    from suffixspec._kernels import corpus_build as cbk
+
+    docs = [d for d in random_docs(23, n_docs=30, max_len=90) if d]
+    ix = build(tmp_path, docs, shard_tokens=400)
+    assert ix.n_shards > 1
+    for s in ix.shards:
+        assert s._layout is None  # not computed on open
+        fa = s.fa
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+        occ, occ_start = naive.occurrence_layout(fa.links, pstate)
+        got = s.layout()
+        assert np.array_equal(got[0], occ) and np.array_equal(got[1], occ_start)
+        assert s.layout() is got  # computed once
+        # damaged counts or links: refused, never an out-of-range write
+        W = np.empty((fa.n_states, cbk.W_COLS), np.int32)
+        out = (np.empty(len(fa), np.int32), np.empty(fa.n_states, np.int32))
+        assert cbk.place_occurrences(fa.links, fa.counts, pstate, *out, W)
+        for v in range(1, min(fa.n_states, 40)):
+            bad = np.array(fa.counts)
+            bad[v] += 1
+            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
+            bad[v] = 2**31 - 1
+            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
+        bad_links = np.array(fa.links)
+        bad_links[1] = 1
+        assert not cbk.place_occurrences(bad_links, fa.counts, pstate, *out, W)
 
 
 # -- damage -----------------------------------------------------------------------------------
@@ -497,8 +552,8 @@ def rewrite_header(f, **fields):
 def test_wrong_magic_version_tokenizer(damaged_setup):
     manifest = damaged_setup / "manifest.ssx"
     good = manifest.read_bytes()
-    rewrite_header(manifest, version=2)
-    with pytest.raises(IndexFormatError, match="manifest.ssx: format version 2, this suffixspec reads version 1"):
+    rewrite_header(manifest, version=3)
+    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 3, this suffixspec reads version 2 \(a newer"):
         CorpusIndex.open(damaged_setup)
     manifest.write_bytes(good)
     rewrite_header(manifest, magic=b"GGUF\0\0\0\0")
@@ -515,6 +570,23 @@ def test_wrong_magic_version_tokenizer(damaged_setup):
     other = damaged_setup / "shard-00001.ssx"
     shard.write_bytes(other.read_bytes())
     with pytest.raises(IndexFormatError, match="shard-00000.ssx"):
+        CorpusIndex.open(damaged_setup)
+
+
+def test_version_1_index_refused_with_how_to_rebuild(damaged_setup):
+    """An index of the previous format (every file's header says version 1) is refused, the
+    message saying how to rebuild it; so is one shard of that version under a current manifest."""
+    files = sorted(damaged_setup.glob("*.ssx"))
+    shard = damaged_setup / "shard-00000.ssx"
+    good = shard.read_bytes()
+    rewrite_header(shard, version=1)
+    with pytest.raises(IndexFormatError, match=r"shard-00000.ssx: format version 1, from an older suffixspec.*rebuild"):
+        CorpusIndex.open(damaged_setup)
+    shard.write_bytes(good)
+    for f in files:
+        rewrite_header(f, version=1)
+    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 1, from an older suffixspec; this suffixspec "
+                                               r"reads version 2.*`suffixspec index`"):
         CorpusIndex.open(damaged_setup)
 
 
@@ -729,3 +801,34 @@ def test_crc32_combine_equals_crc_of_concatenation():
     for n1, n2 in cases:
         a, b = rng.bytes(int(n1)), rng.bytes(int(n2))
         assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
+    """The proposer drafts the same trees from a corpus index (uint16 ids and lengths on disk) as from
+    the in-memory automaton of the same documents (int32 arrays); a filtered session drafts through the
+    reader's occurrence layout (its answers are checked against brute force above)."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(11)
+    base = [rng.integers(0, 40000, int(rng.integers(50, 400))) for _ in range(12)]
+    docs = base + [np.where(rng.random(b.shape[0]) < 0.05, rng.integers(0, 40000, b.shape[0]), b) for b in base]
+    ix = build(tmp_path, docs)
+    assert ix.n_shards == 1 and ix.shards[0].fa.etok.dtype == np.uint16 and ix.shards[0].fa.lens.dtype == np.uint16
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    fa = FrozenAutomaton.from_documents(np.concatenate(docs).astype(np.int32), starts)
+    assert fa.etok.dtype == np.int32
+    parity = {"parity": "0"}, {"parity": "1"}
+    for budget in (8, 32):
+        a, b = Proposer(corpus=ix), Proposer(corpus=fa)
+        for i, d in enumerate(docs[::5]):
+            prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
+            sa, sb = a.start(prompt), b.start(prompt)
+            ta, tb = sa.propose(budget), sb.propose(budget)
+            assert len(ta) > 0
+            for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                assert np.array_equal(x, y)
+            sa.close()
+            sb.close()
+            sr = a.start(prompt, filter=parity[i % 2])
+            assert len(sr.propose(budget)) > 0
+            sr.close()

@@ -7,7 +7,8 @@ and between two indexes, and a FIFO, a directory, a symlink loop, an empty file 
 place of a file. The cases run in worker subprocesses (a crash or hang fails the test, naming the
 case), each case opened twice: with `verify=True` (every checksum) and with the default cheap
 checks. Under the default open, a flip or zeroed block inside the payload of a large shard array
-(automaton, text, occurrence layout) can only be found by a checksum; those cases must still
+(automaton, text) can only be found by a checksum (or, for the counts and suffix links, when a
+restricted query computes the occurrence layout); those cases must still
 refuse or answer without crashing, and the test counts how many answered differently.
 """
 

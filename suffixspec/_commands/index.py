@@ -47,6 +47,16 @@ def parse_tags(items, what="--tag") -> dict:
     return out
 
 
+def batch_encoder(tok):
+    """texts -> token id arrays, as `tok.encode_batch` gives them: through the HF backend's
+    `encode_batch_fast` when it has one (the same ids without the character offsets, which an index
+    never reads), else `encode_batch`."""
+    fast = getattr(getattr(tok, "backend", None), "encode_batch_fast", None)
+    if fast is None:
+        return tok.encode_batch
+    return lambda texts: [e.ids for e in fast(texts, add_special_tokens=False)]
+
+
 def run(args) -> int:
     import os
 
@@ -101,10 +111,12 @@ def run(args) -> int:
         yield from encode(batch)
         bar.update(stats.bytes - done)
 
+    encode_texts = batch_encoder(tok)
+
     def encode(batch):
         if not batch:
             return
-        for (text, doc_id, doc_tags), ids in zip(batch, tok.encode_batch([b[0] for b in batch])):
+        for (text, doc_id, doc_tags), ids in zip(batch, encode_texts([b[0] for b in batch])):
             n_tokens[0] += len(ids)
             yield Document(np.asarray(ids, np.int32), doc_id, doc_tags)
 

@@ -1,7 +1,9 @@
-"""The occurrence layout of a corpus shard, computed from its frozen automaton.
+"""Counts, last ends and the occurrence layout of a corpus shard, from its frozen automaton.
 
 Besides the frozen automaton arrays (frozen.py; built by `build.documents_automaton`, the same
-construction as every automaton's) a shard stores its *occurrence layout*:
+construction as every automaton's) a shard has an *occurrence layout*, which only
+document-restricted queries read (so it is computed by the reader, on the first such query,
+not stored):
 
 - `occ` int32[n_tokens]: every end position of the shard, ordered by a depth-first preorder of
   the suffix-link tree (each position sits at the deepest state whose strings end there: the
@@ -9,11 +11,11 @@ construction as every automaton's) a shard stores its *occurrence layout*:
   range `occ[occ_start[v] : occ_start[v] + counts[v]]`;
 - `occ_start` int32[n_states].
 
-`build_occurrences` turns the state of each position's whole document prefix (recorded by the
-build, `build.documents_automaton`) into counts, last ends and the layout, checking them against
-the suffix links; `prefix_states` finds those states by a walk of a frozen automaton.
-The query kernels over the layout are in corpus_query.py.
-"""
+`count_ends` turns the state of each position's whole document prefix (recorded by the build,
+`build.documents_automaton`, or found by `prefix_states`, a walk of a frozen automaton) into
+counts and last ends; `place_occurrences` lays the positions out from the counts, checking them
+against the suffix links; `build_occurrences` does both. The query kernels over the layout are
+in corpus_query.py."""
 
 import numpy as np
 from llvmlite import ir
@@ -24,10 +26,12 @@ from numba.extending import intrinsic
 from .frozen import CORRUPT, transition
 
 PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
-# scratch rows of `build_occurrences` (int32[n_states, W_COLS]): own then subtree count, last end,
-# subtree start, placement cursor
-W_CNT, W_LAST, W_START, W_CURSOR = 0, 1, 2, 3
-W_COLS = 4
+# scratch rows of `count_ends` (int32[n_states, >= W_COLS]): own then subtree count, last end
+W_CNT, W_LAST = 0, 1
+W_COLS = 2
+# scratch rows of `place_occurrences` (int32[n_states, >= P_COLS]): subtree start, placement cursor
+P_START, P_CURSOR = 0, 1
+P_COLS = 2
 
 
 @intrinsic
@@ -51,7 +55,7 @@ def _prefetch(typingctx, arr, i):
     return types.void(arr, i), codegen
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def prefix_states(offsets, etok, eto, tokens, doc_starts):
     """State of each position's whole document prefix (-2 for a damaged automaton)."""
     n = tokens.shape[0]
@@ -73,17 +77,14 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
 
 
 @njit(cache=True)
-def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
-    """counts, lasts int32[n_states] and the occurrence layout occ int32[n_tokens], occ_start
-    int32[n_states] of an automaton from `pstate` (the state of each position's whole document
-    prefix). counts[v]: the positions whose prefix state is v or below it in the suffix-link tree;
-    lasts[v]: the greatest of them (-1: none); occ lists every state's positions in suffix-link-tree
-    preorder (a state's own positions increasing, then its children's subtrees in state-number
-    order) and occ_start[v] is where v's subtree starts. One kernel whose scattered accesses each
-    touch one 16-byte scratch row per state (own count then subtree count, last end, start,
-    cursor), prefetched PREFETCH_AHEAD steps ahead where the loop's order allows. `W` int32[>= n_states, W_COLS] and `order` int32[>= n_states] are scratch (e.g. the
-    spent builder's memory, already mapped). False when the layout disagrees with the counts
-    (an automaton that does not describe its tokens)."""
+def count_ends(links, lens, pstate, counts, lasts, W, order):
+    """counts, lasts int32[n_states] of an automaton from `pstate` (the state of each position's
+    whole document prefix): counts[v], the positions whose prefix state is v or below it in the
+    suffix-link tree; lasts[v], the greatest of them (-1: none). Scattered accesses each touch one
+    8-byte scratch row per state, prefetched PREFETCH_AHEAD steps ahead. `W` int32[>= n_states,
+    W_COLS] and `order` int32[>= n_states] are scratch (e.g. the spent builder's memory, already
+    mapped). False when the counts disagree with the suffix links (an automaton that does not
+    describe its tokens)."""
     ns = links.shape[0]
     n = pstate.shape[0]
     ahead = PREFETCH_AHEAD
@@ -92,7 +93,6 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
     for v in range(ns):
         W[v, W_CNT] = 0
         W[v, W_LAST] = -1
-        W[v, W_START] = -1
     for p in range(n):
         st = pstate[p]
         if st < 0 or st >= ns:
@@ -103,10 +103,9 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
         return False
     max_len = 0
     for v in range(ns):
-        W[v, W_CURSOR] = W[v, W_CNT]  # own positions, kept for the placement below
         if lens[v] > max_len:
             max_len = lens[v]
-        if v > 0 and (links[v] < 0 or links[v] >= ns):
+        if lens[v] < 0 or (v > 0 and (links[v] < 0 or links[v] >= ns)):
             return False
     # subtree sums deepest first (counting sort by length): a state's sums are final before its parent reads them
     bucket = np.zeros(max_len + 2, np.int64)
@@ -134,11 +133,40 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
     for v in range(ns):
         counts[v] = W[v, W_CNT]
         lasts[v] = W[v, W_LAST]
+    return True
+
+
+@njit(cache=True, nogil=True)
+def place_occurrences(links, counts, pstate, occ, occ_start, W):
+    """The occurrence layout occ int32[n_tokens], occ_start int32[n_states] from the suffix links,
+    the counts and `pstate`: occ lists every state's positions in suffix-link-tree preorder (a
+    state's own positions increasing, then its children's subtrees in state-number order) and
+    occ_start[v] is where v's subtree starts. `W` int32[>= n_states, >= P_COLS] is scratch. False when
+    the arrays disagree (a subtree not filled exactly by its count, a suffix-link cycle, a state
+    out of range): every array may come from a damaged file."""
+    ns = links.shape[0]
+    n = pstate.shape[0]
+    ahead = PREFETCH_AHEAD
+    if W.shape[0] < ns or W.shape[1] < P_COLS or counts.shape[0] < ns or occ.shape[0] < n or occ_start.shape[0] < ns:
+        return False
+    if not (ns > 0 and links[0] == -1 and counts[0] == n):
+        return False
+    for v in range(ns):
+        W[v, P_CURSOR] = 0  # own positions, kept for the placement below
+        W[v, P_START] = -1
+        c = counts[v]
+        if c < 0 or c > n or (v > 0 and (links[v] < 0 or links[v] >= ns)):
+            return False
+    for p in range(n):
+        st = pstate[p]
+        if st < 0 or st >= ns:
+            return False
+        W[st, P_CURSOR] += 1
     # placement in suffix-link-tree preorder without building the tree: a state's subtree holds
     # counts[v] positions, so it goes right after its parent's own positions and its earlier-placed
     # siblings (states in number order, a chain of unplaced ancestors placed top-down first)
-    chain = order  # spent: reused as the chain stack (its first rows only)
-    W[0, W_START] = 0
+    chain = occ_start  # written only after the placement: its first rows are the chain stack meanwhile
+    W[0, P_START] = 0
     for v in range(1, ns):
         if v + 2 * ahead < ns:  # the parent's row, and a step later the grandparent's (a clone's chain)
             u = links[v + 2 * ahead]
@@ -147,11 +175,11 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
             g = links[links[v + ahead]]
             if g >= 0:
                 _prefetch(W, g)
-        if W[v, W_START] >= 0:
+        if W[v, P_START] >= 0:
             continue
         top = 0
         u = v
-        while W[u, W_START] < 0:
+        while W[u, P_START] < 0:
             if top >= ns:  # a cycle of suffix links
                 return False
             chain[top] = u
@@ -161,20 +189,34 @@ def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, ord
             top -= 1
             w = chain[top]
             par = links[w]
-            start = W[par, W_CURSOR]
-            W[w, W_START] = start
-            W[par, W_CURSOR] = start + W[w, W_CNT]
-            W[w, W_CURSOR] = start + W[w, W_CURSOR]
+            start = W[par, P_CURSOR]
+            if np.int64(start) + counts[w] > n:  # more positions than the shard has
+                return False
+            W[w, P_START] = start
+            W[par, P_CURSOR] = start + counts[w]
+            W[w, P_CURSOR] = start + W[w, P_CURSOR]
     for v in range(ns):
-        if np.int64(W[v, W_CURSOR]) != np.int64(W[v, W_START]) + W[v, W_CNT]:  # every subtree filled exactly
+        if np.int64(W[v, P_CURSOR]) != np.int64(W[v, P_START]) + counts[v]:  # every subtree filled exactly
             return False
-        occ_start[v] = W[v, W_START]
-        W[v, W_CURSOR] = W[v, W_START]
+    for v in range(ns):
+        occ_start[v] = W[v, P_START]
+        W[v, P_CURSOR] = W[v, P_START]
     for p in range(n):
         if p + ahead < n:
             _prefetch(W, pstate[p + ahead])
         st = pstate[p]
-        k = W[st, W_CURSOR]
+        k = W[st, P_CURSOR]
+        if k < 0 or k >= n:
+            return False
         occ[k] = p
-        W[st, W_CURSOR] = k + 1
+        W[st, P_CURSOR] = k + 1
     return True
+
+
+@njit(cache=True)
+def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
+    """`count_ends` then `place_occurrences` (the counts, last ends and occurrence layout in one
+    call); False when either finds the arrays inconsistent."""
+    if not count_ends(links, lens, pstate, counts, lasts, W, order):
+        return False
+    return place_occurrences(links, counts, pstate, occ, occ_start, W)

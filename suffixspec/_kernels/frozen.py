@@ -2,7 +2,8 @@
 
 Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1], int32
 in a `source_table` (edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges],
-sorted by token within each state. They may be memory-mapped from a file that was damaged after
+sorted by token within each state (a corpus shard's `etok` may be uint16: the query kernels
+read either; a `source_table` takes int32 copies). They may be memory-mapped from a file that was damaged after
 its header was checked, so every index read from an array is range-checked before it is
 followed: a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
 """
@@ -104,11 +105,11 @@ def out_edges(offsets, etok, eto, state):
     hi = offsets[state + 1]
     if lo < 0 or hi > m or lo > hi:
         return np.empty(0, np.int32), np.empty(0, np.int32), False
-    dst = eto[lo:hi].copy()
+    dst = eto[lo:hi].astype(np.int32)
     for i in range(dst.shape[0]):
         if dst[i] < 0 or dst[i] >= n:
             return np.empty(0, np.int32), np.empty(0, np.int32), False
-    return etok[lo:hi].copy(), dst, True
+    return etok[lo:hi].astype(np.int32), dst, True
 
 
 # A frozen automaton's edge records (`edge_records`), the drafting kernel's view of a state's

@@ -8,8 +8,8 @@ Terms
 - *position*: an index into the concatenation of all documents of the index, over all shards
   in order (shard s covers positions token_base[s] .. token_base[s] + n_tokens[s] - 1). The
   *end position* of an occurrence is the position of its last token, as in `draft/automaton.py`.
-- *shard*: a `FrozenAutomaton` over a bounded number of tokens plus its occurrence layout
-  (see `_kernels/corpus_query.py`).
+- *shard*: a `FrozenAutomaton` over a bounded number of tokens; restricted queries also read its
+  occurrence layout, which a reader computes once per shard (see `_kernels/corpus_build.py`).
 - *subset*: a `Subset` (compiled from a pyroaring `BitMap` of document indexes or from tags)
   restricting a query to some documents (see query.py for when counts are estimates).
 - *deleted* documents (a bitmap stored with the index) are excluded from every result until
@@ -18,7 +18,7 @@ Terms
 On disk an index is a directory::
 
     INDEX/manifest.ssx          tokenizer, counts, shard list (the commit point of every change)
-    INDEX/shard-00000.ssx       one per shard: automaton arrays, occurrence layout, document table
+    INDEX/shard-00000.ssx       one per shard: automaton arrays, text, document table
     INDEX/deleted-XXXXXXXX.ssx  optional: serialized BitMap of deleted document indexes
     INDEX/lock                  the writers' lock file (created by the first change)
 

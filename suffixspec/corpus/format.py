@@ -36,7 +36,7 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "KIND_MANIFEST", "KIND_SHARD", "KIND_DELET
            "write_container", "crc32_combine", "PhaseClock"]
 
 MAGIC = b"SFXSPIDX"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: before the compact shards (occurrence layout stored, int32 token ids and lengths)
 KIND_MANIFEST, KIND_SHARD, KIND_DELETED = 1, 2, 3
 KIND_NAMES = {KIND_MANIFEST: "manifest", KIND_SHARD: "shard", KIND_DELETED: "deleted-documents"}
 MANIFEST = "manifest.ssx"
@@ -47,14 +47,24 @@ HEADER = struct.Struct("<8sIIQIIQQI8sI")
 ENTRY = struct.Struct("<32s8sQQI4s")
 if HEADER.size != 64 or ENTRY.size != 64:
     raise InternalError("container header and entry must be 64 bytes")
-DTYPES = {"<i4", "<i8", "|u1", "|b1"}
+DTYPES = {"<i4", "<i8", "<u2", "|u1", "|b1"}
 # the arrays of a shard file, in file order, and the dtypes each may have
-SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts", "occ",
-                "occ_start", "doc_info")
+SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts", "doc_info")
 SHARD_DTYPES = {name: ("<i4",) for name in SHARD_ARRAYS}
-SHARD_DTYPES.update(offsets=("<i4", "<i8"), doc_starts=("<i8",), doc_info=("|u1",))
+# token ids are uint16 in a shard whose ids all fit, state lengths in one whose longest document fits
+SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"),
+                    doc_starts=("<i8",), doc_info=("|u1",))
 DELETED_DTYPES = {"bitmap": ("|u1",)}
 MAX_ARRAYS = 64
+
+
+def version_problem(version) -> str:
+    """Why a file of format `version` is refused, and what to do about it."""
+    if isinstance(version, int) and 0 < version < FORMAT_VERSION:
+        return (f"format version {version}, from an older suffixspec; this suffixspec reads version {FORMAT_VERSION} "
+                "(compact shards): rebuild the index from its sources with "
+                "`suffixspec index` (or list its documents with the suffixspec that built it and index them again)")
+    return f"format version {version}, this suffixspec reads version {FORMAT_VERSION} (a newer suffixspec wrote it)"
 
 
 class MissingFileError(IndexFormatError):
@@ -282,7 +292,7 @@ class Container:
         if zlib.crc32(mm[: HEADER.size - 4]) != head_crc:
             self.fail("damaged header (checksum mismatch)")
         if version != FORMAT_VERSION:
-            self.fail(f"format version {version}, this suffixspec reads version {FORMAT_VERSION}")
+            self.fail(version_problem(version))
         if got_kind != kind:
             self.fail(f"is a {KIND_NAMES.get(got_kind, got_kind)} file, expected a {KIND_NAMES[kind]} file")
         if length != size:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..errors import BadInputError, IndexFormatError
 from ..fileio import fsync_dir, temp_name
-from .format import FORMAT_VERSION, KIND_MANIFEST, MANIFEST, write_container
+from .format import FORMAT_VERSION, KIND_MANIFEST, MANIFEST, version_problem, write_container
 
 __all__ = ["tokenizer_info", "manifest_meta", "check_manifest", "write_manifest", "index_files", "shard_name",
            "shard_number", "is_index_file", "suffixspec_version", "FORMAT_NAME"]
@@ -96,8 +96,10 @@ def _plain_name(name) -> bool:
 
 def manifest_problem(meta: dict) -> str | None:
     """What is wrong with a manifest's meta block, None when it is consistent."""
-    if meta.get("format") != FORMAT_NAME or meta.get("format_version") != FORMAT_VERSION:
-        return f"unsupported format {meta.get('format')!r} version {meta.get('format_version')!r}"
+    if meta.get("format") != FORMAT_NAME:
+        return f"unsupported format {meta.get('format')!r}"
+    if meta.get("format_version") != FORMAT_VERSION:
+        return version_problem(meta.get("format_version"))
     try:
         tok = tokenizer_info(meta.get("tokenizer") if isinstance(meta.get("tokenizer"), dict) else {})
     except BadInputError as exc:

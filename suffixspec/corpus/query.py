@@ -298,7 +298,8 @@ class CorpusIndex:
         exact = True
         if sub is not None and st != 0:
             run_lo, run_hi = sub.runs[s.number]
-            st, ln, exact = cqk.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, s.occ, s.occ_start, fa.counts,
+            occ, occ_start = s.layout()
+            st, ln, exact = cqk.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, occ, occ_start, fa.counts,
                                             run_lo, run_hi, st, ln, k)
             if st == fk.CORRUPT:
                 s.corrupt("while matching in a subset")
@@ -378,7 +379,8 @@ class CorpusIndex:
                 end_parts.append(fa.lasts[dsts].astype(np.int64) + s.token_base)
                 continue
             run_lo, run_hi = sub.runs[s.number]
-            h, sampled, ntoks, nends, ok = cqk.subset_sample(s.occ, s.occ_start, fa.counts, fa.doc_starts, fa.tokens,
+            occ, occ_start = s.layout()
+            h, sampled, ntoks, nends, ok = cqk.subset_sample(occ, occ_start, fa.counts, fa.doc_starts, fa.tokens,
                                                             run_lo, run_hi, st, k)
             if not ok:
                 s.corrupt("while sampling in a subset")

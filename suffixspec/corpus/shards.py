@@ -3,8 +3,10 @@
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
 (format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
 automaton's own construction, `_kernels/build.documents_automaton`, which also records each
-position's prefix state), its frozen arrays and the occurrence layout with the counts and last
-ends (`_kernels/corpus_build.py`, from the prefix states), and the document table. Broken invariants raise `InternalError`.
+position's prefix state), its frozen arrays with the counts and last ends (`_kernels/corpus_build.py`,
+from the prefix states; token ids as uint16 when they all fit, `token_dtype`, and state lengths
+when the longest document fits), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
+invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
 name to `shard-NNNNN.ssx` in its directory; it never writes a manifest (the caller commits).
@@ -29,7 +31,7 @@ from .documents import Document
 from .format import KIND_SHARD, SHARD_ARRAYS, MappedContainer, PhaseClock
 from .manifest import shard_name
 
-__all__ = ["FROZEN_FIELDS", "build_shard_file", "ShardWriter", "sum_phases", "positive_count"]
+__all__ = ["FROZEN_FIELDS", "build_shard_file", "ShardWriter", "sum_phases", "positive_count", "token_dtype"]
 
 FROZEN_FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts")
 
@@ -39,6 +41,11 @@ def positive_count(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise BadInputError(f"{name}: expected a positive integer, got {value!r}")
     return int(value)
+
+
+def token_dtype(tokens: np.ndarray):
+    """uint16 when every id of `tokens` fits (a shard's text and edge tokens then take 2 bytes), else int32."""
+    return np.uint16 if tokens.shape[0] == 0 or int(tokens.max()) <= np.iinfo(np.uint16).max else np.int32
 
 
 def sum_phases(records) -> dict:
@@ -51,7 +58,7 @@ def sum_phases(records) -> dict:
 
 def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
-    automaton, then its frozen arrays and occurrence layout straight into the mapped file.
+    automaton, then its frozen arrays, counts and last ends straight into the mapped file.
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
     phases = {}
     clock = PhaseClock(phases)
@@ -70,10 +77,13 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
     i4 = np.int32
-    specs = [("links", i4, n_states), ("lens", i4, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
+    tok_dtype = token_dtype(tokens)
+    # no state is longer than the longest document: uint16 lengths when it fits
+    len_dtype = np.uint16 if int(doc_lens.max()) <= np.iinfo(np.uint16).max else i4
+    specs = [("links", i4, n_states), ("lens", len_dtype, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
              ("offsets", i4 if n_edges < 2**31 else np.int64, n_states + 1),  # int32 halves the edge offsets
-             ("etok", i4, n_edges), ("eto", i4, n_edges), ("tokens", i4, n_tokens), ("doc_starts", np.int64, n_docs),
-             ("occ", i4, n_tokens), ("occ_start", i4, n_states), ("doc_info", np.uint8, len(doc_info))]
+             ("etok", tok_dtype, n_edges), ("eto", i4, n_edges), ("tokens", tok_dtype, n_tokens),
+             ("doc_starts", np.int64, n_docs), ("doc_info", np.uint8, len(doc_info))]
     if tuple(name for name, _, _ in specs) != SHARD_ARRAYS:
         raise InternalError("shard arrays out of order")
     out = MappedContainer(Path(path), KIND_SHARD, meta, specs)
@@ -83,17 +93,16 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts
         clock.lap("freeze")
-        # counts and last ends come with the layout, from the prefix states; scratch in the spent
-        # automaton's arrays: S holds 24 bytes per state, E 16 per edge (>= 3 per token)
+        # counts and last ends from the prefix states (the occurrence layout is the reader's, see
+        # snapshot.Shard.layout); scratch in the spent automaton's arrays: S holds 24 bytes per state
         scratch_w = S.reshape(-1)[: cbk.W_COLS * n_states].reshape(n_states, cbk.W_COLS)
         scratch_order = E.reshape(-1)[:n_states]
-        if not cbk.build_occurrences(a["links"], a["lens"], pstate, a["counts"], a["lasts"], a["occ"], a["occ_start"],
-                                     scratch_w, scratch_order):
-            raise InternalError("occurrence layout disagrees with the automaton's suffix links")
+        if not cbk.count_ends(a["links"], a["lens"], pstate, a["counts"], a["lasts"], scratch_w, scratch_order):
+            raise InternalError("counts disagree with the automaton's suffix links")
         del S, E, scratch_w, scratch_order
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
         del a, pstate
-        clock.lap("occurrences")
+        clock.lap("counts")
         result = out.finish(phases)
     finally:
         out.close()

@@ -6,9 +6,11 @@ the manifest (always fully checksummed, it is small) and its consistency; each s
 container structure (format.py), its meta against the manifest record (counts, size, payload
 checksum: a file of another index or generation is refused), array lengths against the counts,
 the root state, the edge offsets' ends, the document table (checksummed, and increasing), and
-every token id of the text and of the edges in [0, vocabulary size) (one vectorised pass per
+every token id of the text and of the edges (uint16 or int32) in [0, vocabulary size) (one vectorised pass per
 array, once per process for a file unchanged since: see TOKENS_CHECKED); the deleted bitmap (checksummed, indexes in range). Other array contents are checked
-lazily: the kernels range-check every index they follow and report damage (`Shard.corrupt`).
+lazily: the kernels range-check every index they follow and report damage (`Shard.corrupt`);
+`Shard.layout` computes the occurrence layout restricted queries read (once per shard, checked
+against the counts and suffix links).
 `verify=True` adds every checksum of every file. A writer removes the files of an older
 manifest only after publishing the new one; a reader that opened the older manifest and then
 misses one of its files (or finds another generation's) re-reads the manifest and tries again
@@ -19,10 +21,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
 
+from .._kernels import corpus_build as cbk
+from .._kernels.frozen import CORRUPT
 from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
 from .format import (
@@ -52,7 +57,7 @@ def _count(value) -> bool:
 
 
 class Shard:
-    """One mapped, checked shard: a FrozenAutomaton over its arrays plus the occurrence layout."""
+    """One mapped, checked shard: a FrozenAutomaton over its arrays; the occurrence layout on demand."""
 
     def __init__(self, path: Path, record: dict, number: int, vocab_size: int):
         self.path = path
@@ -72,14 +77,15 @@ class Shard:
             self.fa = FrozenAutomaton(**{k: a[k] for k in FROZEN_FIELDS})
         except IndexFormatError as exc:
             f.fail(str(exc))
-        self.occ, self.occ_start, self.doc_info_bytes = a["occ"], a["occ_start"], a["doc_info"]
+        self.doc_info_bytes = a["doc_info"]
+        self._layout = None  # (occ, occ_start), computed on the first restricted query
+        self._layout_lock = threading.Lock()
         self.token_base, self.doc_base = record["token_base"], record["doc_base"]
         self.n_tokens, self.n_documents = record["n_tokens"], record["n_documents"]
         fa = self.fa
         checks = [
             (lambda: fa.tokens.shape[0] == self.n_tokens, "token array length"),
             (lambda: fa.doc_starts.shape[0] == self.n_documents, "document table length"),
-            (lambda: self.occ.shape[0] == self.n_tokens and self.occ_start.shape[0] == fa.n_states, "occurrence layout size"),
             (lambda: fa.n_states == m["n_states"] and fa.n_edges == m["n_edges"], "state/edge counts"),
             (lambda: int(fa.offsets[0]) == 0 and int(fa.offsets[-1]) == fa.n_edges, "edge offsets"),
             (lambda: int(fa.counts[0]) == self.n_tokens and int(fa.links[0]) == -1 and int(fa.lens[0]) == 0, "root state"),
@@ -96,11 +102,37 @@ class Shard:
         if key not in TOKENS_CHECKED:  # a file once checked in this process, unchanged since: not again
             for name, arr in (("tokens", fa.tokens), ("etok", fa.etok)):
                 # one vectorised pass: seen unsigned, a negative id is larger than any vocabulary
-                if arr.shape[0] and int(arr.view(np.uint32).max()) >= vocab_size:
+                if arr.shape[0] and int(arr.view(np.dtype(f"<u{arr.dtype.itemsize}")).max()) >= vocab_size:
                     f.fail(f"array {name}: token ids outside the vocabulary [0, {vocab_size})")
             if len(TOKENS_CHECKED) >= 4096:
                 TOKENS_CHECKED.clear()
             TOKENS_CHECKED[key] = True
+
+    def layout(self) -> tuple[np.ndarray, np.ndarray]:
+        """(occ, occ_start): the occurrence layout (`_kernels/corpus_build.py`) that restricted
+        queries read, computed once per open shard from its automaton and text (a walk of the text,
+        then one placement pass, both without the GIL: other threads' queries and drafts go on) and
+        kept in memory; a damaged shard raises IndexFormatError."""
+        got = self._layout
+        if got is None:
+            with self._layout_lock:
+                got = self._layout
+                if got is None:
+                    got = self._layout = self._compute_layout()
+        return got
+
+    def _compute_layout(self) -> tuple[np.ndarray, np.ndarray]:
+        fa = self.fa
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+        if pstate.shape[0] and pstate[0] == CORRUPT:
+            self.corrupt("while walking the text")
+        ns = fa.n_states
+        occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns, np.int32)
+        if not cbk.place_occurrences(fa.links, fa.counts, pstate, occ, occ_start, np.empty((ns, cbk.P_COLS), np.int32)):
+            self.corrupt("the counts disagree with the suffix links and the text")
+        occ.flags.writeable = False
+        occ_start.flags.writeable = False
+        return occ, occ_start
 
     def doc_info(self) -> dict:
         try:
