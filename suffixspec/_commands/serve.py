@@ -242,6 +242,7 @@ def _load(args, budget, template, state, log, plan):
     state.metrics.prefix_cache(pool)
     if corpora:
         state.metrics.sources(proposer)  # counted from here: the warm-up's drafts are not a client's
+        _prepare_filters(corpora, log)
     _freeze_heap()
     loop = EngineLoop(engine, max_queue=args.max_queue, metrics=state.metrics)
     loop.start()
@@ -268,6 +269,24 @@ def _warm_up(engine, tokenizer, proposer) -> None:
     engine.release(index)
     proposer.wait_cache(60)
     engine.stats.forget_rounds()
+
+
+def _prepare_filters(corpora, log) -> None:
+    """Compute each shard's occurrence layout (what filtered queries read) on a background thread, so
+    the first filtered request does not wait for it; the computation releases the GIL."""
+
+    def run() -> None:
+        t = time.perf_counter()
+        try:
+            for ix in corpora:
+                for shard in ix.shards:
+                    shard.layout()
+        except Exception as exc:  # noqa: BLE001 - a filtered query computes it (and reports the damage) itself
+            log.warning("preparing the corpus filters failed: %r", exc)
+            return
+        log.info("corpus filters ready in %.1f s", time.perf_counter() - t)
+
+    threading.Thread(target=run, name="suffixspec-corpus-layout", daemon=True).start()
 
 
 def _freeze_heap() -> None:
