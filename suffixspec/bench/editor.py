@@ -2,10 +2,10 @@
 
 Contract: `editor_sessions(files, ...)` returns one `EditorSession` per function typed (in file order,
 at most `sessions`), each a list of `Keystroke`s: the debounced points where the editor sends a
-fill-in-the-middle request. A function's body is typed line by line; after each line the user pauses
-(`waits`: the editor's request is answered before the user goes on) at the cursor placed after the
-next non-blank line's indentation; with probability `mid_line` (seeded) the user also pauses inside
-that line after a word, only long enough for the debounce (`waits` False: the next keystroke
+fill-in-the-middle request. A function's body is typed line by line; at the end of each line before
+a non-blank one the user pauses (`waits`: the editor's request is answered before the user goes on;
+the cursor before the line's newline, so the completion starts with it); with probability `mid_line`
+(seeded) the user also pauses inside the next line after a word, only long enough for the debounce (`waits` False: the next keystroke
 supersedes the request, which the editor cancels if it is still running). At every keystroke
 `prefix + expected + suffix` is the whole file: `prefix` is the file up to the cursor, `expected` what
 the user types next (the rest of the function), `suffix` the rest of the file after the function.
@@ -93,9 +93,9 @@ def matches(completion: str, expected: str) -> bool:
 
 
 def first_line_matches(completion: str, expected: str) -> bool:
-    """The suggestion's first line is the line the user typed next."""
-    first = completion.split("\n", 1)[0].rstrip()
-    return bool(first.strip()) and first == expected.split("\n", 1)[0].rstrip()
+    """The suggestion's first line (its leading newlines aside) is the line the user typed next."""
+    first = completion.lstrip("\n").split("\n", 1)[0].rstrip()
+    return bool(first.strip()) and first == expected.lstrip("\n").split("\n", 1)[0].rstrip()
 
 
 def _functions(text: str) -> list[tuple[str, int, int]]:
@@ -160,17 +160,15 @@ def editor_sessions(files: list[RepoFile], sessions: int | None = None, max_keys
                     continue  # an empty line is typed without a pause
                 if ends >= max_keystrokes:
                     break
-                typed = head + "".join(lines[start:k])
-                margin = line[: len(line) - len(line.lstrip())]
+                typed = head + "".join(lines[start:k])  # ends with the newline of line k - 1
                 rest = "".join(lines[k:end])
-                points = [(len(margin), True)]
-                if rng.random() < mid_line:
-                    cut = _mid_cut(line, rng)
-                    if cut is not None:
-                        points.append((cut, False))
-                for cut, waits in sorted(points, key=lambda p: p[0]):
+                # the pause at the end of line k - 1, before its newline: the next line is all to come
+                prefix, suffix = context(typed[:-1], tail, prefix_chars, suffix_chars)
+                strokes.append(Keystroke(sid, len(strokes), prefix, suffix, "\n" + rest, True, stop, dict(f.tags)))
+                cut = _mid_cut(line, rng) if rng.random() < mid_line else None
+                if cut is not None:  # a pause inside line k, after a word
                     prefix, suffix = context(typed + line[:cut], tail, prefix_chars, suffix_chars)
-                    strokes.append(Keystroke(sid, len(strokes), prefix, suffix, rest[cut:], waits, stop, dict(f.tags)))
+                    strokes.append(Keystroke(sid, len(strokes), prefix, suffix, rest[cut:], False, stop, dict(f.tags)))
                 ends += 1
             if strokes:
                 out.append(EditorSession(sid, f.path, name, dict(f.tags), strokes))
