@@ -7,12 +7,21 @@ import random
 import pytest
 
 from suffixspec.bench import BenchSettings
-from suffixspec.bench.editor import (RepoFile, context, editor_sessions, first_line_matches, load_repo, matches,
-                                     shipped_repo, stop_sequences)
+from suffixspec.bench.editor import (
+    RepoFile,
+    context,
+    editor_sessions,
+    first_line_matches,
+    load_repo,
+    matches,
+    shipped_repo,
+    stop_sequences,
+)
 from suffixspec.bench.editor_run import EditorTiming, editor_steps, run_editor
 from suffixspec.bench.editor_summary import format_editor_table, summarize_editor
 from suffixspec.engine.engine import Event, Step
 from suffixspec.errors import BadInputError
+
 from support.fakes import FakeBackend, FakeEngine
 
 SOURCE = '''"""A module."""
