@@ -177,7 +177,7 @@ def editor_sessions(files: list[RepoFile], sessions: int | None = None, max_keys
 
 def shipped_repo() -> tuple[Path, Path]:
     """The shipped repository's session files and corpus files (`corpora/editor_*.jsonl`)."""
-    from .workloads import _corpora_dir
+    from .workloads import corpora_dir
 
-    root = _corpora_dir()
+    root = corpora_dir()
     return root / "editor_sessions.jsonl", root / "editor_corpus.jsonl"

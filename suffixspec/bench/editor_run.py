@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from .editor import EditorSession, Keystroke
-from .runs import BenchSettings, _close, _open, _settled, interleaves, run_order
+from .runs import BenchSettings, close_engine, interleaves, open_engine, run_order, settled
 from .schedule import TurnClocks
 from .timesplit import StepSplit
 
@@ -186,7 +186,7 @@ def run_editor(sessions: list[EditorSession], backends: dict[str, Any], settings
         for c in dict.fromkeys(c for _, c in order):
             lanes = [(m, backends[m].fresh() if hasattr(backends[m], "fresh") else backends[m])
                      for m, cc in order if cc == c]
-            with _settled():
+            with settled():
                 if len(lanes) > 1 and interleaves(settings, [b for _, b in lanes]):
                     runs.extend(_together(lanes, sessions, settings, submit, decode, timing, c, r, clock))
                     continue
@@ -204,7 +204,8 @@ def _together(lanes, sessions, settings, submit, decode, timing, users, repeat, 
     outcome: list[tuple[list[Sent], float]] = [([], 0.0) for _ in lanes]
     for i, (mode, backend) in enumerate(lanes):
         with clocks.turn(i):
-            engines.append(_open(backend, mode, settings, users, repeat, clock=clocks.clock(i) if clock else None))
+            engines.append(open_engine(backend, mode, settings, users, repeat,
+                                       clock=clocks.clock(i) if clock else None))
             gens.append(editor_steps(engines[i], sessions, submit, timing, users, splits[i]))
     live, added = list(range(len(lanes))), [0] * len(lanes)
     while live:
@@ -223,7 +224,7 @@ def _together(lanes, sessions, settings, submit, decode, timing, users, repeat, 
                 except Exception as exc:  # noqa: BLE001 - this lane's run fails alone
                     errors[i].append(f"{type(exc).__name__}: {exc}")
                 live.remove(i)
-                _close(engines[i])
+                close_engine(engines[i])
     runs = []
     for i, (mode, _) in enumerate(lanes):
         with clocks.turn(i):
