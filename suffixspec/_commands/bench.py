@@ -366,9 +366,9 @@ def run(args) -> int:
               f"{constraint['invalid']} invalid, {constraint['mismatches']} differ from plain")
     print(f"report {out / 'report.json'}  plots {', '.join(Path(p).name for p in plots)}  "
           f"({report['timing']['total_s']:.0f} s)")
-    slim = [{k: rec.get(k) for k in ("mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",
-                                      "mean_accepted_tokens", "acceptance_rate", "mismatches", "speedup")}
-            for rec in records]
+    slim = [{**{k: rec.get(k) for k in ("mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",
+                                         "mean_accepted_tokens", "acceptance_rate", "mismatches", "speedup")},
+             "time_split": rec["time_split"]["share"] if rec.get("time_split") else None} for rec in records]
     from ..bench.record import emit
 
     emit({"report": str(out / "report.json"), "records": slim}, args, "suffixspec_bench")
