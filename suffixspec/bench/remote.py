@@ -21,8 +21,10 @@ accepted tokens and proposer/verifier milliseconds (summed over requests). A req
 (HTTP error status, an error object in the stream, a broken connection) finishes with reason
 "error" and its message; it never stops the run. Requests run on one thread and one connection
 each (the standard library's `http.client`: nothing to install); `step()` returns what arrived,
-waiting at most `poll_s` (so arrivals are admitted on time), and `close()` abandons streams still
-open.
+waiting at most `poll_s` (so arrivals are admitted on time); `cancel(index)` drops one request (a
+waiting one is never sent, an open stream's connection is shut: the server sees the client leave),
+`close()` abandons streams still open. `add(..., extra=)` adds body fields of one request (`suffix`,
+`stop`, a `suffixspec` object under the mode's); `time_split()` sums the server's per-request figures.
 """
 
 from __future__ import annotations
