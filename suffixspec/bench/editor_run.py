@@ -140,6 +140,9 @@ def editor_steps(engine, sessions: list[EditorSession], submit: Callable[[Any, K
                 r.ttft_s = at - r.sent_s
             if ev.finish_reason:
                 r.finish_reason, r.error = ev.finish_reason, getattr(ev, "error", "") or ""
+                late = superseding.pop(ev.index, None)
+                if late is not None and at > late:  # it ended after the keystroke that superseded it
+                    r.cancelled_s = late - r.sent_s
                 if r.cancelled_s is None and ev.finish_reason != "cancelled":
                     r.e2e_s = at - r.sent_s
                     if r.ttft_s is None:
