@@ -66,6 +66,18 @@ def sessions_from_args(args):
     return path, sessions
 
 
+# tokens that end a middle or a document in the FIM families' vocabularies (whichever the model has):
+# a chat model's end-of-turn token alone would let a completion run on past them
+END_TOKENS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|fim_suffix|>",
+              "<|fim_middle|>", "<fim_pad>", "<file_sep>", "<fim_prefix>", "<fim_suffix>", "<fim_middle>")
+
+
+def end_token_ids(tokenizer) -> list[int]:
+    from ..http.fim import token_id
+
+    return sorted({i for i in (token_id(tokenizer, t) for t in END_TOKENS) if i is not None})
+
+
 def local_submit(target, limit: int):
     """Requests to an engine in this process: FIM token ids (or the prefix), stop strings, filter."""
     from ..bench.editor import EDITOR_MAX_TOKENS
@@ -76,13 +88,14 @@ def local_submit(target, limit: int):
         raise BadInputError(f"model {target.args.model!r} has no tokenizer.json; the editor workload needs one")
     fim = fim_tokens(tok)
     use_filter = bool(target.args.corpus)
+    ends = end_token_ids(tok)
 
     def prompt(ks) -> list[int]:
         return fim_prompt(tok, fim, ks.prefix, ks.suffix) if fim else list(tok.encode(ks.prefix))
 
     def submit(engine, ks, key) -> int:
         return engine.add(prompt(ks), max_new_tokens=min(limit, EDITOR_MAX_TOKENS), key=key,
-                          options=engine.options.replace(stop=list(ks.stop)),
+                          options=engine.options.replace(stop=list(ks.stop), stop_token_ids=ends or None),
                           filter=dict(ks.tags) if use_filter and ks.tags else None)
 
     return submit, prompt, ("fill-in-the-middle" if fim else "prefix completion (the model has no FIM tokens)")
