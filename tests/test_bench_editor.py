@@ -245,3 +245,48 @@ def test_users_share_the_engine_and_every_session_finishes():
     assert most == 2 and len(sent) == 12 and all(r.e2e_s is not None for r in sent)
     assert [r.keystroke.index for r in sent if r.session == 0] == [0, 1, 2]
     assert makespan > 0
+
+
+class PrefillCountingEngine(FakeEngine):
+    """The fake engine counting its admission steps as prefill (as the real engine's `prefill_steps`),
+    a third of every step charged to the verifier."""
+
+    def step(self):
+        admits = bool(self.waiting) and len(self.running) < self.max_batch
+        before = self.clock
+        step = super().step()
+        if admits:
+            self.stats.prefill_steps += 1
+        self.stats.verifier_s += (self.clock - before) / 3
+        return step
+
+
+def test_the_time_split_of_a_run_adds_up_to_its_steps():
+    from suffixspec.bench import format_table, run_benchmark, summarize
+    from suffixspec.bench.schedule import serve_schedule
+    from suffixspec.bench.timesplit import StepSplit
+
+    from support.fakes import fake_workload
+
+    class Backend(FakeBackend):
+        def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,
+                  logits_processor=None):
+            return PrefillCountingEngine(max_batch, max_new_tokens, budget, self.base, self.per_row, self.k, False, seed)
+
+    engine = Backend().serve(max_batch=1, max_new_tokens=64, do_sample=False, temperature=1.0, top_k=None, top_p=None,
+                             seed=0, budget=3)
+    split = StepSplit()
+    serve_schedule(engine, [[1, 2, 3]] * 2, 1, limits=[6, 6], split=split)
+    got = split.result(engine)
+    # one row: every step costs 12 ms; 2 requests x 2 rounds (3 tokens each), the first of each an admission
+    assert got["busy_s"] == pytest.approx(0.048) and got["prefill_s"] == pytest.approx(0.024)
+    assert got["verify_s"] == pytest.approx(0.008) and got["draft_s"] == pytest.approx(0.002)
+    assert got["rest_s"] == pytest.approx(0.048 - 0.024 - 0.008 - 0.002)
+    settings = BenchSettings(concurrency=[1], max_new_tokens=6, modes=("plain", "speculative"), warmup=False)
+    runs = run_benchmark(fake_workload(2), [[1, 2, 3]] * 2, {"plain": Backend(), "speculative": Backend()}, settings,
+                         progress=False)
+    records = summarize(runs, settings)
+    assert all(r.time_split is not None for r in runs)
+    share = records[1]["time_split"]["share"]
+    assert sum(share.values()) == pytest.approx(1.0) and share["prefill"] == pytest.approx(0.5)
+    assert "split p/d/v/r %" in format_table(records) and "50/" in format_table(records)
