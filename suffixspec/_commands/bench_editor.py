@@ -132,6 +132,8 @@ def remote_submit(target, sessions, limit: int):
 
 def run_editor_bench(args, settings, target, t_start: float, load_s: float) -> int:
     from .. import bench
+    from ..bench import BenchSettings
+    from ..bench.editor import EditorSession
     from ..bench.editor_run import EditorTiming, run_editor
     from ..bench.editor_summary import format_editor_table, summarize_editor
     from ..bench.record import emit
@@ -148,8 +150,14 @@ def run_editor_bench(args, settings, target, t_start: float, load_s: float) -> i
     t_warm = time.perf_counter()
     backends = {m: b for m, b in target.backends.items() if m in settings.modes}
     bench.warm_up_all(backends, [prompt(ks) for ks in strokes[:max(2, max(settings.concurrency))]], settings)
-    warmup_s = time.perf_counter() - t_warm
     timing = EditorTiming()
+    # then the first keystrokes as the timed runs send them (stop strings, filters: a filter's first use
+    # sets up its corpus subset), untimed
+    first = sessions[0]
+    warm = [EditorSession(first.id, first.path, first.function, first.tags, first.keystrokes[:2])]
+    warm_settings = BenchSettings(**{**vars(settings), "concurrency": [1], "repeat": 1})
+    run_editor(warm, backends, warm_settings, submit, target.decode, timing)
+    warmup_s = time.perf_counter() - t_warm
     t_bench = time.perf_counter()
     runs = run_editor(sessions, backends, settings, submit, target.decode, timing)
     records = summarize_editor(runs, settings)
