@@ -290,3 +290,16 @@ def test_the_time_split_of_a_run_adds_up_to_its_steps():
     share = records[1]["time_split"]["share"]
     assert sum(share.values()) == pytest.approx(1.0) and share["prefill"] == pytest.approx(0.5)
     assert "split p/d/v/r %" in format_table(records) and "50/" in format_table(records)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--keystrokes", "0"], "--keystrokes: expected > 0, got 0"),
+    (["--request-filters"], "--request-filters applies to --url"),
+    (["--prefix-cache-bytes", "-1"], "--prefix-cache-bytes: expected >= 0, got -1"),
+    (["--editor-files", "/nonexistent/repo.jsonl"], "is not a file"),
+])
+def test_bad_editor_flags_are_refused_by_name_before_the_model_loads(flags, message, capsys):
+    from suffixspec import cli
+
+    assert cli.main(["bench", "--workload", "editor", *flags]) == 2
+    assert message in capsys.readouterr().err
