@@ -152,7 +152,29 @@ def _serving(r) -> list[str]:
             continue
         out.append(f"{rec['mode']} at concurrency {rec['concurrency']}: {x(rec['speedup'])} plain throughput, "
                    f"TPOT {rec['tpot_ms']:.1f} ms, TTFT {rec['ttft_ms']:.0f} ms, {rec['mean_accepted_tokens']:.2f} tokens "
-                   f"per round, {rec.get('mismatches', 0)} mismatches")
+                   f"per round, {rec.get('mismatches', 0)} mismatches" + _split_words(rec.get("time_split")))
+    return out
+
+
+def _split_words(split) -> str:
+    """A record's time split (shares) in words, or nothing."""
+    if not split:
+        return ""
+    return "; time prefill/draft/verify/rest " + "/".join(f"{100 * split.get(k, 0.0):.0f}"
+                                                          for k in ("prefill", "draft", "verify", "rest")) + "%"
+
+
+def _editor(r) -> list[str]:
+    out = []
+    what = f"{r.get('requests', '?')}" + (", corpus" if r.get("corpus") else ", no corpus")
+    for rec in r.get("records", []):
+        ratio = rec.get("latency_ratio_p50")
+        out.append(f"{rec['mode']}, {rec['concurrency']} user(s), {what}: completion latency p50 "
+                   f"{rec['latency_ms_p50']:.0f} ms, p90 {rec['latency_ms_p90']:.0f} ms, TTFT {rec['ttft_ms']:.0f} ms, "
+                   f"{rec['mean_accepted_tokens']:.2f} tokens per round, matches {100 * rec['match_rate']:.0f}% "
+                   f"(first line {100 * rec['line_match_rate']:.0f}%)"
+                   + (f", p50 {ratio:.2f}x plain's, {rec.get('mismatches', 0)} mismatches" if ratio is not None else "")
+                   + _split_words(rec.get("time_split")))
     return out
 
 
@@ -342,8 +364,8 @@ def _llama_cpp(r) -> list[str]:
 
 
 SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _serving,
-             "suffixspec_bench_grid": _grid, "offmode": _offmode, "prefill": _prefill, "corpus": _corpus,
-             "corpus_drafting": _corpus_drafting,
+             "suffixspec_bench_grid": _grid, "suffixspec_bench_editor": _editor, "offmode": _offmode,
+             "prefill": _prefill, "corpus": _corpus, "corpus_drafting": _corpus_drafting,
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
@@ -353,6 +375,8 @@ TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
     "suffixspec_bench": ("Serving benchmark, plain against speculative", "suffixspec bench"),
     "suffixspec_bench_grid": ("Rollout grid: one verdict per workload, concurrency and length", "suffixspec bench --grid"),
+    "suffixspec_bench_editor": ("Editor sessions: fill-in-the-middle at every keystroke, plain against speculative",
+                                "suffixspec bench --workload editor"),
     "proposer": ("Drafts against the peers, proposer latency", "bench/bench_proposer.py"),
     "automaton": ("Suffix automaton build, memory, online latency", "bench/bench_automaton.py"),
     "corpus": ("Corpus index build, size, open, queries", "bench/bench_corpus.py"),

@@ -23,7 +23,9 @@ def add_parser(sub) -> None:
     p.add_argument("--workload", default="code_edit", metavar="FILE|NAME",
                    help="a JSONL file or one of code_edit, code_completion, chat, qa, mtbench, mtbench_turn2 (second "
                         "turns over the model's own first answers), math, math_reasoning, summarization, "
-                        "long_context, agent (a tool-using agent writing back the code it read) (default code_edit)")
+                        "long_context, agent (a tool-using agent writing back the code it read), editor (editor sessions "
+                        "over a repository: fill-in-the-middle at every debounced keystroke, superseded requests "
+                        "cancelled; see the editor options below) (default code_edit)")
     p.add_argument("--model", default=None, metavar="PATH|NAME",
                    help="local transformers model directory or .gguf (default: embedded SmolLM2-135M-Instruct); "
                         "with --url the served model's name (default: the first of GET /v1/models)")
@@ -77,6 +79,9 @@ def add_parser(sub) -> None:
     g.add_argument("--grid-workloads", default=None, metavar="W1,W2,...", help="the grid's workloads (default code_edit,chat,qa)")
     g.add_argument("--grid-concurrency", default=None, metavar="C1,C2,...", help="the grid's concurrencies (default 1,4,16)")
     g.add_argument("--grid-max-new-tokens", default=None, metavar="N1,N2,...", help="the grid's output limits (default 48,128)")
+    from .bench_editor import add_arguments
+
+    add_arguments(p)
     p.set_defaults(func=run)
 
 
@@ -129,9 +134,14 @@ class LocalTarget:
     transformers' prompt lookup."""
 
     def __init__(self, args, settings):
+        from .bench_editor import engine_options
+
         filters = parse_filters(args.filter)
         if filters and not args.corpus:
             raise BadInputError("--filter needs at least one --corpus index")
+        if getattr(args, "request_filters", False):
+            raise BadInputError("--request-filters applies to --url (in process, --corpus sends them)")
+        options = engine_options(args)
         check_threads(args.threads)
         from ..threads import ThreadPlan
 
@@ -146,7 +156,8 @@ class LocalTarget:
         print(f"suffixspec bench: {plan.finish().describe()}", file=sys.stderr)
         corpora = open_corpora(args.corpus, self.tokenizer)
         self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
-                                             filter=filters or None, recycle=recycle_default(args.recycle))
+                                             filter=filters or None, recycle=recycle_default(args.recycle),
+                                             engine_options=options)
         self.backends = {"plain": self.spec, "speculative": self.spec}
         if "prompt_lookup" in settings.modes:
             self.backends["prompt_lookup"] = bench.PromptLookupBackend(self.model, settings.prompt_lookup_num_tokens)
@@ -291,7 +302,12 @@ def run(args) -> int:
     from .. import bench
 
     grid = grid_from_args(args) if args.grid else None
-    workload = None if grid else bench.load_workload(args.workload, args.num_prompts)
+    editor = args.workload == "editor" and not grid
+    if editor:
+        from .bench_editor import sessions_from_args
+
+        sessions_from_args(args)  # checked before the model loads
+    workload = None if grid or editor else bench.load_workload(args.workload, args.num_prompts)
     if grid:
         for name in grid[0]:
             bench.load_workload(name, args.num_prompts)  # every name checked before the model loads
@@ -302,6 +318,10 @@ def run(args) -> int:
           file=sys.stderr)
     if grid:
         return _run_grid(args, settings, target, grid, t_start)
+    if editor:
+        from .bench_editor import run_editor_bench
+
+        return run_editor_bench(args, settings, target, t_start, load_s)
 
     one = _bench_one(target, workload, settings)
     workload, prompts, runs, records, quality = one["workload"], one["prompts"], one["runs"], one["records"], one["quality"]
@@ -346,9 +366,9 @@ def run(args) -> int:
               f"{constraint['invalid']} invalid, {constraint['mismatches']} differ from plain")
     print(f"report {out / 'report.json'}  plots {', '.join(Path(p).name for p in plots)}  "
           f"({report['timing']['total_s']:.0f} s)")
-    slim = [{k: rec.get(k) for k in ("mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",
-                                      "mean_accepted_tokens", "acceptance_rate", "mismatches", "speedup")}
-            for rec in records]
+    slim = [{**{k: rec.get(k) for k in ("mode", "concurrency", "ttft_ms", "tpot_ms", "e2e_ms_p50", "throughput_tok_s",
+                                         "mean_accepted_tokens", "acceptance_rate", "mismatches", "speedup")},
+             "time_split": rec["time_split"]["share"] if rec.get("time_split") else None} for rec in records]
     from ..bench.record import emit
 
     emit({"report": str(out / "report.json"), "records": slim}, args, "suffixspec_bench")

