@@ -295,7 +295,8 @@ def test_the_time_split_of_a_run_adds_up_to_its_steps():
 @pytest.mark.parametrize("flags, message", [
     (["--keystrokes", "0"], "--keystrokes: expected > 0, got 0"),
     (["--request-filters"], "--request-filters applies to --url"),
-    (["--prefix-cache-bytes", "-1"], "--prefix-cache-bytes: expected >= 0, got -1"),
+    (["--prefix-cache-bytes", "-1"], "--prefix-cache-bytes: expected a number of bytes"),
+    (["--no-prefix-cache", "--url", "http://127.0.0.1:9"], "--no-prefix-cache applies to a model loaded here"),
     (["--editor-files", "/nonexistent/repo.jsonl"], "is not a file"),
 ])
 def test_bad_editor_flags_are_refused_by_name_before_the_model_loads(flags, message, capsys):

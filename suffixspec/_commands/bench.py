@@ -300,6 +300,9 @@ def _settings_dict(settings, workload, prompts, backends) -> dict:
 def run(args) -> int:
     settings = settings_from_args(args)
     from .. import bench
+    from .bench_editor import engine_options
+
+    engine_options(args)  # the prefix cache flags, checked before the model loads
 
     grid = grid_from_args(args) if args.grid else None
     editor = args.workload == "editor" and not grid

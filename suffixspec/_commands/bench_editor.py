@@ -27,26 +27,24 @@ def add_arguments(p) -> None:
     g.add_argument("--request-filters", action="store_true",
                    help="with --url: send every request's file tags as its corpus filter (the server needs --corpus; "
                         "in process they are sent whenever --corpus is given)")
-    g.add_argument("--prefix-cache-bytes", type=int, default=None, metavar="N",
-                   help="in process: the engine's prefix cache size (0: off), for engines that have one "
-                        "(default: the engine's own)")
+    g.add_argument("--prefix-cache-bytes", default=None, metavar="N",
+                   help="in process: every engine's prefix cache bound in bytes, such as 512Mi (default: the "
+                        "generator's own, a fresh one per run)")
+    g.add_argument("--no-prefix-cache", action="store_true",
+                   help="in process: every engine reads each prompt from its first token (no prefix cache)")
 
 
 def engine_options(args) -> dict:
-    """Engine keyword arguments the flags ask for; refused by name where the engine lacks them."""
-    if args.prefix_cache_bytes is None:
+    """Engine keyword arguments the flags ask for; refused by name where they cannot apply."""
+    from .args import prefix_cache_bytes
+
+    bound = prefix_cache_bytes(args)
+    if bound is None:
         return {}
     if args.url:
-        raise BadInputError("--prefix-cache-bytes applies to a model loaded here; a server takes its own flag")
-    if args.prefix_cache_bytes < 0:
-        raise BadInputError(f"--prefix-cache-bytes: expected >= 0, got {args.prefix_cache_bytes}")
-    import inspect
-
-    from ..engine.engine import Engine
-
-    if "prefix_cache_bytes" not in inspect.signature(Engine.__init__).parameters:
-        raise BadInputError("--prefix-cache-bytes: this engine has no prefix cache (Engine takes no prefix_cache_bytes)")
-    return {"prefix_cache_bytes": args.prefix_cache_bytes}
+        flag = "--no-prefix-cache" if args.no_prefix_cache else "--prefix-cache-bytes"
+        raise BadInputError(f"{flag} applies to a model loaded here; start the server with it instead", param=flag)
+    return {"prefix_cache_bytes": bound}
 
 
 def sessions_from_args(args):
