@@ -82,6 +82,29 @@ def test_fim_prompt_and_missing_tokens(tmp_path):
     assert prompt[0] == 0 and prompt[-1] == 1 and 2 in prompt
     assert prompt == [0, *t.encode("def f("), 2, *t.encode("):\n"), 1]
     assert "<|fim_prefix|>" in fim.missing_message()
+    assert fim.fim_end_tokens(t) == (0, 1, 2)  # the family's own tokens end a middle too
+
+
+def test_a_fim_request_also_stops_at_the_family_end_tokens(tmp_path):
+    """Qwen2.5-Coder writes <|endoftext|> (or opens another file) after a middle, while its chat end
+    token is <|im_end|>: a request with `suffix` stops at those; one without does not."""
+    from suffixspec import load_tokenizer
+    from suffixspec.http import fim
+    from suffixspec.http.protocol import ModelContext, parse_request
+
+    from support.http import make_tiny_model_dir
+
+    t = load_tokenizer(make_tiny_model_dir(tmp_path / "tiny"))
+    ends = fim.fim_end_tokens(t)
+    named = {t.backend.id_to_token(i) for i in ends}
+    assert {"<|endoftext|>", "<|fim_pad|>", "<|fim_prefix|>"} <= named and "<|im_end|>" not in named
+    ctx = ModelContext(names=["m"], tokenizer=t, vocab_size=t.backend.get_vocab_size(), max_positions=512,
+                       max_new_tokens_limit=32, fim_ids=fim.fim_tokens(t), fim_end_ids=ends)
+    body = {"model": "m", "prompt": "def f(", "max_tokens": 8, "stop_token_ids": [5]}
+    with_suffix = parse_request(dict(body, suffix="):\n"), "completion", ctx)
+    without = parse_request(body, "completion", ctx)
+    assert set(with_suffix.options.stop_token_ids) == {5, *ends}
+    assert tuple(without.options.stop_token_ids) == (5,)
 
 
 def test_parse_request_errors_name_the_parameter():

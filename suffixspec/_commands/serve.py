@@ -204,7 +204,7 @@ def _load(args, budget, template, state, log, plan):
     from ..generate import SpeculativeGenerator
     from ..http.chat import chat_template_for
     from ..http.engine_loop import EngineLoop
-    from ..http.fim import fim_tokens
+    from ..http.fim import fim_end_tokens, fim_tokens
     from ..http.protocol import ModelContext
     from ..models import load_model
 
@@ -233,7 +233,8 @@ def _load(args, budget, template, state, log, plan):
     log.info("chat template: %s", where or "none (chat completions answer 400)")
     ctx = ModelContext(names=state.names, tokenizer=tokenizer, vocab_size=engine.vocab_size,
                        max_positions=engine.max_positions, max_new_tokens_limit=args.max_new_tokens_limit,
-                       eos=frozenset(engine.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer), budget=budget,
+                       eos=frozenset(engine.decoding.eos), chat=chat, fim_ids=fim_tokens(tokenizer),
+                       fim_end_ids=fim_end_tokens(tokenizer) if fim_tokens(tokenizer) else (), budget=budget,
                        has_corpus=bool(corpora), corpora=tuple(corpora))
     _warm_up(engine, tokenizer, proposer)
     if pool is not None:  # the warm-up's request is not a client's

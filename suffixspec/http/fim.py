@@ -7,12 +7,20 @@ suffix, middle), else None. `fim_prompt(tokenizer, ids, prefix, suffix)` builds 
 prompt as token ids: PREFIX_TOKEN + encode(prefix) + SUFFIX_TOKEN + encode(suffix) + MIDDLE_TOKEN; the
 special tokens are placed by id, never parsed out of the user's text. The suffix is part of the prompt
 the request's automaton is built over, so a middle that runs into the suffix is drafted from it.
-`missing_message()` names what a tokenizer without FIM tokens lacks.
+`missing_message()` names what a tokenizer without FIM tokens lacks. `fim_end_tokens(tokenizer)`: the
+ids a FIM request also stops at (`FIM_ENDS`: a model's end-of-turn token is often not the one it
+writes after a middle).
 """
 
 from __future__ import annotations
 
-__all__ = ["FIM_FAMILIES", "fim_tokens", "fim_prompt", "missing_message"]
+__all__ = ["FIM_FAMILIES", "FIM_ENDS", "fim_tokens", "fim_end_tokens", "fim_prompt", "missing_message"]
+
+# tokens a FIM-trained model writes where the middle ends (besides its chat end-of-turn token): the
+# end of text, padding, and the tokens that open another file or another FIM part
+FIM_ENDS = ("<|endoftext|>", "<|fim_pad|>", "<|file_sep|>", "<|repo_name|>", "<|fim_prefix|>", "<|fim_suffix|>",
+            "<|fim_middle|>", "<fim_pad>", "<file_sep>", "<reponame>", "<filename>", "<fim_prefix>", "<fim_suffix>",
+            "<fim_middle>")
 
 FIM_FAMILIES = (
     ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -29,6 +37,11 @@ def token_id(tokenizer, token: str) -> int | None:
     vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
     found = vocab.get(token)
     return None if found is None else int(found)
+
+
+def fim_end_tokens(tokenizer) -> tuple[int, ...]:
+    """The ids of the `FIM_ENDS` tokens the vocabulary holds: a FIM request ends at any of them."""
+    return tuple(sorted({i for i in (token_id(tokenizer, t) for t in FIM_ENDS) if i is not None}))
 
 
 def fim_tokens(tokenizer) -> tuple[int, int, int] | None:

@@ -76,6 +76,7 @@ class ModelContext:
     eos: frozenset = frozenset()
     chat: Any = None  # a chat.ChatTemplate, or None when the model has none
     fim_ids: tuple[int, int, int] | None = None
+    fim_end_ids: tuple[int, ...] = ()  # a FIM request also stops at these (`fim.fim_end_tokens`)
     budget: Any = "auto"  # the server's default budget
     has_corpus: bool = False  # a corpus index to draft from (`suffixspec.filter` needs one)
     corpora: tuple = ()  # the opened `CorpusIndex`es, to count what a filter selects
@@ -443,7 +444,8 @@ def _decode_options(body: dict, ctx: ModelContext, max_tokens: int, budget, stop
                                                               "a number > 0", default=1.0)),
                              min_p=_number(body, "min_p", lambda p: 0 <= p <= 1, "a number in [0, 1]"),
                              min_tokens=min_tokens, ignore_eos=_boolean(body, "ignore_eos"),
-                             stop_token_ids=_stop_token_ids(body, ctx),
+                             stop_token_ids=_stop_token_ids(body, ctx)
+                             + (ctx.fim_end_ids if body.get("suffix") is not None else ()),
                              logprobs=(logprobs or 0) if ranked else logprobs, structure=_structure(body, ctx))
     except (BadInputError, BadInputTypeError) as exc:
         raise bad(str(exc), exc.param) from None
