@@ -26,6 +26,7 @@ import numpy as np
 
 from .._kernels import sizing
 from ..draft.tree import DraftTree, prune_tree
+from ..errors import BadInputError
 from ..fileio import atomic_write_json, cache_dir
 from ..verify.batch import RoundBatch
 
@@ -40,6 +41,9 @@ SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked agains
 REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
 REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
+RISK_PER_ROW = 2.0  # times batch_margin: the weight of a tree's extra pass time per row beyond the first
+EXPLORE_SHARE = 0.02  # of the predicted decode time that exploring untried sizes may lose (`_explore`)
+EXPLORE_CAP = 4.0  # one-token steps: the most exploring allowance kept unspent
 CADENCE_MAX_SHARE = 0.004  # of a quiet batch's rounds that drafting may take (see DraftCadence)
 
 
@@ -151,14 +155,51 @@ class CostModel:
         curve = self._curve(batch)
         tokens = np.asarray(tokens, np.float64)
         inside = np.interp(tokens, self.sizes, curve)
-        beyond = curve[-1] * tokens / self.sizes[-1]
-        cost = np.where(tokens > self.sizes[-1], beyond, inside)
+        cost = np.where(tokens > self.sizes[-1], self._beyond(curve, tokens), inside)
         if batch > 1:  # a pass of one token per row is the one-token step: no mask, no tree
             cost = np.where(tokens == batch, cost * self.step_ratio, cost)
         return cost
 
+    def _beyond(self, curve: np.ndarray, tokens: np.ndarray) -> np.ndarray:
+        """Past the largest measured size: along the last measured segment's slope. (Extrapolating in
+        proportion to the tokens would make a flat curve steep there: on a GPU a pass of four rows
+        of 64 nodes would look twice as dear as one of 128 tokens.)"""
+        if len(self.sizes) < 2:
+            return curve[-1] * tokens / self.sizes[-1]
+        slope = max(0.0, (curve[-1] - curve[-2]) / (self.sizes[-1] - self.sizes[-2]))
+        return curve[-1] + slope * (tokens - self.sizes[-1])
+
+    def optimistic(self, tokens, batch: int = 1) -> np.ndarray:
+        """`self(tokens, batch)` with every size that no pass of `batch` rows has shown yet costed as the
+        largest observed size below it (the cheapest curve that stays monotone): what exploring
+        assumes those sizes might cost. Equal to `self(...)` once every size is observed."""
+        batch = int(batch)
+        seen = self._seen.get(batch)
+        cost = self(tokens, batch)
+        if not seen or all(seen):
+            return cost
+        curve = self._curve(batch)
+        tokens = np.asarray(tokens, np.float64)
+        floor = np.full(tokens.shape, -np.inf)
+        for size, c, o in zip(self._size_list, curve.tolist(), seen):
+            if o:
+                floor = np.where(tokens >= size, c, floor)
+        # a size is unobserved when the nearest measured size (in log) was never observed
+        log_t = np.log(np.maximum(tokens, 1.0))
+        nearest = np.abs(log_t[..., None] - np.asarray(self._log_sizes)).argmin(-1)
+        unseen = ~np.asarray(seen, bool)[nearest]
+        return np.where(unseen & np.isfinite(floor), np.minimum(cost, floor), cost)
+
     def relative(self) -> dict[int, float]:
+        """The one-row curve as a pinned-curve object (`from_relative`): tree size -> relative cost."""
         return {int(s): float(c / self.seconds[0]) for s, c in zip(self.sizes, self.seconds)}
+
+    @classmethod
+    def from_relative(cls, curve: dict, step_s: float = 1.0) -> CostModel:
+        """A curve from `relative()`'s object (tree size -> cost relative to a one-token step; keys may
+        be strings, as JSON has them), in seconds for a one-token step of `step_s`."""
+        sizes, costs = check_relative_curve(curve)
+        return cls(sizes, [c * float(step_s) for c in costs])
 
     def to_dict(self):
         return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
@@ -241,6 +282,46 @@ class CostModel:
         except OSError as exc:
             log.warning("could not cache the cost curve in %s: %s", path, exc)
         return model_cost
+
+
+def check_relative_curve(curve, name: str = "cost_curve") -> tuple[list[int], list[float]]:
+    """(sizes ascending, relative costs) of a pinned-curve object: a mapping of at least two positive
+    integer tree sizes (ints or their strings), one of them 1, to positive finite costs that never
+    fall as the size grows. Raises `BadInputError` naming `name`."""
+    if not isinstance(curve, dict) or len(curve) < 2:
+        raise BadInputError(f"{name}: expected an object of at least two tree sizes -> relative cost "
+                            f'(e.g. {{"1": 1.0, "2": 1.06}}), got {_brief(curve)}', param=name)
+    pairs = []
+    for key, value in curve.items():
+        try:
+            size = int(key) if isinstance(key, (int, np.integer)) or (isinstance(key, str) and key.isdigit()) else None
+        except ValueError:
+            size = None
+        if size is None or size < 1 or isinstance(key, bool):
+            raise BadInputError(f"{name}: expected tree sizes as positive integers, got {key!r}", param=name)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise BadInputError(f"{name}: expected a positive number as the cost of size {size}, got {value!r}",
+                                param=name)
+        pairs.append((size, float(value)))
+    pairs.sort()
+    sizes = [p[0] for p in pairs]
+    if len(set(sizes)) != len(sizes):
+        raise BadInputError(f"{name}: tree size {sizes[[a == b for a, b in zip(sizes, sizes[1:])].index(True)]} "
+                            "is given twice", param=name)
+    if sizes[0] != 1:
+        raise BadInputError(f"{name}: expected the cost of tree size 1 (a one-token step), got sizes from "
+                            f"{sizes[0]}", param=name)
+    costs = [p[1] for p in pairs]
+    for (a, ca), (b, cb) in zip(pairs, pairs[1:]):
+        if cb < ca:
+            raise BadInputError(f"{name}: expected costs that never fall as the size grows, got {ca:g} at {a} "
+                                f"and {cb:g} at {b}", param=name)
+    return sizes, costs
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class RankCalibration:
@@ -508,8 +589,10 @@ class BudgetPolicy:
 
     def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
                  min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
-                 prefill_slack: float = 0.01, calibration: RankCalibration | None = None):
+                 prefill_slack: float = 0.01, calibration: RankCalibration | None = None,
+                 learn_cost: bool = True):
         self.max_budget = int(max_budget)
+        self.learn_cost = bool(learn_cost)
         self.min_gain = float(min_gain)
         self.batch_margin = float(batch_margin)
         self.prefill_margin = float(prefill_margin)
@@ -517,6 +600,8 @@ class BudgetPolicy:
         self.cost_model = cost_model
         self.calibration = RankCalibration() if calibration is None else calibration
         self.lengths = OutputLengths()
+        self._allowance = 0.0  # seconds of predicted loss exploring may still spend (`_explore`)
+        self.explored = 0  # rounds that explored a size
 
     def ensure_cost_model(self, model) -> CostModel:
         if self.cost_model is None:
@@ -560,14 +645,52 @@ class BudgetPolicy:
             if value[k] <= 0:
                 k = 0
         else:
-            rate = (w.sum() + gains) / cost
-            k = int(np.argmax(rate))
-            # a wrong guess costs every row of the batch its share of the padded pass: the margin
-            # grows with the rows
-            if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
-                k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+            k = self._decode_size(gains, cost, float(w.sum()), b, width)
         return [(prune_tree(t, k, int(lim) - 1) if len(t) > k else t) if a else kept
                 for t, lim, a, kept in zip(trees, batch.limits, batch.auto, batch.trees)]
+
+    def _risk(self, cost: np.ndarray, b: int) -> np.ndarray:
+        """The pass costs the decision weighs: a tree's extra time over the plain step counts
+        (1 + RISK_PER_ROW x batch_margin x (rows - 1)) times, since a wrong guess costs every row
+        of the batch its share of the padded pass. The margin scales with what the tree adds to
+        the pass, never with the pass itself: where a tree is nearly free (a flat curve), nearly any
+        predicted gain pays for it."""
+        return cost + (cost - cost[0]) * (RISK_PER_ROW * self.batch_margin * (b - 1))
+
+    def _decode_size(self, gains: np.ndarray, cost: np.ndarray, weight: float, b: int, width: int) -> int:
+        """The draft size of a decode round: the most expected committed tokens per risk-weighted
+        second (`_risk`), 0 unless that beats plain decoding by `min_gain`; then, within the
+        exploring allowance, a size the curve has not shown for this batch size yet (`_explore`)."""
+        rate = (weight + gains) / self._risk(cost, b)
+        k = int(np.argmax(rate))
+        if rate[k] < self.min_gain * rate[0]:
+            k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+        if self.learn_cost:
+            k = self._explore(k, rate, gains, cost, weight, b, width)
+        return k
+
+    def _explore(self, k: int, rate: np.ndarray, gains: np.ndarray, cost: np.ndarray, weight: float, b: int,
+                 width: int) -> int:
+        """Bounded exploration of the cost curve. Sizes no pass of this batch size has shown keep the
+        one-row curve's guess, and a guess too dear would never be tried, so never corrected. Each
+        decode round adds `EXPLORE_SHARE` of its predicted cost to an allowance (at most
+        `EXPLORE_CAP` one-token steps); a round whose best size under the optimistic curve
+        (`CostModel.optimistic`) differs from `k` takes it when the predicted loss (its extra time over
+        what its tokens are worth at `k`'s rate) fits the allowance, and spends it. So exploring
+        costs at most `EXPLORE_SHARE` of the predicted time, and nothing once every size is seen."""
+        self._allowance = min(self._allowance + EXPLORE_SHARE * float(cost[k]), EXPLORE_CAP * float(cost[0]))
+        tokens = b * (np.arange(len(cost)) + width)
+        opt = self.cost_model.optimistic(tokens, batch=b)
+        rate_o = (weight + gains) / self._risk(opt, b)
+        ke = int(np.argmax(rate_o))
+        if ke == k or rate_o[ke] <= rate[k] or rate_o[ke] < self.min_gain * rate_o[0]:
+            return k
+        loss = float(cost[ke]) * max(0.0, 1.0 - float(rate[ke] / rate[k]))
+        if loss > self._allowance:
+            return k
+        self._allowance -= loss
+        self.explored += 1
+        return ke
 
     def prefill_may_draft(self, rows: int, width: int) -> bool:
         """Whether a prefill of `rows` rows `width` tokens wide could carry a tree within `prefill_slack`
@@ -579,8 +702,9 @@ class BudgetPolicy:
         return bool(cost[1] <= (1.0 + self.prefill_slack) * cost[0])
 
     def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
-        """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""
-        if self.cost_model is not None:
+        """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds` (ignored
+        without `learn_cost`: a pinned curve stays as given)."""
+        if self.cost_model is not None and self.learn_cost:
             self.cost_model.observe(tokens, seconds, batch=rows)
 
     def learn(self, trees: list[DraftTree], accepted_nodes) -> None:
