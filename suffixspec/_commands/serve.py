@@ -27,7 +27,15 @@ import time
 from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from ..errors import BadInputError
 from ..http.limits import Limits
-from .args import open_corpora, open_recycle_table, parse_budget, recycle_default, save_recycle_table
+from .args import (
+    add_cost_flags,
+    cost_options,
+    open_corpora,
+    open_recycle_table,
+    parse_budget,
+    recycle_default,
+    save_recycle_table,
+)
 
 ENV_KEY = "SUFFIXSPEC_API_KEY"
 DEFAULT_LIMITS = Limits()
@@ -79,6 +87,7 @@ def add_parser(sub) -> None:
                    help="an idle keep-alive connection is closed after S seconds (default 5)")
     p.add_argument("--max-connections", type=int, default=1000, metavar="N",
                    help="open connections beyond which new requests answer 503 (default 1000)")
+    add_cost_flags(p)
     p.set_defaults(func=run)
 
 
@@ -126,6 +135,7 @@ def _check(args) -> None:
 def run(args) -> int:
     _check(args)
     budget = parse_budget(args.budget)
+    args.cost_options = cost_options(args)  # a bad --cost-curve is refused before the model loads
     api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_KEY) or None
 
     from ..http.chat import find_chat_template  # chat templates need no web stack
@@ -211,7 +221,8 @@ def _load(args, budget, template, state, log, plan):
     state.metrics.corpora(corpora)
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
-    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle))
+    gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle),
+                               **args.cost_options)
     open_recycle_table(gen, args.recycle_table, log)
     engine = gen.serve(options=DecodeOptions(budget=budget), max_batch=args.max_batch,
                        max_step_tokens=args.max_step_tokens)
