@@ -48,7 +48,7 @@ class SpeculativeGenerator:
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.06,
-                 prefill_margin: float = 2.0, prefill_slack: float = 0.01, policy: BudgetPolicy | None = None,
+                 prefill_margin: float = 2.0, prefill_slack: float = 0.1, policy: BudgetPolicy | None = None,
                  recycle: bool | None = None, cost_curve: dict | None = None, learn_cost: bool = True,
                  **proposer_options):
         self.model = model

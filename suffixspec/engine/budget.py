@@ -307,7 +307,7 @@ class BudgetPolicy:
 
     def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
                  min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
-                 prefill_slack: float = 0.01, calibration: RankCalibration | None = None,
+                 prefill_slack: float = 0.1, calibration: RankCalibration | None = None,
                  learn_cost: bool = True):
         self.max_budget = int(max_budget)
         self.learn_cost = bool(learn_cost)
@@ -320,6 +320,7 @@ class BudgetPolicy:
         self.lengths = OutputLengths()
         self._allowance = 0.0  # seconds of predicted loss exploring may still spend (`_explore`)
         self.explored = 0  # rounds that explored a size
+        self.explore_earned = self.explore_spent = 0.0  # seconds of allowance accrued, of predicted loss spent
 
     def ensure_cost_model(self, model) -> CostModel:
         if self.cost_model is None:
@@ -396,6 +397,7 @@ class BudgetPolicy:
         (`CostModel.optimistic`) differs from `k` takes it when the predicted loss (its extra time over
         what its tokens are worth at `k`'s rate) fits the allowance, and spends it. So exploring
         costs at most `EXPLORE_SHARE` of the predicted time, and nothing once every size is seen."""
+        self.explore_earned += EXPLORE_SHARE * float(cost[k])
         self._allowance = min(self._allowance + EXPLORE_SHARE * float(cost[k]), EXPLORE_CAP * float(cost[0]))
         tokens = b * (np.arange(len(cost)) + width)
         opt = self.cost_model.optimistic(tokens, batch=b)
@@ -407,6 +409,7 @@ class BudgetPolicy:
         if loss > self._allowance:
             return k
         self._allowance -= loss
+        self.explore_spent += loss
         self.explored += 1
         return ke
 
