@@ -37,8 +37,8 @@ REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every r
 REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
 RISK_PER_ROW = 2.0  # times batch_margin: the weight of a tree's extra pass time per row beyond the first
-EXPLORE_SHARE = 0.02  # of the predicted decode time that exploring untried sizes may lose (`_explore`)
-EXPLORE_CAP = 4.0  # one-token steps: the most exploring allowance kept unspent
+EXPLORE_SHARE = 0.05  # of the predicted decode time that exploring untried sizes may lose (`_explore`)
+EXPLORE_CAP = 8.0  # one-token steps: the most exploring allowance kept unspent
 CADENCE_MAX_SHARE = 0.004  # of a quiet batch's rounds that drafting may take (see DraftCadence)
 
 
@@ -394,7 +394,7 @@ class BudgetPolicy:
         one-row curve's guess, and a guess too dear would never be tried, so never corrected. Each
         decode round adds `EXPLORE_SHARE` of its predicted cost to an allowance (at most
         `EXPLORE_CAP` one-token steps); a round whose best size under the optimistic curve
-        (`CostModel.optimistic`) differs from `k` takes it when the predicted loss (its extra time over
+        (`CostModel.optimistic`) differs from `k` takes the nearest such size when the predicted loss (its extra time over
         what its tokens are worth at `k`'s rate) fits the allowance, and spends it. So exploring
         costs at most `EXPLORE_SHARE` of the predicted time, and nothing once every size is seen."""
         self.explore_earned += EXPLORE_SHARE * float(cost[k])
@@ -402,9 +402,13 @@ class BudgetPolicy:
         tokens = b * (np.arange(len(cost)) + width)
         opt = self.cost_model.optimistic(tokens, batch=b)
         rate_o = (weight + gains) / self._risk(opt, b)
-        ke = int(np.argmax(rate_o))
-        if ke == k or rate_o[ke] <= rate[k] or rate_o[ke] < self.min_gain * rate_o[0]:
+        # the nearest untried size that would beat k if it cost what the optimistic curve says: a
+        # step at a time, so each exploring pass is cheap and the next one sees what it taught
+        better = np.flatnonzero((rate_o > rate[k]) & ~self.cost_model.tried(tokens, b)
+                                & (rate_o >= self.min_gain * rate_o[0]))
+        if not len(better):
             return k
+        ke = int(better[np.argmin(np.abs(better - k))])
         loss = float(cost[ke]) * max(0.0, 1.0 - float(rate[ke] / rate[k]))
         if loss > self._allowance:
             return k

@@ -47,6 +47,7 @@ class CostModel:
     SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
     SHAPE_RATE = 0.2
     GUESS_PASSES = 2
+    GUESS_CLIP = 8.0
 
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
@@ -101,8 +102,9 @@ class CostModel:
         sizes, measured = self._size_list, self._measured_list
         t = float(tokens)
         j = next((k for k, size in enumerate(sizes) if size >= t), len(sizes))  # plain floats: every round
-        if j == len(sizes):
-            expected = measured[-1] * speed * factors[-1] * t / sizes[-1]
+        if j == len(sizes):  # along the last segment, as `_beyond`
+            a, b = measured[-2] * speed * factors[-2], measured[-1] * speed * factors[-1]
+            expected = b + max(0.0, (b - a) / (sizes[-1] - sizes[-2])) * (t - sizes[-1])
         elif j == 0 or sizes[j] == t:
             expected = measured[j] * speed * factors[j]
         else:
@@ -121,7 +123,14 @@ class CostModel:
             # passes), later ones move it as slowly as at one row. The one-token step, seen every
             # plain round, moves the batch's speed as before
             rate = max(rate, 1.0 / (seen[i] + 1 + self.GUESS_PASSES))
-        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 0.5), 2.0)
+        # while a size is still a guess (its first GUESS_PASSES passes), its passes replace the guess
+        # (a running mean of what they showed) and may move it further than a load spike could: a
+        # guess can be off by more, and a size priced out by its guess is tried only by exploring
+        guessing = batch > 1 and tokens != batch and seen[i] < self.GUESS_PASSES
+        if guessing:
+            rate = 1.0 / (seen[i] + 1)
+        clip = self.GUESS_CLIP if guessing else 2.0
+        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 1.0 / clip), clip)
         seen[i] += 1
         # the observed shape factors' geometric mean goes into the speed: an observation of one size
         # leaves the other observed sizes' costs as they are
@@ -154,25 +163,37 @@ class CostModel:
         return curve[-1] + slope * (tokens - self.sizes[-1])
 
     def optimistic(self, tokens, batch: int = 1) -> np.ndarray:
-        """`self(tokens, batch)` with every size that no pass of `batch` rows has shown yet costed as the
-        largest observed size below it (the cheapest curve that stays monotone): what exploring
+        """`self(tokens, batch)` with every size that passes of `batch` rows have not shown
+        GUESS_PASSES times costed as the largest such size below it (the cheapest curve that stays monotone): what exploring
         assumes those sizes might cost. Equal to `self(...)` once every size is observed."""
         batch = int(batch)
         seen = self._seen.get(batch)
         cost = self(tokens, batch)
-        if not seen or all(seen):
+        if not seen or min(seen) >= self.GUESS_PASSES:
             return cost
         curve = self._curve(batch)
         tokens = np.asarray(tokens, np.float64)
-        floor = np.full(tokens.shape, -np.inf)
+        # the cheapest a pass could cost: what the batch's one-token step costs, or a tried size below it
+        floor = np.where(tokens >= batch, float(self(batch, batch)), -np.inf)
         for size, c, o in zip(self._size_list, curve.tolist(), seen):
-            if o:
-                floor = np.where(tokens >= size, c, floor)
-        # a size is unobserved when the nearest measured size (in log) was never observed
-        log_t = np.log(np.maximum(tokens, 1.0))
-        nearest = np.abs(log_t[..., None] - np.asarray(self._log_sizes)).argmin(-1)
-        unseen = ~np.asarray(seen, bool)[nearest]
+            if o >= self.GUESS_PASSES and size > batch:  # at `batch` tokens: the step, costed above
+                floor = np.where(tokens >= size, np.maximum(c, floor), floor)
+        # a size is untried while the nearest measured size (in log) has had fewer than GUESS_PASSES passes
+        unseen = np.asarray(seen)[self.nearest(tokens)] < self.GUESS_PASSES
         return np.where(unseen & np.isfinite(floor), np.minimum(cost, floor), cost)
+
+    def nearest(self, tokens) -> np.ndarray:
+        """The index of the measured size nearest (in log) to each entry of `tokens`: the size whose
+        shape factor a pass of that many tokens corrects."""
+        log_t = np.log(np.maximum(np.asarray(tokens, np.float64), 1.0))
+        return np.abs(log_t[..., None] - np.asarray(self._log_sizes)).argmin(-1)
+
+    def tried(self, tokens, batch: int) -> np.ndarray:
+        """Whether passes of `batch` rows feeding each entry of `tokens` have been seen GUESS_PASSES times."""
+        seen = self._seen.get(int(batch))
+        if seen is None:
+            return np.zeros(np.shape(tokens), bool)
+        return np.asarray(seen)[self.nearest(tokens)] >= self.GUESS_PASSES
 
     def relative(self) -> dict[int, float]:
         """The one-row curve as a pinned-curve object (`from_relative`): tree size -> relative cost."""
