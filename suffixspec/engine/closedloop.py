@@ -210,17 +210,18 @@ def _prompts(law: ScriptLaw, wl: Workload, seed: int) -> list[list[int]]:
     return [prompts[i] for i in order]
 
 
-def run_arm(workload: str, curve: str, budget, rows: int = 4, seed: int = 0, cost_curve=None,
+def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=None,
             learn_cost: bool = True, vocab: int = 256) -> ArmResult:
-    """Decode `workload` (a `WORKLOADS` name) at `budget` ("auto" or a fixed size), at most `rows`
-    requests together, on the simulated `curve` (a `CURVES` name). The automatic budget starts from
+    """Decode `workload` (a `Workload` or a `WORKLOADS` name) at `budget` ("auto" or a fixed size), at
+    most `rows` requests together, on the simulated `curve` (a `SimCurve` or a `CURVES` name). The automatic budget starts from
     `cost_curve` (tree size -> relative cost) when given, else from the curve as a start-up
     measurement would find it at one row."""
     from ..generate import SpeculativeGenerator
     from .budget import BudgetPolicy, CostModel
     from .engine import Engine
 
-    wl, sim = WORKLOADS[workload], CURVES[curve]
+    wl = workload if isinstance(workload, Workload) else WORKLOADS[workload]
+    sim = curve if isinstance(curve, SimCurve) else CURVES[curve]
     law = ScriptLaw.make(vocab, wl.branches, wl.weights, wl.novel, seed)
     clock = SimClock()
     model = scripted_model(law, clock, sim, seed)
@@ -244,7 +245,7 @@ def run_arm(workload: str, curve: str, budget, rows: int = 4, seed: int = 0, cos
                      [list(s) for s in result.sequences])
 
 
-def compare(workload: str, curve: str, budgets=FIXED_BUDGETS, rows: int = 4, seed: int = 0, **kwargs) -> dict:
+def compare(workload, curve, budgets=FIXED_BUDGETS, rows: int = 4, seed: int = 0, **kwargs) -> dict:
     """The automatic budget beside every fixed budget: {"auto": ArmResult, budget: ArmResult, ...,
     "ratio": auto's throughput over the best fixed budget's}."""
     arms = {"auto": run_arm(workload, curve, "auto", rows, seed, **kwargs)}
