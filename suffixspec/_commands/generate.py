@@ -52,8 +52,7 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
-    budget = parse_budget(args.budget)
-    cost = cost_options(args)  # a bad --cost-curve is refused before the model loads
+    budget, cost = parse_budget(args.budget), cost_options(args)  # a bad --cost-curve: refused before the model loads
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens: expected >= 0, got {args.max_new_tokens}")
     if args.temperature is not None and not args.temperature >= 0:
