@@ -1,7 +1,8 @@
 """The automatic budget: how many draft nodes each round verifies.
 
-A round's pass costs time as a function of the tokens it feeds (`CostModel`, measured on the running
-hardware and corrected online); its drafts are worth their calibrated acceptance estimates
+A round's pass costs time as a function of the tokens it feeds (`CostModel` in `costmodel.py`, measured
+on the running hardware or pinned, corrected online, its untried sizes explored within a bounded
+share of the time); its drafts are worth their calibrated acceptance estimates
 (`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
 verified, followed as `Shadow`s; `OutputLengths`: how likely an output still runs d tokens on, from
@@ -298,8 +299,11 @@ class BudgetPolicy:
     """The automatic budget's state and decisions (one per generator, shared by its engines).
 
     `max_budget`: most draft nodes a request proposes. `min_gain`: a round speculates only when its
-    predicted committed tokens per second beat plain decoding by this factor (a margin for the error
-    of the prediction), plus `batch_margin` per row beyond the first. `prefill_margin`: drafts ride
+    predicted committed tokens per second beat plain decoding by this factor. `batch_margin`: per row
+    beyond the first, how much more a tree's extra pass time weighs (`_risk`: a wrong guess costs
+    every row that time; the margin scales with what the tree adds, so a nearly free tree on a flat
+    curve needs nearly no gain). `learn_cost`: correct the cost curve online and explore sizes it
+    has not shown (`_explore`); False keeps the curve as given. `prefill_margin`: drafts ride
     along a prompt's first pass only when their predicted tokens exceed this many times the decode
     steps their extra pass time would buy, and only while they make that pass at most `prefill_slack`
     dearer (a prompt's pass is every newcomer's time to first token). `cost_model`: measured on first
