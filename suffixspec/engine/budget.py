@@ -15,7 +15,6 @@ statistics and returns pruned trees: it never touches the model or the proposer.
 
 from __future__ import annotations
 
-import logging
 import math
 from collections import deque
 
@@ -29,8 +28,6 @@ from .costmodel import CostModel, check_relative_curve
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
            "tail_weights", "check_relative_curve",
            "DEFAULT_MAX_BUDGET"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BUDGET = 64
 SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked against what followed

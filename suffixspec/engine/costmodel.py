@@ -30,7 +30,8 @@ log = logging.getLogger(__name__)
 
 class CostModel:
     """Seconds per forward pass as a function of the new tokens it feeds (all rows together, padding
-    included), interpolated linearly between measured sizes and extrapolated proportionally beyond.
+    included), interpolated linearly between measured sizes and extended along the last measured
+    segment beyond them (`_beyond`).
 
     The measured curve is corrected online per batch size (`observe`), so passes of one batch size
     (longer contexts, more rows) never distort the relative costs another batch size decides on.
@@ -118,10 +119,10 @@ class CostModel:
         rate = weight * self.SHAPE_RATE
         if batch > 1 and tokens != batch:
             # beyond one row the measured curve (one row feeding as many tokens) only guesses the
-            # shape of tree passes, which pay for a mask and a tree per row: the first passes of each
-            # size replace the guess quickly (a running mean in which it counts as GUESS_PASSES
-            # passes), later ones move it as slowly as at one row. The one-token step, seen every
-            # plain round, moves the batch's speed as before
+            # shape of tree passes, which pay for a mask and a tree per row: the first GUESS_PASSES
+            # passes of each size replace the guess (below), the next ones move it as a running mean in
+            # which the guess counts as GUESS_PASSES passes, later ones as slowly as at one row. The
+            # one-token step, seen every plain round, moves the batch's speed as before
             rate = max(rate, 1.0 / (seen[i] + 1 + self.GUESS_PASSES))
         # while a size is still a guess (its first GUESS_PASSES passes), its passes replace the guess
         # (a running mean of what they showed) and may move it further than a load spike could: a
