@@ -15,8 +15,9 @@ the same outputs: the tokens per round of a clairvoyant copier that drafts, each
 span of the request's context (prompt and output so far) that the output continues with, at most
 the budget (`ceiling`).
 
-With `--flat-cost` the budget is automatic and the cost model a GPU-like curve (a pass of k tokens
-costs 1 + 0.002 (k - 1) one-token steps): the predicted speed-up is then new tokens over the charged
+With `--flat-cost` the budget is automatic (or `--budgets auto,16,64`: beside fixed ones) and the cost
+curve a pinned GPU-like one (a pass of k tokens costs 1 + 0.002 (k - 1) one-token steps,
+`learn_cost=False`): the predicted speed-up is then new tokens over the charged
 steps (prefill excluded), with and without the source. Not a timing: counts of tokens and rounds.
 Prints a table, then one JSON line (`--record [PATH]`: also appended to bench/results/recycle.jsonl; runs
 without the Spec-Bench sample to recycle_shipped.jsonl, `--flat-cost` runs to recycle_flat.jsonl).
@@ -37,16 +38,9 @@ import common
 SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
 
 
-class FlatCost:
-    """A GPU-like cost curve the engine cannot correct: a pass of k tokens costs 1 + 0.002 (k - 1)
-    one-token steps whatever this CPU measures (the policy's online observations are dropped)."""
-
-    def __init__(self):
-        from suffixspec.engine.budget import CostModel
-
-        sizes = [1, 2, 4, 8, 16, 32, 64, 128]
-        self.model = CostModel(sizes, [1.0 + 0.002 * (k - 1) for k in sizes])
-        self.model.observe = lambda *args, **kwargs: None
+# a GPU-like curve the engine keeps as given (`learn_cost=False`): a pass of k tokens costs
+# 1 + 0.002 (k - 1) one-token steps whatever this CPU measures
+FLAT_CURVE = {k: 1.0 + 0.002 * (k - 1) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
 
 
 class NullProposer:
@@ -111,7 +105,8 @@ def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_
 
     proposer = NullProposer() if source == "recycle" else Proposer()
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=source != "copy",
-                               cost_model=FlatCost().model if flat else None, prefix_cache_bytes=0)
+                               cost_curve=FLAT_CURVE if flat else None, learn_cost=not flat,
+                               prefix_cache_bytes=0)
     for a in range(0, len(warm), batch):  # a server that ran before: its past responses and its table
         server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
         for p in warm[a: a + batch]:
@@ -158,7 +153,7 @@ def main(argv=None) -> int:
     p.add_argument("--sets", default="specbench,chat,qa,edit", help="comma list of specbench, chat, qa, edit")
     p.add_argument("--per-category", type=int, default=10, help="Spec-Bench prompts per category")
     p.add_argument("--limit", type=int, default=16, help="prompts of each shipped workload")
-    p.add_argument("--budgets", default="16,64")
+    p.add_argument("--budgets", default=None, help="comma list of sizes or auto (default 16,64; with --flat-cost: auto)")
     p.add_argument("--sources", default="copy,recycle,both")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--max-new-tokens", type=int, default=128)
@@ -185,7 +180,8 @@ def main(argv=None) -> int:
     sets = load_sets(args.sets.split(","), args.per_category, tokenizer, template, args.limit, specbench)
     warm = chat_prompts([t for _, t in specbench_sample(args.warm, specbench, skip=args.per_category)],
                         tokenizer, template) if args.warm else []
-    budgets = ["auto"] if args.flat_cost else [int(b) for b in args.budgets.split(",")]
+    given = args.budgets if args.budgets is not None else ("auto" if args.flat_cost else "16,64")
+    budgets = [b if b == "auto" else int(b) for b in given.split(",")]
     sources = args.sources.split(",")
     rows, out = [], {}
     print(f"{'set':<10} {'budget':>6} {'source':<8} {'tok/round':>9} {'x copy':>7} {'drafted':>8} {'accepted':>8} "

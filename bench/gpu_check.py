@@ -22,6 +22,8 @@ line last (a summary; ``--record``: also appended to ``bench/results/gpu_check.j
 - ``replay``: the shipped SmolLM2 greedy traces (copy edits, chat) replayed through the real
   generator charged each measured curve, at concurrency 1, 4, 16: predicted speed-ups of suffixspec
   against plain decoding and against prompt lookup (`_gpu_replay`).
+  Each model's one-row curve is also written as ``cost_curve_<model>.json`` beside the report, in
+  the format `--cost-curve FILE` reads (tree size -> time relative to the one-token step).
 - ``cpu_share``: the host time of a round (proposer, budget policy, acceptance, bookkeeping) at
   batch 64 and 256 against each model's measured one-token step at that batch: the share of the
   critical path our CPU work takes (``host / (host + step)``).
@@ -282,6 +284,19 @@ def grid_cost(entry: dict, past: int) -> gr.GridCost:
     return gr.GridCost(pts, entry["prefill_ms"] / 1e3 / past)
 
 
+def pinned_curves(curve: dict) -> dict:
+    """Per model, its one-row curve in the `--cost-curve FILE` format (`CostModel.from_relative`): tree
+    size (tokens fed at one row) -> time relative to the one-token step, never falling as the size grows."""
+    out = {}
+    for name, entry in curve["models"].items():
+        pts = sorted((p["width"], p.get("gpu_ms", p["wall_ms"])) for p in entry["points"] if p["batch"] == 1)
+        if len(pts) < 2 or pts[0][0] != 1 or not pts[0][1] > 0:
+            continue
+        rel = np.maximum.accumulate(np.asarray([ms for _, ms in pts]) / pts[0][1])
+        out[name] = {str(w): round(float(r), 4) for (w, _), r in zip(pts, rel)}
+    return out
+
+
 def usable(curve: dict) -> dict:
     """The models whose curve has a one-token step at batch 1 (enough to charge a replay)."""
     return {n: e for n, e in curve["models"].items() if any(p["batch"] == 1 and p["width"] == 1 for p in e["points"])}
@@ -413,6 +428,8 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / "gpu_check.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
+    for name, pinned in pinned_curves(result["cost_curve"]).items():  # `--cost-curve FILE` for each model
+        (out / f"cost_curve_{name}.json").write_text(json.dumps(pinned) + "\n")
     print(table(result))
     common.emit(summary(result, path, time.monotonic() - t0), args, "gpu_check")
     return 0

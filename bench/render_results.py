@@ -306,6 +306,12 @@ def _recycle_e2e(r) -> list[str]:
             for c in r.get("cells", [])]
 
 
+def _closedloop(r) -> list[str]:
+    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}: auto "
+            f"{c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}), {c['auto_nodes_per_round']:.1f} nodes a round"
+            for c in r.get("cells", [])]
+
+
 def _generic(r) -> list[str]:
     if not isinstance(r, dict):
         return [json.dumps(r)[:300]]
@@ -369,7 +375,8 @@ SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
-             "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e, "corpus_compact": _corpus_compact}
+             "closedloop": _closedloop, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e,
+             "corpus_compact": _corpus_compact}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -398,6 +405,8 @@ TITLES = {
                         "bench/bench_recycle.py"),
     "recycle_flat": ("Recycled predictions under a GPU-like flat cost curve (automatic budget)",
                      "bench/bench_recycle.py --flat-cost"),
+    "closedloop": ("The automatic budget against fixed budgets on simulated cost curves (closed loop)",
+                   "bench/bench_closedloop.py"),
     "recycle_overhead": ("What the recycled-prediction table costs a round", "bench/bench_recycle_overhead.py"),
     "recycle_e2e": ("Chat and QA end to end, with and without recycled predictions", "suffixspec bench --recycle"),
 }

@@ -38,7 +38,10 @@ class SpeculativeGenerator:
     `proposer`: an object with `start(prompt_ids, request_id=None, filter=None)` returning sessions
     (`extend`, `propose(budget) -> DraftTree`, `close`); default `suffixspec.Proposer(**proposer_options)`.
     `policy`: the automatic budget (`BudgetPolicy`); by default one built from `max_budget`,
-    `cost_model`, `min_gain`, `batch_margin`, `prefill_margin` and `prefill_slack` (see `BudgetPolicy`).
+    `cost_model`, `min_gain`, `batch_margin`, `prefill_margin`, `prefill_slack` and `learn_cost` (see
+    `BudgetPolicy`). `cost_curve`: the pass-cost curve pinned instead of measured (tree size -> cost
+    relative to a one-token step, e.g. `{1: 1.0, 2: 1.06}`, what `cost_model.relative()` returns);
+    `learn_cost=False`: the curve stays as given (no online correction, no exploring).
     `recycle`: whether requests draft from the model's own past predictions by default (None:
     `options.RECYCLE_DEFAULT`; a request's `DecodeOptions.recycle` overrides it); `recycle_table` is
     that source's `RecycleTable`. `prefix_cache_bytes`: the bound of `prefix_pool`, the keys and
@@ -47,15 +50,20 @@ class SpeculativeGenerator:
 
     def __init__(self, model, tokenizer=None, proposer=None, *, max_budget: int = DEFAULT_MAX_BUDGET,
                  cost_model: CostModel | None = None, min_gain: float = 1.0, batch_margin: float = 0.06,
-                 prefill_margin: float = 2.0, prefill_slack: float = 0.01, policy: BudgetPolicy | None = None,
-                 recycle: bool | None = None, prefix_cache_bytes: int | None = None, **proposer_options):
+                 prefill_margin: float = 2.0, prefill_slack: float = 0.1, policy: BudgetPolicy | None = None,
+                 recycle: bool | None = None, cost_curve: dict | None = None, learn_cost: bool = True,
+                 prefix_cache_bytes: int | None = None, **proposer_options):
         self.model = model
         self.tokenizer = tokenizer
         self._proposer = proposer
         self._proposer_options = proposer_options
+        if cost_curve is not None:  # a pinned curve (`CostModel.from_relative`), not measured
+            if cost_model is not None:
+                raise BadInputError("cost_curve: give cost_curve or cost_model, not both", param="cost_curve")
+            cost_model = CostModel.from_relative(cost_curve)
         self.policy = policy if policy is not None else BudgetPolicy(
             max_budget=max_budget, cost_model=cost_model, min_gain=min_gain, batch_margin=batch_margin,
-            prefill_margin=prefill_margin, prefill_slack=prefill_slack)
+            prefill_margin=prefill_margin, prefill_slack=prefill_slack, learn_cost=learn_cost)
         self._unsupported: str | None = None
         self._checked = False
         recycle = RECYCLE_DEFAULT if recycle is None else recycle

@@ -387,7 +387,9 @@ def test_a_batch_that_stays_off_drafts_every_few_rounds_and_its_sessions_miss_no
         return DraftTree.from_paths([[1, 2, 3]], [0.9])
 
     proposer = StandInProposer(draft)
-    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    # a prefill slack of 1%: the prompts' pass takes no drafts here (the cadence is what this test is about)
+    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]),
+                               prefill_slack=0.01)
     server = gen.serve(max_new_tokens=new, budget="auto")
     original_start = proposer.start
 
@@ -459,7 +461,7 @@ def test_a_quiet_batch_drafts_every_round_only_while_drafting_is_cheap(draft_ms,
         return DraftTree.from_paths([[1, 2, 3]], [0.9])
 
     gen = SpeculativeGenerator(model, proposer=StandInProposer(draft),
-                               cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+                               cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]), prefill_slack=0.01)
     engine = Engine(gen, clock=lambda: now[0], max_new_tokens=new, budget="auto")
     model.forward = timed_forward
     try:
@@ -549,7 +551,8 @@ def test_a_finished_session_closes_before_the_next_proposal_not_in_a_newcomers_f
         return DraftTree.from_paths([[1, 2, 3]], [0.9])
 
     proposer = StandInProposer(draft)
-    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]))
+    gen = SpeculativeGenerator(model, proposer=proposer, cost_model=CostModel([1, 2, 1024], [1.0, 50.0, 5e4]),
+                               prefill_slack=0.01)  # the prefills take no drafts (a newcomer's step never proposes)
     original_start = proposer.start
 
     def start(prompt_ids, request_id=None, filter=None):

@@ -30,6 +30,12 @@ def test_gpu_check_cpu_path(tmp_path):
     result = json.loads((tmp_path / "gpu_check.json").read_text())
     assert list(result) == ["device", "exactness", "cost_curve", "replay", "cpu_share"]
     assert result["device"]["type"] == "cpu"
+    from suffixspec.engine.costmodel import CostModel
+
+    curves = sorted(tmp_path.glob("cost_curve_*.json"))  # each model's curve, as `--cost-curve FILE` reads it
+    assert [p.name for p in curves] == [f"cost_curve_{n}.json" for n in sorted(result["cost_curve"]["models"])]
+    for path in curves:
+        assert CostModel.from_relative(json.loads(path.read_text())).relative()[1] == 1.0
     ex = result["exactness"]
     assert ex["passed"] is True
     for variant in ("random", "cycling"):

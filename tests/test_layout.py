@@ -29,7 +29,7 @@ MAX_ROOT_MODULES = 16
 MAX_DOCSTRING_LINES = 30
 MAX_FUNCTION_LINES, MAX_KERNEL_FUNCTION_LINES = 100, 150
 MAX_PARAMS, MAX_FACADE_PARAMS = 12, 16
-# mirror an options dataclass's fields as keywords: DecodeOptions' (generate), BudgetPolicy's (the constructor)
+# mirror DecodeOptions' fields as keywords; SpeculativeGenerator's constructor mirrors BudgetPolicy's
 FACADES = {"suffixspec/generate.py:generate", "suffixspec/generate.py:__init__"}
 PRIVATE_OK = ("suffixspec._kernels",)
 

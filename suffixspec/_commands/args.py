@@ -143,3 +143,40 @@ def add_prefix_cache_flags(p) -> None:
                         "most 1 GiB)")
     p.add_argument("--no-prefix-cache", action="store_true",
                    help="read every prompt from its first token (no prefix cache)")
+
+
+def add_cost_flags(p) -> None:
+    """`--cost-curve FILE` and `--no-learn-cost` (generate, bench, serve)."""
+    p.add_argument("--cost-curve", default=None, metavar="FILE",
+                   help="pin the automatic budget's pass-cost curve: a JSON object of tree size -> cost relative to "
+                        "a one-token step (the cost_curve object of generate --json; default: measured at start)")
+    p.add_argument("--no-learn-cost", action="store_true",
+                   help="keep the cost curve as given or measured: no online correction, no exploring")
+
+
+def cost_options(args) -> dict:
+    """`SpeculativeGenerator` keywords from `--cost-curve` / `--no-learn-cost`; a file that cannot be
+    read or is not a valid curve is a `BadInputError` naming `--cost-curve`."""
+    import json
+
+    from ..engine.costmodel import check_relative_curve
+    from ..textinput import read_utf8
+
+    out: dict = {"learn_cost": not args.no_learn_cost}
+    if args.cost_curve is None:
+        return out
+    try:
+        text = read_utf8(args.cost_curve, "--cost-curve")
+    except BadInputError as exc:
+        raise BadInputError(str(exc), param="--cost-curve") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise BadInputError(f"--cost-curve {args.cost_curve}: expected a JSON object of tree size -> relative cost, "
+                            f"got malformed JSON ({exc})", param="--cost-curve") from None
+    try:
+        check_relative_curve(data, name=f"--cost-curve {args.cost_curve}")
+    except BadInputError as exc:
+        raise BadInputError(str(exc), param="--cost-curve") from None
+    out["cost_curve"] = data
+    return out

@@ -15,7 +15,15 @@ import time
 from pathlib import Path
 
 from ..errors import BadInputError
-from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
+from .args import (
+    add_cost_flags,
+    check_threads,
+    cost_options,
+    open_corpora,
+    parse_budget,
+    parse_filters,
+    recycle_default,
+)
 
 
 def add_parser(sub) -> None:
@@ -57,6 +65,7 @@ def add_parser(sub) -> None:
                    help="also append the JSON line printed last, with the date, host, git revision and command line, "
                         "to PATH (default: bench/results/suffixspec_bench.jsonl, or suffixspec_bench_grid.jsonl with "
                         "--grid, of the checkout suffixspec runs from, else of the current folder)")
+    add_cost_flags(p)
     g = p.add_argument_group("an HTTP endpoint instead of a model loaded here")
     g.add_argument("--url", default=None, metavar="http://HOST:PORT",
                    help="benchmark an OpenAI-compatible server (suffixspec serve, or another) through streaming requests "
@@ -143,11 +152,13 @@ class LocalTarget:
             raise BadInputError("--request-filters applies to --url (in process, --corpus sends them)")
         options = engine_options(args)
         check_threads(args.threads)
+        cost = cost_options(args)  # a bad --cost-curve is refused before the model loads
         from ..threads import ThreadPlan
 
         plan = ThreadPlan.start(args.threads)  # before torch is imported (OpenMP reads its settings once)
         from .. import bench
         from ..draft.proposer import Proposer
+        from ..engine.costmodel import CostModel
         from ..models import load_model
 
         self.allocator = bench.keep_freed_memory()  # before the model's memory is allocated
@@ -157,6 +168,8 @@ class LocalTarget:
         corpora = open_corpora(args.corpus, self.tokenizer)
         self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
                                              filter=filters or None, recycle=recycle_default(args.recycle),
+                                             cost_model=CostModel.from_relative(cost["cost_curve"])
+                                             if "cost_curve" in cost else None, learn_cost=cost["learn_cost"],
                                              engine_options=options)
         self.backends = {"plain": self.spec, "speculative": self.spec}
         if "prompt_lookup" in settings.modes:
@@ -204,7 +217,8 @@ class RemoteTarget:
     def __init__(self, args, settings):
         from ..bench import remote
 
-        for flag, given in (("--corpus", args.corpus), ("--filter", args.filter), ("--threads", args.threads)):
+        for flag, given in (("--corpus", args.corpus), ("--filter", args.filter), ("--threads", args.threads),
+                            ("--cost-curve", args.cost_curve), ("--no-learn-cost", args.no_learn_cost)):
             if given:
                 raise BadInputError(f"{flag} applies to a model loaded here, not to --url (the server has its own)")
         if args.timeout <= 0:

@@ -10,7 +10,15 @@ import time
 from ..engine.options import DecodeOptions
 from ..errors import BadInputError
 from ..textinput import read_utf8
-from .args import check_threads, open_corpora, parse_budget, parse_filters, recycle_default
+from .args import (
+    add_cost_flags,
+    check_threads,
+    cost_options,
+    open_corpora,
+    parse_budget,
+    parse_filters,
+    recycle_default,
+)
 
 
 def add_parser(sub) -> None:
@@ -39,11 +47,12 @@ def add_parser(sub) -> None:
     p.add_argument("--stats", action="store_true", help="print generation statistics")
     p.add_argument("--compare", action="store_true", help="also run plain greedy decoding (transformers) and compare")
     p.add_argument("--json", action="store_true", help="print one JSON object with the statistics as the last line")
+    add_cost_flags(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    budget = parse_budget(args.budget)
+    budget, cost = parse_budget(args.budget), cost_options(args)  # a bad --cost-curve: refused before the model loads
     if args.max_new_tokens < 0:
         raise BadInputError(f"--max-new-tokens: expected >= 0, got {args.max_new_tokens}")
     if args.temperature is not None and not args.temperature >= 0:
@@ -88,7 +97,7 @@ def run(args) -> int:
             raise BadInputError(f"--chat: model {args.model or 'default'!r} has no chat template; give --chat-template FILE")
         prompt = chat.render([{"role": "user", "content": prompt}])
     gen = SpeculativeGenerator(model, tokenizer, proposer=Proposer(corpus=corpora or None),
-                               recycle=recycle_default(args.recycle))
+                               recycle=recycle_default(args.recycle), **cost)
     ids = tokenizer.encode(prompt)
     # one-time work (kernels, the tree check, the cost curve) before the clock, reported apart
     prep = gen.prepare(drafts=budget != 0, cost_curve=budget == "auto", prompt=ids)

@@ -28,7 +28,9 @@ from ..engine.prefill import DEFAULT_MAX_STEP_TOKENS
 from ..errors import BadInputError
 from ..http.limits import Limits
 from .args import (
+    add_cost_flags,
     add_prefix_cache_flags,
+    cost_options,
     open_corpora,
     open_recycle_table,
     parse_budget,
@@ -88,6 +90,7 @@ def add_parser(sub) -> None:
                    help="an idle keep-alive connection is closed after S seconds (default 5)")
     p.add_argument("--max-connections", type=int, default=1000, metavar="N",
                    help="open connections beyond which new requests answer 503 (default 1000)")
+    add_cost_flags(p)
     p.set_defaults(func=run)
 
 
@@ -136,6 +139,7 @@ def run(args) -> int:
     _check(args)
     args.prefix_cache_bytes = prefix_cache_bytes(args)
     budget = parse_budget(args.budget)
+    args.cost_options = cost_options(args)  # a bad --cost-curve is refused before the model loads
     api_key = args.api_key if args.api_key is not None else os.environ.get(ENV_KEY) or None
 
     from ..http.chat import find_chat_template  # chat templates need no web stack
@@ -222,7 +226,7 @@ def _load(args, budget, template, state, log, plan):
     proposer = Proposer(corpus=corpora or None, global_cache=not args.no_response_cache,
                         cache_upkeep="background")  # a cache merge never stalls a round of the batch
     gen = SpeculativeGenerator(model, tokenizer, proposer=proposer, recycle=recycle_default(args.recycle),
-                               prefix_cache_bytes=args.prefix_cache_bytes)
+                               prefix_cache_bytes=args.prefix_cache_bytes, **args.cost_options)
     open_recycle_table(gen, args.recycle_table, log)
     pool = gen.prefix_pool
     log.info("prefix cache: %s", f"up to {pool.max_bytes / 2**20:.0f} MiB of keys and values" if pool is not None

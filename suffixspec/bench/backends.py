@@ -78,8 +78,9 @@ class SpeculativeBackend:
     with a new proposer (so no run learns from an earlier run's responses), sharing the cost model."""
 
     def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None,
-                 recycle: bool = False, engine_options: dict | None = None):
+                 recycle: bool = False, learn_cost: bool = True, engine_options: dict | None = None):
         self.model, self.tokenizer, self.make_proposer = model, tokenizer, make_proposer
+        self.learn_cost = learn_cost  # False: the cost curve stays as given (`--no-learn-cost`)
         self.cost_model = cost_model
         self.recycle = recycle  # the generator's default for drawing on recycled predictions
         self.filter = filter  # corpus document filter of every request
@@ -90,9 +91,11 @@ class SpeculativeBackend:
         from ..generate import SpeculativeGenerator
 
         backend = SpeculativeBackend(self.model, self.tokenizer, self.make_proposer, self.cost_model, self.filter,
-                                     self.recycle, self.engine_options)
+                                     self.recycle, self.learn_cost, self.engine_options)
         backend._gen = SpeculativeGenerator(self.model, self.tokenizer, proposer=self.make_proposer(),
-                                            cost_model=self.cost_model, recycle=self.recycle)
+                                            cost_model=self.cost_model, recycle=self.recycle,
+                                            learn_cost=self.learn_cost,
+                                            prefix_cache_bytes=self.engine_options.get("prefix_cache_bytes"))
         return backend
 
     def serve(self, *, max_batch, max_new_tokens, do_sample, temperature, top_k, top_p, seed, budget,

@@ -1,7 +1,8 @@
 """The automatic budget: how many draft nodes each round verifies.
 
-A round's pass costs time as a function of the tokens it feeds (`CostModel`, measured on the running
-hardware and corrected online); its drafts are worth their calibrated acceptance estimates
+A round's pass costs time as a function of the tokens it feeds (`CostModel` in `costmodel.py`, measured
+on the running hardware or pinned, corrected online, its untried sizes explored within a bounded
+share of the time); its drafts are worth their calibrated acceptance estimates
 (`RankCalibration`: observed acceptance over the proposer's scores, by rank in the tree, learned
 across requests; `RequestTrust`: how one request's own drafts fare, including trees proposed but not
 verified, followed as `Shadow`s; `OutputLengths`: how likely an output still runs d tokens on, from
@@ -14,233 +15,29 @@ statistics and returns pruned trees: it never touches the model or the proposer.
 
 from __future__ import annotations
 
-import hashlib
-import json
-import logging
 import math
-import os
-import time
 from collections import deque
 
 import numpy as np
 
 from .._kernels import sizing
 from ..draft.tree import DraftTree, prune_tree
-from ..fileio import atomic_write_json, cache_dir
 from ..verify.batch import RoundBatch
+from .costmodel import CostModel, check_relative_curve
 
 __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPolicy", "DraftCadence", "OutputLengths",
-           "tail_weights",
+           "tail_weights", "check_relative_curve",
            "DEFAULT_MAX_BUDGET"]
-
-log = logging.getLogger(__name__)
 
 DEFAULT_MAX_BUDGET = 64
 SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked against what followed
 REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
 REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
 REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
+RISK_PER_ROW = 2.0  # times batch_margin: the weight of a tree's extra pass time per row beyond the first
+EXPLORE_SHARE = 0.05  # of the predicted decode time that exploring untried sizes may lose (`_explore`)
+EXPLORE_CAP = 8.0  # one-token steps: the most exploring allowance kept unspent
 CADENCE_MAX_SHARE = 0.004  # of a quiet batch's rounds that drafting may take (see DraftCadence)
-
-
-class CostModel:
-    """Seconds per forward pass as a function of the new tokens it feeds (all rows together, padding
-    included), interpolated linearly between measured sizes and extrapolated proportionally beyond.
-
-    The measured curve is corrected online per batch size (`observe`), so passes of one batch size
-    (longer contexts, more rows) never distort the relative costs another batch size decides on.
-    Within a batch size the correction is a speed factor common to every size, which every observed
-    pass moves, times a shape factor per observed size, which moves `SHAPE_RATE` times slower and
-    keeps a geometric mean of 1 over the observed sizes: the machine's speed shows at once in every
-    size, including sizes seldom or never observed, and only a lasting difference in shape stays per size.
-    Beyond one row the one-row curve only guesses the shape: b rows' one-token step (b tokens) skips
-    the mask a b-token pass of one row builds, so it costs the curve at b times `step_ratio` (the
-    one-row step over the one-row 2-token pass), and each tree size's first passes correct its shape
-    at once (`GUESS_PASSES`). Observed passes are whole verification steps (the pass, the
-    acceptance and the cache commit), so a tree's bookkeeping counts against it."""
-
-    SIZES = (1, 2, 4, 8, 16, 32, 64, 128)
-    SHAPE_RATE = 0.2
-    GUESS_PASSES = 2
-
-    def __init__(self, sizes, seconds):
-        order = np.argsort(sizes)
-        self.sizes = np.asarray(sizes, np.float64)[order]
-        self._measured = np.asarray(seconds, np.float64)[order]
-        self._size_list = self.sizes.tolist()
-        self._measured_list = self._measured.tolist()
-        self._log_sizes = np.log(self.sizes).tolist()
-        self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
-        self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
-        self._seen: dict[int, list[int]] = {}  # batch size -> passes observed per size
-        self._curves: dict[int, np.ndarray] = {}
-        self.seconds = self._curve(1)
-        # the part of a one-row pass of 2 tokens that a one-token step (no mask, no tree) skips
-        self.step_ratio = float(min(1.0, self.seconds[0] / np.interp(2.0, self.sizes, self.seconds))) \
-            if self.sizes[0] == 1 and len(self.sizes) > 1 else 1.0
-
-    def _raw(self, batch: int) -> np.ndarray:
-        """The corrected curve of `batch` rows before it is made monotone."""
-        factors = self._factors.get(batch)
-        return self._measured if factors is None else self._measured * (self._speed[batch] * np.asarray(factors))
-
-    def _curve(self, batch: int) -> np.ndarray:
-        curve = self._curves.get(batch)
-        if curve is None:
-            # never cheaper when bigger, from the largest size a pass of `batch` rows can take (at
-            # least one token a row): smaller sizes, never fed, must not lift the rest
-            curve = self._raw(batch).copy()
-            lo = max(0, int(np.searchsorted(self.sizes, batch, side="right")) - 1)
-            curve[lo:] = np.maximum.accumulate(curve[lo:])
-            self._curves[batch] = curve
-        return curve
-
-    def observe(self, tokens: int, seconds: float, weight: float = 0.1, batch: int = 1) -> None:
-        """A pass of `batch` rows feeding `tokens` took `seconds`: the batch's speed moves by at most
-        `weight` toward it, the nearest measured size's shape by `weight * SHAPE_RATE` toward what is
-        left, so the curve follows the machine as it is now (load, threads). Sizes observed alike
-        converge to what they cost, the others to their measured cost times the batch's speed."""
-        batch = int(batch)
-        if not (tokens > 0 and seconds > 0):
-            return
-        log_t = math.log(max(tokens, 1))
-        i = min(range(len(self._log_sizes)), key=lambda k: abs(self._log_sizes[k] - log_t))
-        factors = self._factors.setdefault(batch, [1.0] * len(self._size_list))
-        seen = self._seen.setdefault(batch, [0] * len(self._size_list))
-        speed = self._speed.setdefault(batch, 1.0)
-        # against the curve before it is made monotone: a pass cheaper than a smaller one is matched by
-        # its own shape factor instead of driving it (and through the mean, the speed) down without end
-        sizes, measured = self._size_list, self._measured_list
-        t = float(tokens)
-        j = next((k for k, size in enumerate(sizes) if size >= t), len(sizes))  # plain floats: every round
-        if j == len(sizes):
-            expected = measured[-1] * speed * factors[-1] * t / sizes[-1]
-        elif j == 0 or sizes[j] == t:
-            expected = measured[j] * speed * factors[j]
-        else:
-            a, b = measured[j - 1] * speed * factors[j - 1], measured[j] * speed * factors[j]
-            expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
-        if batch > 1 and tokens == batch:  # the one-token step (see the class docstring)
-            expected *= self.step_ratio
-        # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
-        step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
-        speed *= step
-        rate = weight * self.SHAPE_RATE
-        if batch > 1 and tokens != batch:
-            # beyond one row the measured curve (one row feeding as many tokens) only guesses the
-            # shape of tree passes, which pay for a mask and a tree per row: the first passes of each
-            # size replace the guess quickly (a running mean in which it counts as GUESS_PASSES
-            # passes), later ones move it as slowly as at one row. The one-token step, seen every
-            # plain round, moves the batch's speed as before
-            rate = max(rate, 1.0 / (seen[i] + 1 + self.GUESS_PASSES))
-        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 0.5), 2.0)
-        seen[i] += 1
-        # the observed shape factors' geometric mean goes into the speed: an observation of one size
-        # leaves the other observed sizes' costs as they are
-        mean = math.exp(sum(math.log(f) for f, o in zip(factors, seen) if o) / sum(1 for o in seen if o))
-        self._speed[batch] = speed * mean
-        for k, o in enumerate(seen):
-            if o:
-                factors[k] /= mean
-        self._curves.pop(batch, None)
-        if batch == 1:
-            self.seconds = self._curve(1)
-
-    def __call__(self, tokens, batch: int = 1) -> np.ndarray:
-        batch = int(batch)
-        curve = self._curve(batch)
-        tokens = np.asarray(tokens, np.float64)
-        inside = np.interp(tokens, self.sizes, curve)
-        beyond = curve[-1] * tokens / self.sizes[-1]
-        cost = np.where(tokens > self.sizes[-1], beyond, inside)
-        if batch > 1:  # a pass of one token per row is the one-token step: no mask, no tree
-            cost = np.where(tokens == batch, cost * self.step_ratio, cost)
-        return cost
-
-    def relative(self) -> dict[int, float]:
-        return {int(s): float(c / self.seconds[0]) for s, c in zip(self.sizes, self.seconds)}
-
-    def to_dict(self):
-        return {"sizes": self.sizes.tolist(), "seconds": self.seconds.tolist()}
-
-    @classmethod
-    def measure(cls, model, sizes=SIZES, past: int = 256, repeats: int = 7) -> CostModel:
-        """Time passes of `sizes` new tokens (a linear draft) after a `past`-token prefix (each pass
-        keeps its first token, so the context grows by two tokens per size and repeat)."""
-        import torch
-
-        from ..verify.kv import KVState
-
-        vocab = int(model.get_input_embeddings().weight.shape[0])
-        rng = np.random.default_rng(0)
-        state = KVState(model, 1)
-        state.forward([rng.integers(0, vocab, past).tolist()], [DraftTree.empty()])
-        state.commit([[]])
-        cuda = state.device.type == "cuda"
-        trees = {1: DraftTree.empty()}  # the one-token step every size is paired with
-        for size in sizes:
-            if size > 1:
-                trees[size] = DraftTree(rng.integers(0, vocab, size - 1), np.arange(size - 1) - 1)
-
-        def timed(size: int) -> float:
-            if cuda:
-                torch.cuda.synchronize()
-            t = time.perf_counter()
-            state.forward([[int(rng.integers(0, vocab))]], [trees[size]])
-            if cuda:
-                torch.cuda.synchronize()
-            seconds = time.perf_counter() - t
-            state.commit([[]])
-            return seconds
-
-        # Each size is timed right after a one-token step and kept as the ratio of the pair, the
-        # curve being the median one-token step times the median ratio per size. The machine's speed
-        # drifts by tens of percent within seconds on a shared host, and a curve of absolute medians
-        # taken through such a drift misjudges what a multi-token pass costs against a step; adjacent
-        # pairs see the same machine. Sizes are interleaved round by round, so a load spike hits one
-        # sample of one size; the first round warms up.
-        steps: list[float] = []
-        ratios: dict[int, list[float]] = {size: [] for size in sizes}
-        for rep in range(repeats + 1):
-            for size in sizes:
-                step = timed(1)
-                pass_s = timed(size)
-                if rep:
-                    steps.append(step)
-                    ratios[size].append(pass_s / step if size > 1 else 1.0)
-        step = float(np.median(steps))
-        seconds = [step * float(np.median(ratios[size])) for size in sizes]
-        return cls(list(sizes), seconds)
-
-    @classmethod
-    def cached(cls, model) -> CostModel:
-        """`measure` once per (model, dtype, device, threads); kept in the user cache directory."""
-        import torch
-
-        params = sum(p.numel() for p in model.parameters())
-        dev = next(model.parameters()).device
-        ident = json.dumps([
-            "cost-v6",  # bump when `measure` or the model layers change: older curves are then re-measured
-            getattr(model.config, "_name_or_path", ""), type(model).__name__, params,
-            sorted({type(m).__name__ for m in model.modules()}),  # prepacked or dense layers
-            sorted({str(getattr(m, "layout", "")) for m in model.modules()}), torch.__version__,  # their layout
-            str(next(model.parameters()).dtype), str(dev),
-            torch.cuda.get_device_name(dev) if dev.type == "cuda" else os.cpu_count(), torch.get_num_threads(),
-            getattr(model.config, "_attn_implementation", None),
-        ])
-        path = cache_dir() / "cost" / (hashlib.sha256(ident.encode()).hexdigest()[:16] + ".json")
-        try:
-            data = json.loads(path.read_text())
-            return cls(data["sizes"], data["seconds"])
-        except (OSError, ValueError, KeyError):
-            pass
-        model_cost = cls.measure(model)
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(path, {**model_cost.to_dict(), "identity": ident}, durable=False)
-        except OSError as exc:
-            log.warning("could not cache the cost curve in %s: %s", path, exc)
-        return model_cost
 
 
 class RankCalibration:
@@ -499,8 +296,11 @@ class BudgetPolicy:
     """The automatic budget's state and decisions (one per generator, shared by its engines).
 
     `max_budget`: most draft nodes a request proposes. `min_gain`: a round speculates only when its
-    predicted committed tokens per second beat plain decoding by this factor (a margin for the error
-    of the prediction), plus `batch_margin` per row beyond the first. `prefill_margin`: drafts ride
+    predicted committed tokens per second beat plain decoding by this factor. `batch_margin`: per row
+    beyond the first, how much more a tree's extra pass time weighs (`_risk`: a wrong guess costs
+    every row that time; the margin scales with what the tree adds, so a nearly free tree on a flat
+    curve needs nearly no gain). `learn_cost`: correct the cost curve online and explore sizes it
+    has not shown (`_explore`); False keeps the curve as given. `prefill_margin`: drafts ride
     along a prompt's first pass only when their predicted tokens exceed this many times the decode
     steps their extra pass time would buy, and only while they make that pass at most `prefill_slack`
     dearer (a prompt's pass is every newcomer's time to first token). `cost_model`: measured on first
@@ -508,8 +308,10 @@ class BudgetPolicy:
 
     def __init__(self, *, max_budget: int = DEFAULT_MAX_BUDGET, cost_model: CostModel | None = None,
                  min_gain: float = 1.0, batch_margin: float = 0.06, prefill_margin: float = 2.0,
-                 prefill_slack: float = 0.01, calibration: RankCalibration | None = None):
+                 prefill_slack: float = 0.1, calibration: RankCalibration | None = None,
+                 learn_cost: bool = True):
         self.max_budget = int(max_budget)
+        self.learn_cost = bool(learn_cost)
         self.min_gain = float(min_gain)
         self.batch_margin = float(batch_margin)
         self.prefill_margin = float(prefill_margin)
@@ -517,6 +319,9 @@ class BudgetPolicy:
         self.cost_model = cost_model
         self.calibration = RankCalibration() if calibration is None else calibration
         self.lengths = OutputLengths()
+        self._allowance = 0.0  # seconds of predicted loss exploring may still spend (`_explore`)
+        self.explored = 0  # rounds that explored a size
+        self.explore_earned = self.explore_spent = 0.0  # seconds of allowance accrued, of predicted loss spent
 
     def ensure_cost_model(self, model) -> CostModel:
         if self.cost_model is None:
@@ -560,14 +365,58 @@ class BudgetPolicy:
             if value[k] <= 0:
                 k = 0
         else:
-            rate = (w.sum() + gains) / cost
-            k = int(np.argmax(rate))
-            # a wrong guess costs every row of the batch its share of the padded pass: the margin
-            # grows with the rows
-            if rate[k] < (self.min_gain + self.batch_margin * (b - 1)) * rate[0]:
-                k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+            k = self._decode_size(gains, cost, float(w.sum()), b, width)
         return [(prune_tree(t, k, int(lim) - 1) if len(t) > k else t) if a else kept
                 for t, lim, a, kept in zip(trees, batch.limits, batch.auto, batch.trees)]
+
+    def _risk(self, cost: np.ndarray, b: int) -> np.ndarray:
+        """The pass costs the decision weighs: a tree's extra time over the plain step counts
+        (1 + RISK_PER_ROW x batch_margin x (rows - 1)) times, since a wrong guess costs every row
+        of the batch its share of the padded pass. The margin scales with what the tree adds to
+        the pass, never with the pass itself: where a tree is nearly free (a flat curve), nearly any
+        predicted gain pays for it."""
+        return cost + (cost - cost[0]) * (RISK_PER_ROW * self.batch_margin * (b - 1))
+
+    def _decode_size(self, gains: np.ndarray, cost: np.ndarray, weight: float, b: int, width: int) -> int:
+        """The draft size of a decode round: the most expected committed tokens per risk-weighted
+        second (`_risk`), 0 unless that beats plain decoding by `min_gain`; then, within the
+        exploring allowance, a size the curve has not shown for this batch size yet (`_explore`)."""
+        rate = (weight + gains) / self._risk(cost, b)
+        k = int(np.argmax(rate))
+        if rate[k] < self.min_gain * rate[0]:
+            k = 0  # a predicted gain within the model's error is not worth the risk of a loss
+        if self.learn_cost:
+            k = self._explore(k, rate, gains, cost, weight, b, width)
+        return k
+
+    def _explore(self, k: int, rate: np.ndarray, gains: np.ndarray, cost: np.ndarray, weight: float, b: int,
+                 width: int) -> int:
+        """Bounded exploration of the cost curve. Sizes no pass of this batch size has shown keep the
+        one-row curve's guess, and a guess too dear would never be tried, so never corrected. Each
+        decode round adds `EXPLORE_SHARE` of its predicted cost to an allowance (at most
+        `EXPLORE_CAP` one-token steps); a round whose best size under the optimistic curve
+        (`CostModel.optimistic`) differs from `k` takes the nearest such size when the predicted loss (its extra time over
+        what its tokens are worth at `k`'s rate) fits the allowance, and spends it. So exploring
+        costs at most `EXPLORE_SHARE` of the predicted time, and nothing once every size is seen."""
+        self.explore_earned += EXPLORE_SHARE * float(cost[k])
+        self._allowance = min(self._allowance + EXPLORE_SHARE * float(cost[k]), EXPLORE_CAP * float(cost[0]))
+        tokens = b * (np.arange(len(cost)) + width)
+        opt = self.cost_model.optimistic(tokens, batch=b)
+        rate_o = (weight + gains) / self._risk(opt, b)
+        # the nearest untried size that would beat k if it cost what the optimistic curve says: a
+        # step at a time, so each exploring pass is cheap and the next one sees what it taught
+        better = np.flatnonzero((rate_o > rate[k]) & ~self.cost_model.tried(tokens, b)
+                                & (rate_o >= self.min_gain * rate_o[0]))
+        if not len(better):
+            return k
+        ke = int(better[np.argmin(np.abs(better - k))])
+        loss = float(cost[ke]) * max(0.0, 1.0 - float(rate[ke] / rate[k]))
+        if loss > self._allowance:
+            return k
+        self._allowance -= loss
+        self.explore_spent += loss
+        self.explored += 1
+        return ke
 
     def prefill_may_draft(self, rows: int, width: int) -> bool:
         """Whether a prefill of `rows` rows `width` tokens wide could carry a tree within `prefill_slack`
@@ -579,8 +428,9 @@ class BudgetPolicy:
         return bool(cost[1] <= (1.0 + self.prefill_slack) * cost[0])
 
     def observe_pass(self, rows: int, tokens: int, seconds: float) -> None:
-        """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds`."""
-        if self.cost_model is not None:
+        """A decode pass of `rows` rows feeding `tokens` (padding included) took `seconds` (ignored
+        without `learn_cost`: a pinned curve stays as given)."""
+        if self.cost_model is not None and self.learn_cost:
             self.cost_model.observe(tokens, seconds, batch=rows)
 
     def learn(self, trees: list[DraftTree], accepted_nodes) -> None:
