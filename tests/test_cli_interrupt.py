@@ -313,3 +313,34 @@ def test_interrupt_swallowed_by_a_finalizer_still_ends_the_command(monkeypatch, 
     err = capsys.readouterr().err
     assert err.splitlines() == ["suffixspec info: interrupted (SIGINT)"], err
     assert reached == ["the line after the finalizer"]
+
+
+def test_interrupt_while_a_document_is_read_stays_an_interrupt(monkeypatch, tmp_path):
+    """A signal handled while a document file is being read (the CLI's handler raises there) leaves as
+    itself, with the descriptor closed once: it once landed inside a file object's creation, the
+    descriptor was closed twice and the command failed with 'Bad file descriptor' (exit 2, not 143)."""
+    import os
+
+    from suffixspec.corpus import documents
+
+    doc = tmp_path / "a.py"
+    doc.write_text("x = 1\n" * 100)
+    assert documents._read_regular(doc) == doc.read_bytes()
+    before = set(os.listdir("/proc/self/fd"))
+    real_read = os.read
+
+    class Interrupted(BaseException):
+        pass
+
+    def read(fd, n):
+        real_read(fd, 1)
+        raise Interrupted
+
+    monkeypatch.setattr(documents.os, "read", read)
+    try:
+        documents._read_regular(doc)
+    except Interrupted:
+        pass
+    else:
+        raise AssertionError("the interrupt was swallowed")
+    assert set(os.listdir("/proc/self/fd")) == before  # closed, and only once (no EBADF raised)

@@ -150,16 +150,18 @@ def read_documents(inputs, *, glob: str | None = None, field_name: str = "text",
 
 
 def _read_regular(f: Path) -> bytes:
-    fd, _ = open_regular(f, error=BadInputError)
+    fd, st = open_regular(f, error=BadInputError)
+    # the descriptor is read and closed here, never handed to a file object: an interrupt raised
+    # between a file object taking it and our bookkeeping would close it twice (EBADF hid the signal)
     try:
-        with os.fdopen(fd, "rb") as fh:
-            fd = None
-            return fh.read()
+        chunks = []
+        while chunk := os.read(fd, max(st.st_size + 1, 1 << 16) if not chunks else 1 << 20):
+            chunks.append(chunk)
+        return b"".join(chunks)
     except OSError as exc:
         raise BadInputError(f"{f}: cannot read ({exc.strerror or exc})") from None
     finally:
-        if fd is not None:
-            os.close(fd)
+        os.close(fd)
 
 
 def _read_jsonl(f, data, field_name, id_field, tag_field, extra, skip_bad, stats):
