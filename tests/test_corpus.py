@@ -820,13 +820,22 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
     parity = {"parity": "0"}, {"parity": "1"}
     for budget in (8, 32):
         a, b = Proposer(corpus=ix), Proposer(corpus=fa)
+        shard = ix.shards[0].fa
+        # the drafting process reads the mapped uint16 token ids and lengths in place: no int32 copies
+        held = shard.kernel_arrays()
+        assert held[1] is not None and np.shares_memory(held[1], shard.etok) and held[1].dtype == np.uint16
+        assert np.shares_memory(held[6], shard.lens) and held[6].dtype == np.uint16
         for i, d in enumerate(docs[::5]):
             prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
             sa, sb = a.start(prompt), b.start(prompt)
-            ta, tb = sa.propose(budget), sb.propose(budget)
-            assert len(ta) > 0
-            for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
-                assert np.array_equal(x, y)
+            for step in range(3):  # then the output goes on along the document (cursors advance, learning counts)
+                ta, tb = sa.propose(budget), sb.propose(budget)
+                assert len(ta) > 0 or step > 0
+                for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                    assert np.array_equal(x, y)
+                more = d[len(d) // 2 + 4 * step : len(d) // 2 + 4 * step + 4].astype(np.int32)
+                sa.extend(more)
+                sb.extend(more)
             sa.close()
             sb.close()
             sr = a.start(prompt, filter=parity[i % 2])
