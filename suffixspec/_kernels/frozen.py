@@ -3,7 +3,7 @@
 Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1], int32
 in a `source_table` (edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges],
 sorted by token within each state (a corpus shard's `etok` and `lens` may be uint16: every
-kernel reads either in place, a `source_table` too). They may be memory-mapped from a file that was damaged after
+kernel reads either in place, a `source_table` too; see LEN_SATURATED). They may be memory-mapped from a file that was damaged after
 its header was checked, so every index read from an array is range-checked before it is
 followed: a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
 """
@@ -16,6 +16,10 @@ from .address import address, view_i32, view_u16
 from .follow import follow
 
 CORRUPT = -2
+# In uint16 lengths (a corpus shard's), this value is a saturated length: the state is no state's
+# suffix link (the only lengths a query reads are those of suffix links, all below it), and its
+# length is that of its document's prefix up to its last end (`FrozenAutomaton.state_length`).
+LEN_SATURATED = 65535
 
 
 @njit(cache=True)

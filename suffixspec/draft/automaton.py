@@ -446,7 +446,16 @@ class FrozenAutomaton(_Queries):
         return int(self.lasts[self._check_state(state)])
 
     def state_length(self, state) -> int:
-        return int(self.lens[self._check_state(state)])
+        v = self._check_state(state)
+        length = int(self.lens[v])
+        if length == fk.LEN_SATURATED and self.lens.dtype == np.uint16:
+            # saturated (a corpus shard's leaf of a long document): its document's prefix up to its last end
+            end = int(self.lasts[v])
+            if not 0 <= end < len(self):
+                self._corrupt(f"last end of state {v}")
+            start = int(self.doc_starts[int(np.searchsorted(self.doc_starts, end, side="right")) - 1])
+            length = end - start + 1
+        return length
 
     def state_link(self, state) -> int:
         return int(self.links[self._check_state(state)])
