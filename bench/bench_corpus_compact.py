@@ -18,7 +18,8 @@ under bench/.cache/), indexed with one job into one shard (the issue's measure).
   files of the same names; else the same one's): prompt = a file's first 512 tokens, then
   `Session.propose` at budgets 16 and 64, greedy acceptance against the file's next 256 tokens;
   p50 / p99 microseconds of every proposal, `Proposer(corpus=...)` seconds, and a sha256 over
-  every draft tree (tokens, parents, scores): equal digests, identical drafts. Also the same at
+  every draft tree (tokens, parents, scores): equal digests, identical drafts; `drafting_private_mb`,
+  the anonymous memory the proposer and its drafting added to the process. Also the same at
   budget 64 with `filter={"repo": <version>}` (every document selected: the restricted path) and
   the first restricted query's milliseconds (the new format computes the occurrence layout then).
 Prints a table; the JSON line last (`--record`: appended to bench/results/corpus_compact.jsonl).
@@ -157,9 +158,21 @@ def replay(proposer, reqs, budget, digest, filt=None) -> np.ndarray:
     return np.asarray(us)
 
 
+def anon_mb() -> float:
+    """This process's anonymous (private, not file-backed) memory in MB (Linux; 0 elsewhere)."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def proposer(args, tok, ix, meta, Proposer) -> dict:
     reqs = traces(args, tok, meta)
     out = {"traces": len(reqs)}
+    before = anon_mb()
     t = time.perf_counter()
     p = Proposer(corpus=ix)
     out["proposer_build_s"] = round(time.perf_counter() - t, 3)
@@ -170,6 +183,7 @@ def proposer(args, tok, ix, meta, Proposer) -> dict:
         out[f"b{budget}_p50_us"] = round(float(np.percentile(us, 50)), 2)
         out[f"b{budget}_p99_us"] = round(float(np.percentile(us, 99)), 2)
     out["drafts_sha256"] = digest.hexdigest()[:16]
+    out["drafting_private_mb"] = round(anon_mb() - before, 1)
     repo = meta[0][1]
     t = time.perf_counter()
     ix.query(reqs[0][0][-32:], ix.subset(tags={"repo": repo}))
