@@ -490,6 +490,24 @@ def test_long_document_saturated_uint16_lengths(tmp_path):
         assert m.length == ref.match_length(q) and m.count == ref.count(q[len(q) - m.length:])
         assert ix.continuations(q[-3:]) == ref.continuations(ref.locate(q[-3:])).as_dict()
     assert ix.query(long_docs[0][1:], ix.subset(ids=["d1"])).length == 69999
+    # and against a brute-force scan of the text (vectorised: the documents are long)
+    text = np.concatenate(docs)
+    doc_id = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+
+    def ends(pattern):
+        m = len(pattern)
+        win = np.lib.stride_tricks.sliding_window_view(text, m)
+        hit = np.all(win == np.asarray(pattern), axis=1) & (doc_id[: len(text) - m + 1] == doc_id[m - 1 :])
+        return np.flatnonzero(hit) + m - 1
+
+    for pattern in (long_docs[0][150:153], long_docs[1][40100:40104], docs[2][3:5], long_docs[1][-2:], docs[0][:1]):
+        e = ends(pattern)
+        nxt = e[(e + 1 < len(text)) & (doc_id[np.minimum(e + 1, len(text) - 1)] == doc_id[e])] + 1
+        want = {int(t): (int((text[nxt] == t).sum()), int(nxt[text[nxt] == t].max())) for t in np.unique(text[nxt])}
+        assert ix.count(pattern) == len(e) and ix.continuations(pattern) == want
+    for ctx in (np.concatenate([rng.integers(0, 30000, 3), long_docs[1][40250:40290]]), long_docs[0][-45:]):
+        length = next(ln for ln in range(len(ctx), -1, -1) if ln == 0 or len(ends(ctx[len(ctx) - ln :])))
+        assert ix.match_length(ctx) == length
     a, b = Proposer(corpus=ix), Proposer(corpus=ref)
     for prompt in (long_docs[1][39000:40100], long_docs[0][60000:66000], long_docs[0][-600:]):
         ta, tb = a.start(prompt.astype(np.int32)).propose(32), b.start(prompt.astype(np.int32)).propose(32)
