@@ -11,14 +11,16 @@ the repeats with their range. Data: one standard library (`--stdlibs`, default: 
 Python's), its `*.py` files as in `bench_corpus.py` (one document each, default tokenizer, cached
 under bench/.cache/), indexed with one job into one shard (the issue's measure). Per arm:
 - `bytes_per_token`, `build_tokens_per_s` (build_index from token ids: the build alone) and its
-  phases, `open_ms_first` / `open_ms_median` (7 opens in one process);
+  phases, `open_ms_first` / `open_ms_median` (7 opens in one process); states and edges per token,
+  and those of states occurring once (`structure`);
 - `e2e_tokens_per_s`: `suffixspec index DIR --glob '*.py' --jobs 1 --skip-bad` as a subprocess, wall
   time, DIR a copy of the same files (site-packages left out, as above; made once under bench/.cache/);
 - the proposer over `--traces` requests cut from the next standard library found beside it (its
   files of the same names; else the same one's): prompt = a file's first 512 tokens, then
   `Session.propose` at budgets 16 and 64, greedy acceptance against the file's next 256 tokens;
   p50 / p99 microseconds of every proposal, `Proposer(corpus=...)` seconds, and a sha256 over
-  every draft tree (tokens, parents, scores): equal digests, identical drafts. Also the same at
+  every draft tree (tokens, parents, scores): equal digests, identical drafts; `drafting_private_mb`,
+  the anonymous memory the proposer and its drafting added to the process. Also the same at
   budget 64 with `filter={"repo": <version>}` (every document selected: the restricted path) and
   the first restricted query's milliseconds (the new format computes the occurrence layout then).
 Prints a table; the JSON line last (`--record`: appended to bench/results/corpus_compact.jsonl).
@@ -79,6 +81,7 @@ def worker(args) -> dict:
             ix = CorpusIndex.open(path, tokenizer=tok)
             opens.append((time.perf_counter() - t) * 1e3)
         out.update(open_ms_first=round(opens[0], 2), open_ms_median=round(float(np.median(opens)), 3))
+        out.update(structure(ix))
         if args.traces:
             out.update(proposer(args, tok, ix, meta, Proposer))
         if args.e2e:
@@ -92,6 +95,21 @@ def worker(args) -> dict:
             n = CorpusIndex.open(Path(work) / "e2e").n_tokens
             out.update(e2e_tokens=n, e2e_s=round(e2e_s, 2), e2e_tokens_per_s=round(n / e2e_s))
     return out
+
+
+def structure(ix) -> dict:
+    """States and edges per token, and the share of them an implicit-leaf encoding would drop:
+    states occurring once (count 1) and their out-edges."""
+    n, states, edges, once, once_edges = ix.n_tokens, 0, 0, 0, 0
+    for s in ix.shards:
+        fa = s.fa
+        one = np.asarray(fa.counts) == 1
+        states += fa.n_states
+        edges += fa.n_edges
+        once += int(one.sum())
+        once_edges += int(np.diff(np.asarray(fa.offsets, np.int64))[one].sum())
+    return {"states_per_token": round(states / n, 4), "edges_per_token": round(edges / n, 4),
+            "count1_states_per_token": round(once / n, 4), "count1_edges_per_token": round(once_edges / n, 4)}
 
 
 def e2e_source(stdlib: str) -> Path:
@@ -157,9 +175,21 @@ def replay(proposer, reqs, budget, digest, filt=None) -> np.ndarray:
     return np.asarray(us)
 
 
+def anon_mb() -> float:
+    """This process's anonymous (private, not file-backed) memory in MB (Linux; 0 elsewhere)."""
+    try:
+        for line in Path("/proc/self/smaps_rollup").read_text().splitlines():
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
 def proposer(args, tok, ix, meta, Proposer) -> dict:
     reqs = traces(args, tok, meta)
     out = {"traces": len(reqs)}
+    before = anon_mb()
     t = time.perf_counter()
     p = Proposer(corpus=ix)
     out["proposer_build_s"] = round(time.perf_counter() - t, 3)
@@ -170,6 +200,7 @@ def proposer(args, tok, ix, meta, Proposer) -> dict:
         out[f"b{budget}_p50_us"] = round(float(np.percentile(us, 50)), 2)
         out[f"b{budget}_p99_us"] = round(float(np.percentile(us, 99)), 2)
     out["drafts_sha256"] = digest.hexdigest()[:16]
+    out["drafting_private_mb"] = round(anon_mb() - before, 1)
     repo = meta[0][1]
     t = time.perf_counter()
     ix.query(reqs[0][0][-32:], ix.subset(tags={"repo": repo}))

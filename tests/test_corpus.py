@@ -464,6 +464,56 @@ def test_long_document_int32_lengths_and_uint16_elsewhere(tmp_path):
     assert ix.query(long_doc[1:], ix.subset(ids=["d1"])).length == 69999
 
 
+def test_long_document_saturated_uint16_lengths(tmp_path):
+    """A shard with documents over 65535 tokens but no repeat that long stores uint16 state lengths,
+    those over 65535 saturated (states that are no suffix link: no query reads them); it answers as
+    the automaton does, `state_length` gives every state's true length, and it drafts the same trees."""
+    from suffixspec import FrozenAutomaton, Proposer
+    from suffixspec._kernels.frozen import LEN_SATURATED
+
+    rng = np.random.default_rng(8)
+    long_docs = [rng.integers(0, 30000, 70000), rng.integers(0, 30000, 66000)]
+    long_docs[1][40000:40300] = long_docs[0][100:400]  # a shared stretch inside the long documents
+    docs = [rng.integers(0, 30000, 300), long_docs[0], rng.integers(0, 30000, 50), long_docs[1]]
+    ix = build(tmp_path, docs, shard_tokens=10**6)
+    fa = ix.shards[0].fa
+    assert fa.lens.dtype == np.uint16 and int((np.asarray(fa.lens) == LEN_SATURATED).sum()) > 4000
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    ref = FrozenAutomaton.from_documents(np.concatenate(docs).astype(np.int32), starts)
+    assert np.array_equal(np.minimum(ref.lens, LEN_SATURATED), fa.lens) and np.array_equal(ref.links, fa.links)
+    want = np.asarray(ref.lens)
+    for v in np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist() + list(range(0, fa.n_states, 997)):
+        assert fa.state_length(v) == int(want[v])
+    assert int(np.asarray(fa.lens)[np.asarray(fa.links)[1:]].max()) < LEN_SATURATED  # no suffix link saturated
+    for q in (long_docs[0][100:69900], long_docs[1][39990:40310], long_docs[1][-70:], docs[2][3:40]):
+        m = ix.query(q)
+        assert m.length == ref.match_length(q) and m.count == ref.count(q[len(q) - m.length:])
+        assert ix.continuations(q[-3:]) == ref.continuations(ref.locate(q[-3:])).as_dict()
+    assert ix.query(long_docs[0][1:], ix.subset(ids=["d1"])).length == 69999
+    # and against a brute-force scan of the text (vectorised: the documents are long)
+    text = np.concatenate(docs)
+    doc_id = np.repeat(np.arange(len(docs)), [len(d) for d in docs])
+
+    def ends(pattern):
+        m = len(pattern)
+        win = np.lib.stride_tricks.sliding_window_view(text, m)
+        hit = np.all(win == np.asarray(pattern), axis=1) & (doc_id[: len(text) - m + 1] == doc_id[m - 1 :])
+        return np.flatnonzero(hit) + m - 1
+
+    for pattern in (long_docs[0][150:153], long_docs[1][40100:40104], docs[2][3:5], long_docs[1][-2:], docs[0][:1]):
+        e = ends(pattern)
+        nxt = e[(e + 1 < len(text)) & (doc_id[np.minimum(e + 1, len(text) - 1)] == doc_id[e])] + 1
+        want = {int(t): (int((text[nxt] == t).sum()), int(nxt[text[nxt] == t].max())) for t in np.unique(text[nxt])}
+        assert ix.count(pattern) == len(e) and ix.continuations(pattern) == want
+    for ctx in (np.concatenate([rng.integers(0, 30000, 3), long_docs[1][40250:40290]]), long_docs[0][-45:]):
+        length = next(ln for ln in range(len(ctx), -1, -1) if ln == 0 or len(ends(ctx[len(ctx) - ln :])))
+        assert ix.match_length(ctx) == length
+    a, b = Proposer(corpus=ix), Proposer(corpus=ref)
+    for prompt in (long_docs[1][39000:40100], long_docs[0][60000:66000], long_docs[0][-600:]):
+        ta, tb = a.start(prompt.astype(np.int32)).propose(32), b.start(prompt.astype(np.int32)).propose(32)
+        assert len(ta) > 0 and np.array_equal(ta.tokens, tb.tokens) and np.array_equal(ta.scores, tb.scores)
+
+
 def test_reader_layout_equals_reference(tmp_path):
     """The occurrence layout a reader computes for a shard (on its first restricted query) is the
     reference's: every position under its prefix state, in suffix-link-tree preorder."""
@@ -552,8 +602,8 @@ def rewrite_header(f, **fields):
 def test_wrong_magic_version_tokenizer(damaged_setup):
     manifest = damaged_setup / "manifest.ssx"
     good = manifest.read_bytes()
-    rewrite_header(manifest, version=3)
-    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 3, this suffixspec reads version 2 \(a newer"):
+    rewrite_header(manifest, version=4)
+    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 4, this suffixspec reads version 3 \(a newer"):
         CorpusIndex.open(damaged_setup)
     manifest.write_bytes(good)
     rewrite_header(manifest, magic=b"GGUF\0\0\0\0")
@@ -573,20 +623,21 @@ def test_wrong_magic_version_tokenizer(damaged_setup):
         CorpusIndex.open(damaged_setup)
 
 
-def test_version_1_index_refused_with_how_to_rebuild(damaged_setup):
-    """An index of the previous format (every file's header says version 1) is refused, the
+@pytest.mark.parametrize("old", [1, 2])
+def test_older_version_index_refused_with_how_to_rebuild(damaged_setup, old):
+    """An index of a previous format (every file's header says version 1 or 2) is refused, the
     message saying how to rebuild it; so is one shard of that version under a current manifest."""
     files = sorted(damaged_setup.glob("*.ssx"))
     shard = damaged_setup / "shard-00000.ssx"
     good = shard.read_bytes()
-    rewrite_header(shard, version=1)
-    with pytest.raises(IndexFormatError, match=r"shard-00000.ssx: format version 1, from an older suffixspec.*rebuild"):
+    rewrite_header(shard, version=old)
+    with pytest.raises(IndexFormatError, match=rf"shard-00000.ssx: format version {old}, from an older suffixspec.*rebuild"):
         CorpusIndex.open(damaged_setup)
     shard.write_bytes(good)
     for f in files:
-        rewrite_header(f, version=1)
-    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 1, from an older suffixspec; this suffixspec "
-                                               r"reads version 2.*`suffixspec index`"):
+        rewrite_header(f, version=old)
+    with pytest.raises(IndexFormatError, match=rf"manifest.ssx: format version {old}, from an older suffixspec; this "
+                                               r"suffixspec reads version 3.*`suffixspec index`"):
         CorpusIndex.open(damaged_setup)
 
 
@@ -697,7 +748,7 @@ def _bulk_frozen(docs):
     ns, m = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
     out = {k: np.empty(ns, np.int32) for k in ("links", "lens", "counts", "lasts")}
     out.update(offsets=np.empty(ns + 1, np.int32), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
-    sfk.freeze_into(S, E, M, out["offsets"], out["etok"], out["eto"], out["links"], out["lens"])
+    sfk.freeze_into(S, E, M, out["offsets"], out["etok"], out["eto"], out["links"], out["lens"], 2**31 - 1)
     # the recorded prefix states are those of a walk of the frozen automaton
     assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts))
     scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
@@ -820,13 +871,22 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
     parity = {"parity": "0"}, {"parity": "1"}
     for budget in (8, 32):
         a, b = Proposer(corpus=ix), Proposer(corpus=fa)
+        shard = ix.shards[0].fa
+        # the drafting process reads the mapped uint16 token ids and lengths in place: no int32 copies
+        held = shard.kernel_arrays()
+        assert held[1] is not None and np.shares_memory(held[1], shard.etok) and held[1].dtype == np.uint16
+        assert np.shares_memory(held[6], shard.lens) and held[6].dtype == np.uint16
         for i, d in enumerate(docs[::5]):
             prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
             sa, sb = a.start(prompt), b.start(prompt)
-            ta, tb = sa.propose(budget), sb.propose(budget)
-            assert len(ta) > 0
-            for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
-                assert np.array_equal(x, y)
+            for step in range(3):  # then the output goes on along the document (cursors advance, learning counts)
+                ta, tb = sa.propose(budget), sb.propose(budget)
+                assert len(ta) > 0 or step > 0
+                for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                    assert np.array_equal(x, y)
+                more = d[len(d) // 2 + 4 * step : len(d) // 2 + 4 * step + 4].astype(np.int32)
+                sa.extend(more)
+                sb.extend(more)
             sa.close()
             sb.close()
             sr = a.start(prompt, filter=parity[i % 2])

@@ -266,20 +266,33 @@ def test_tree_over_several_sources_equals_brute_force_union(match_levels):
 
 def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     """The kernels read frozen sources through a table of addresses: each row must give back the
-    very arrays (contents and lengths) it was built from, and only int32 1-D C arrays are taken."""
+    very arrays (contents and lengths) it was built from, lens through `source_len` whether int32
+    or uint16 (read in place), and only 1-D C arrays of those dtypes are taken."""
     from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(3)
     n = fk.N_SOURCE_ARRAYS
-    sources = [tuple(rng.integers(-5, 1000, int(rng.integers(0, 40))).astype(np.int32) for _ in range(n)) for _ in range(5)]
+    sources = []
+    for j in range(6):
+        arrs = [rng.integers(0 if k in fk.SOURCE_NARROW else -5, 1000, int(rng.integers(0, 40))).astype(np.int32)
+                for k in range(n)]
+        if j % 2:  # a corpus shard's: token ids and lengths as uint16
+            for k in fk.SOURCE_NARROW:
+                arrs[k] = arrs[k].astype(np.uint16)
+        sources.append(tuple(arrs))
     table = fk.source_table(sources)
-    assert table.shape == (5, 2 * n)
+    assert table.shape == (6, fk.SOURCE_COLS)
     for j, arrs in enumerate(sources):
-        got = _read_source(table, j)
-        for a, b in zip(arrs, got):
-            assert b.tolist() == a.tolist()
+        offsets, counts, lasts, links, records, lens = _read_source(table, j, arrs[fk.SRC_LENS].shape[0] + 3)
+        for k, got in ((fk.SRC_OFFSETS, offsets), (fk.SRC_COUNTS, counts), (fk.SRC_LASTS, lasts),
+                       (fk.SRC_LINKS, links), (fk.SRC_RECORDS, records)):
+            assert got.tolist() == arrs[k].tolist()
+        assert lens.tolist() == arrs[fk.SRC_LENS].tolist() + [-1, -1, -1]  # -1: outside the array
+        assert table[j, fk.SRC_LENS] == arrs[fk.SRC_LENS].__array_interface__["data"][0]  # no copy
     with pytest.raises(InternalError, match="int32"):
         fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(n))])
+    with pytest.raises(InternalError, match="int32"):
+        fk.source_table([tuple(np.zeros(3, np.uint16) for _ in range(n))])  # uint16 only for etok and lens
     with pytest.raises(InternalError, match="C-contiguous"):
         fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(n))])
     with pytest.raises(InternalError, match=f"{n} arrays"):
@@ -332,18 +345,20 @@ def test_prefetch_is_only_a_hint():
     assert a.tolist() == list(range(1000))
 
 
-def _read_source(table, j):
+def _read_source(table, j, n_lens):
     from numba import njit
 
     from suffixspec._kernels import frozen as fk
 
     @njit
-    def read(table, j):
-        offsets, etok, eto, counts, lasts, links, lens, records = fk.source_arrays(table, j)
-        return (offsets.copy(), etok.copy(), eto.copy(), counts.copy(), lasts.copy(), links.copy(), lens.copy(),
-                records.copy())
+    def read(table, j, n_lens):
+        offsets, counts, lasts, links, records = fk.source_arrays(table, j)
+        lens = np.empty(n_lens, np.int64)
+        for v in range(n_lens):
+            lens[v] = fk.source_len(table, j, v)
+        return offsets.copy(), counts.copy(), lasts.copy(), links.copy(), records.copy(), lens
 
-    return read(table, j)
+    return read(table, j, n_lens)
 
 
 def _same_tree(a, b):

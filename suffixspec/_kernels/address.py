@@ -58,6 +58,11 @@ def view_i32(addr, n):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def view_u16(addr, n):
+    return carray(as_pointer(addr), n, np.uint16)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def view_i32_2d(addr, rows, cols):
     return carray(as_pointer(addr), (rows, cols), np.int32)
 

@@ -52,7 +52,7 @@ def no_frozen_part():
 @njit(cache=True, nogil=True, inline="always")
 def frozen_part(frozen, tops, src):
     """The `FrozenPart` of row `src` of a `frozen.source_table` and its `frozen.top_table`."""
-    offsets, _etok, _eto, counts, lasts, _links, _lens, records = source_arrays(frozen, src)
+    offsets, counts, lasts, _links, records = source_arrays(frozen, src)
     row_of, top_edges, top_totals = top_arrays(tops, src)
     n_states = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
     return FrozenPart(offsets, counts, records, row_of, top_edges, top_totals, n_states,

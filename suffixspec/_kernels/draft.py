@@ -208,7 +208,7 @@ def framed_workspace(wsf):
 Session = namedtuple("Session", "S E L M cur local")
 
 # What the proposer's sessions share (read only here):
-#   frozen     int64 [rows, 2 N_SOURCE_ARRAYS]  the frozen sources (`frozen.source_table`)
+#   frozen     int64 [rows, SOURCE_COLS]  the frozen sources (`frozen.source_table`)
 #   tops       int64 [rows, 2 N_TOP_ARRAYS]  their best children of big states (`frozen.top_table`)
 #   cls_rows   int64 [rows]  each source's class (`learn.CLS_*`)
 #   glob       float64 [N_CLASSES, N_BUCKETS, 2]  the proposer's learn stats

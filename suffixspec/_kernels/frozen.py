@@ -2,8 +2,8 @@
 
 Arrays: `links`, `lens`, `counts`, `lasts` int32[n_states]; `offsets` int64[n_states + 1], int32
 in a `source_table` (edges of state v are offsets[v]:offsets[v+1]); `etok`, `eto` int32[n_edges],
-sorted by token within each state (a corpus shard's `etok` may be uint16: the query kernels
-read either; a `source_table` takes int32 copies). They may be memory-mapped from a file that was damaged after
+sorted by token within each state (a corpus shard's `etok` and `lens` may be uint16: every
+kernel reads either in place, a `source_table` too; see LEN_SATURATED). They may be memory-mapped from a file that was damaged after
 its header was checked, so every index read from an array is range-checked before it is
 followed: a kernel returns CORRUPT (-2) instead of reading out of bounds, and callers raise.
 """
@@ -12,10 +12,14 @@ import numpy as np
 from numba import njit
 
 from ..errors import InternalError
-from .address import address, view_i32
+from .address import address, view_i32, view_u16
 from .follow import follow
 
 CORRUPT = -2
+# In uint16 lengths (a corpus shard's), this value is a saturated length: the state is no state's
+# suffix link (the only lengths a query reads are those of suffix links, all below it), and its
+# length is that of its document's prefix up to its last end (`FrozenAutomaton.state_length`).
+LEN_SATURATED = 65535
 
 
 @njit(cache=True)
@@ -143,43 +147,66 @@ def edge_records(etok, eto, counts, lasts):
 
 
 # The proposal kernels take every frozen source of a session as one table: row j holds the
-# addresses of source j's eight int32 arrays (offsets, etok, eto, counts, lasts, links, lens and
-# its `edge_records`), then their lengths. One array argument, where a typed list of tuples had to be
-# type-checked and unboxed on every call. The caller keeps the arrays alive while kernels may read them.
+# addresses of source j's eight arrays (offsets, etok, eto, counts, lasts, links, lens and its
+# `edge_records`), then their lengths, then their item sizes (`SOURCE_COLS` columns). Every array is
+# int32 but `etok` and `lens`, which may be uint16 (a corpus shard's, read in place: no int32 copy);
+# the kernels read `lens` through `source_len` and never read `etok` or `eto` (the records hold
+# them). One array argument, where a typed list of tuples had to be type-checked and unboxed on
+# every call. The caller keeps the arrays alive while kernels may read them.
 N_SOURCE_ARRAYS = 8
 SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS, SRC_RECORDS = range(N_SOURCE_ARRAYS)
+SOURCE_COLS = 3 * N_SOURCE_ARRAYS
+SOURCE_NARROW = (SRC_ETOK, SRC_LENS)  # the slots that may hold uint16 arrays
 
 
-def address_table(arrays, width: int, name: str) -> np.ndarray:
+def address_table(arrays, width: int, name: str, narrow=()) -> np.ndarray:
     """Row j: the addresses of source j's `width` int32 arrays, then their lengths (a row of zeros
-    for a source given as None, which kernels read as empty arrays)."""
-    table = np.zeros((len(arrays), 2 * width), np.int64)
+    for a source given as None, which kernels read as empty arrays); with slots `narrow` (uint16
+    also taken there), then every array's item size."""
+    table = np.zeros((len(arrays), (3 if narrow else 2) * width), np.int64)
     for j, arrs in enumerate(arrays):
         if arrs is None:
             continue
         if len(arrs) != width:
             raise InternalError(f"{name}: expected {width} arrays per source, got {len(arrs)}")
         for k, a in enumerate(arrs):
-            if a.dtype != np.int32 or a.ndim != 1 or not a.flags.c_contiguous:
-                raise InternalError(f"{name}: expected 1-D C-contiguous int32 arrays, got {a.dtype} {a.shape}")
-            table[j, k] = address(a, np.int32)
+            dtype = np.uint16 if k in narrow and getattr(a, "dtype", None) == np.uint16 else np.int32
+            if a.dtype != dtype or a.ndim != 1 or not a.flags.c_contiguous:
+                want = "int32 or uint16" if k in narrow else "int32"
+                raise InternalError(f"{name}: expected 1-D C-contiguous {want} arrays, got {a.dtype} {a.shape}")
+            table[j, k] = address(a, dtype)
             table[j, width + k] = a.shape[0]
+            if narrow:
+                table[j, 2 * width + k] = a.itemsize
     return table
 
 
 def source_table(arrays) -> np.ndarray:
-    """The table of frozen sources from their arrays (8 C-contiguous int32 arrays each)."""
-    return address_table(arrays, N_SOURCE_ARRAYS, "source_table")
+    """The table of frozen sources from their arrays (8 C-contiguous arrays each, see above)."""
+    return address_table(arrays, N_SOURCE_ARRAYS, "source_table", SOURCE_NARROW)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def source_arrays(table, j):
-    """(offsets, etok, eto, counts, lasts, links, lens, records) of row j of a `source_table`."""
+    """(offsets, counts, lasts, links, records) of row j of a `source_table` (int32 views)."""
     n = N_SOURCE_ARRAYS
-    return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
-            view_i32(table[j, 2], table[j, n + 2]), view_i32(table[j, 3], table[j, n + 3]),
-            view_i32(table[j, 4], table[j, n + 4]), view_i32(table[j, 5], table[j, n + 5]),
-            view_i32(table[j, 6], table[j, n + 6]), view_i32(table[j, 7], table[j, n + 7]))
+    return (view_i32(table[j, SRC_OFFSETS], table[j, n + SRC_OFFSETS]),
+            view_i32(table[j, SRC_COUNTS], table[j, n + SRC_COUNTS]),
+            view_i32(table[j, SRC_LASTS], table[j, n + SRC_LASTS]),
+            view_i32(table[j, SRC_LINKS], table[j, n + SRC_LINKS]),
+            view_i32(table[j, SRC_RECORDS], table[j, n + SRC_RECORDS]))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def source_len(table, j, v):
+    """lens[v] of row j of a `source_table` (its lens int32 or uint16); -1 when v is outside them."""
+    n = N_SOURCE_ARRAYS
+    count = table[j, n + SRC_LENS]
+    if not 0 <= v < count:
+        return np.int64(-1)
+    if table[j, 2 * n + SRC_LENS] == 2:
+        return np.int64(view_u16(table[j, SRC_LENS], count)[v])
+    return np.int64(view_i32(table[j, SRC_LENS], count)[v])
 
 
 # The best children of the frozen states with many (the proposal kernels' bounded gather): per

@@ -32,7 +32,7 @@ from . import draft as dk
 from . import learn
 from . import sam as sk
 from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
-from .frozen import N_SOURCE_ARRAYS, N_TOP_ARRAYS, REC_COLS, source_arrays
+from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, source_arrays, source_len
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
 # a cursor row (int64): state (-1: the session does not use that source), matched length, anchor
@@ -50,8 +50,8 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
     knobs, the session's and the proposer's learn stats tables, the proposer's calibration table,
     the sources' `frozen.top_table` and the proposer's group table (`learn.new_group_calibration`;
     the caller keeps them alive)."""
-    if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], 2 * N_SOURCE_ARRAYS):
-        raise InternalError(f"session_frame: expected cursors [n, {CUR_COLS}] and a table [n, {2 * N_SOURCE_ARRAYS}], "
+    if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], SOURCE_COLS):
+        raise InternalError(f"session_frame: expected cursors [n, {CUR_COLS}] and a table [n, {SOURCE_COLS}], "
                          f"got {cur.shape} and {table.shape}")
     stats_shape = (learn.N_CLASSES, learn.N_BUCKETS, 2)
     if (cls_rows.shape != (cur.shape[0],) or cls_rows.dtype != np.int64 or local.shape != stats_shape
@@ -103,7 +103,7 @@ def _set_parts(session, shared, ws):
         length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        offsets, _etok, _eto, _counts, _lasts, links, lens, _rec = source_arrays(frozen, j)
+        offsets, _counts, _lasts, links, _rec = source_arrays(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
                 break
@@ -115,12 +115,14 @@ def _set_parts(session, shared, ws):
             if not 0 <= state < links.shape[0]:
                 break
             state = links[state]
-            if not 0 <= state < lens.shape[0]:
+            length = source_len(frozen, j, state)
+            if length < 0:
                 break  # damaged arrays: no shorter match
-            length = lens[state] if state > 0 else 0
+            if state == 0:
+                length = 0
     for i in range(n_parts):
         if part_src[i] >= 0:
-            offsets, _etok, _eto, _counts, _lasts, _links, _lens, rec = source_arrays(frozen, part_src[i])
+            offsets, _counts, _lasts, _links, rec = source_arrays(frozen, part_src[i])
             v = part_state[i]
             if 0 <= v < offsets.shape[0]:
                 prefetch(rec, REC_COLS * offsets[v])
@@ -163,7 +165,7 @@ def _framed_session(frame):
 @njit(cache=True, nogil=True, inline="always")
 def _framed_shared(frame):
     """The `dk.Shared` a `session_frame` names."""
-    table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], 2 * N_SOURCE_ARRAYS)
+    table = view_i64_2d(frame[F_TABLE], frame[F_TABLE_ROWS], SOURCE_COLS)
     tops = view_i64_2d(frame[F_TOPS], frame[F_TABLE_ROWS], 2 * N_TOP_ARRAYS)
     params = view_f64(frame[F_PARAMS], frame[F_PARAMS_LEN])
     cls_rows = view_i64(frame[F_CLS], frame[F_CUR_ROWS])

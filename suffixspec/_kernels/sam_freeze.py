@@ -67,13 +67,15 @@ def to_csr_into(S, E, M, offsets, etok, eto):
 
 
 @njit(cache=True)
-def freeze_into(S, E, M, offsets, etok, eto, links, lens):
-    """`to_csr_into` and the LINK and LEN columns (int32[N_STATES]) in its one pass over the
-    states (a corpus shard takes its counts and last ends from elsewhere)."""
+def freeze_into(S, E, M, offsets, etok, eto, links, lens, len_cap):
+    """`to_csr_into` and the LINK and LEN columns (int32[N_STATES]; lens also uint16) in its one
+    pass over the states (a corpus shard takes its counts and last ends from elsewhere). A length
+    above `len_cap` is written as `len_cap` (a corpus shard's saturated uint16 lengths)."""
     offsets[0] = 0
     for v in range(M[N_STATES]):
         links[v] = S[v, LINK]
-        lens[v] = S[v, LEN]
+        ln = S[v, LEN]
+        lens[v] = ln if ln < len_cap else len_cap
         offsets[v + 1] = offsets[v] + S[v, DEG]
     _place_edges(S, E, M, offsets, etok, eto)
 

@@ -28,15 +28,18 @@ from pathlib import Path
 
 import numpy as np
 
+from .._kernels.frozen import LEN_SATURATED
 from ..errors import BadInputError, IndexFormatError, InternalError
 from ..fileio import open_regular
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "KIND_MANIFEST", "KIND_SHARD", "KIND_DELETED", "MANIFEST", "ALIGN",
            "SHARD_ARRAYS", "SHARD_DTYPES", "DELETED_DTYPES", "MissingFileError", "Container", "MappedContainer",
-           "write_container", "crc32_combine", "PhaseClock"]
+           "write_container", "crc32_combine", "PhaseClock", "LEN_SATURATED"]
 
 MAGIC = b"SFXSPIDX"
-FORMAT_VERSION = 2  # 1: before the compact shards (occurrence layout stored, int32 token ids and lengths)
+# 1: before the compact shards (occurrence layout stored, int32 token ids and lengths); 2: before the
+# saturated uint16 state lengths (uint16 only when every length fit)
+FORMAT_VERSION = 3
 KIND_MANIFEST, KIND_SHARD, KIND_DELETED = 1, 2, 3
 KIND_NAMES = {KIND_MANIFEST: "manifest", KIND_SHARD: "shard", KIND_DELETED: "deleted-documents"}
 MANIFEST = "manifest.ssx"
@@ -51,7 +54,8 @@ DTYPES = {"<i4", "<i8", "<u2", "|u1", "|b1"}
 # the arrays of a shard file, in file order, and the dtypes each may have
 SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts", "doc_info")
 SHARD_DTYPES = {name: ("<i4",) for name in SHARD_ARRAYS}
-# token ids are uint16 in a shard whose ids all fit, state lengths in one whose longest document fits
+# token ids are uint16 in a shard whose ids all fit, state lengths in one whose suffix links' lengths
+# fit below LEN_SATURATED (the longer lengths of other states stored as LEN_SATURATED)
 SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"),
                     doc_starts=("<i8",), doc_info=("|u1",))
 DELETED_DTYPES = {"bitmap": ("|u1",)}
@@ -62,7 +66,7 @@ def version_problem(version) -> str:
     """Why a file of format `version` is refused, and what to do about it."""
     if isinstance(version, int) and 0 < version < FORMAT_VERSION:
         return (f"format version {version}, from an older suffixspec; this suffixspec reads version {FORMAT_VERSION} "
-                "(compact shards): rebuild the index from its sources with "
+                "(compact shards, saturated state lengths): rebuild the index from its sources with "
                 "`suffixspec index` (or list its documents with the suffixspec that built it and index them again)")
     return f"format version {version}, this suffixspec reads version {FORMAT_VERSION} (a newer suffixspec wrote it)"
 

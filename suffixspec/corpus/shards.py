@@ -5,7 +5,8 @@ Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one compl
 automaton's own construction, `_kernels/build.documents_automaton`, which also records each
 position's prefix state), its frozen arrays with the counts and last ends (`_kernels/corpus_build.py`,
 from the prefix states; token ids as uint16 when they all fit, `token_dtype`, and state lengths
-when the longest document fits), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
+when every suffix link's length fits, the others saturated: format.LEN_SATURATED), and the
+document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
 invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
@@ -28,7 +29,7 @@ from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
 from ..tokenids import as_tokens
 from .documents import Document
-from .format import KIND_SHARD, SHARD_ARRAYS, MappedContainer, PhaseClock
+from .format import KIND_SHARD, LEN_SATURATED, SHARD_ARRAYS, MappedContainer, PhaseClock
 from .manifest import shard_name
 
 __all__ = ["FROZEN_FIELDS", "build_shard_file", "ShardWriter", "sum_phases", "positive_count", "token_dtype"]
@@ -78,8 +79,10 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
     i4 = np.int32
     tok_dtype = token_dtype(tokens)
-    # no state is longer than the longest document: uint16 lengths when it fits
-    len_dtype = np.uint16 if int(doc_lens.max()) <= np.iinfo(np.uint16).max else i4
+    # uint16 lengths when every length a query reads (a suffix link's) fits below LEN_SATURATED;
+    # the others (leaves of the suffix-link tree in long documents) are stored saturated
+    len_dtype = np.uint16 if int(cbk.link_target_max_len(S, M)) < LEN_SATURATED else i4
+    len_cap = LEN_SATURATED if len_dtype is np.uint16 else np.iinfo(np.int32).max
     specs = [("links", i4, n_states), ("lens", len_dtype, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
              ("offsets", i4 if n_edges < 2**31 else np.int64, n_states + 1),  # int32 halves the edge offsets
              ("etok", tok_dtype, n_edges), ("eto", i4, n_edges), ("tokens", tok_dtype, n_tokens),
@@ -89,7 +92,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     out = MappedContainer(Path(path), KIND_SHARD, meta, specs)
     try:
         a = out.arrays
-        sfk.freeze_into(S, E, M, a["offsets"], a["etok"], a["eto"], a["links"], a["lens"])
+        sfk.freeze_into(S, E, M, a["offsets"], a["etok"], a["eto"], a["links"], a["lens"], len_cap)
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts
         clock.lap("freeze")

@@ -446,7 +446,16 @@ class FrozenAutomaton(_Queries):
         return int(self.lasts[self._check_state(state)])
 
     def state_length(self, state) -> int:
-        return int(self.lens[self._check_state(state)])
+        v = self._check_state(state)
+        length = int(self.lens[v])
+        if length == fk.LEN_SATURATED and self.lens.dtype == np.uint16:
+            # saturated (a corpus shard's leaf of a long document): its document's prefix up to its last end
+            end = int(self.lasts[v])
+            if not 0 <= end < len(self):
+                self._corrupt(f"last end of state {v}")
+            start = int(self.doc_starts[int(np.searchsorted(self.doc_starts, end, side="right")) - 1])
+            length = end - start + 1
+        return length
 
     def state_link(self, state) -> int:
         return int(self.links[self._check_state(state)])
@@ -496,19 +505,24 @@ class FrozenAutomaton(_Queries):
         return got
 
     KERNEL_FIELDS = ("offsets", "etok", "eto", "counts", "lasts", "links", "lens")
+    NARROW_FIELDS = ("etok", "lens")  # kept uint16 when they are (see kernel_arrays)
 
     def kernel_arrays(self) -> tuple:
-        """`KERNEL_FIELDS` as read-only C int32 arrays (a row of `_kernels.frozen.source_table`);
-        converted copies are made once and kept on the automaton."""
+        """`KERNEL_FIELDS` as read-only C arrays (a row of `_kernels.frozen.source_table`): int32, but
+        `etok` and `lens` also uint16 (a corpus shard's, read in place: every kernel taking them
+        reads either); a converted copy is made only of another dtype, once, and kept."""
         got = self.__dict__.get("_kernel_arrays")
         if got is None:
             out = []
             for name in self.KERNEL_FIELDS:
                 a = getattr(self, name)
-                if a.dtype != np.int32 or not a.flags.c_contiguous:
+                narrow = name in self.NARROW_FIELDS and a.dtype == np.uint16
+                if not narrow and (a.dtype != np.int32 or not a.flags.c_contiguous):
                     if a.shape[0] and (int(a.max()) > np.iinfo(np.int32).max or int(a.min()) < np.iinfo(np.int32).min):
                         raise BadInputError(f"corpus: array {name} does not fit int32 (split the corpus into smaller shards)")
                     a = np.ascontiguousarray(a, dtype=np.int32)
+                elif narrow and not a.flags.c_contiguous:
+                    a = np.ascontiguousarray(a)
                 if a.flags.writeable:
                     a = a.view()
                     a.flags.writeable = False
