@@ -39,13 +39,12 @@ def _packed(kv: LayerKV) -> LayerKV:
     copies layer by layer. The pool never holds views of storage it does not own."""
     if not kv:
         return []
+    import torch
+
     first = kv[0][0]
     if all(k.shape == first.shape and v.shape == first.shape and k.dtype == first.dtype == v.dtype
            and k.device == first.device == v.device for k, v in kv):
-        buf = first.new_empty((len(kv), 2, *first.shape))
-        for layer, (k, v) in enumerate(kv):
-            buf[layer, 0].copy_(k)
-            buf[layer, 1].copy_(v)
+        buf = torch.stack([t for pair in kv for t in pair]).view(len(kv), 2, *first.shape)  # (one copy op)
         return [(buf[layer, 0], buf[layer, 1]) for layer in range(len(kv))]
     return [(k.clone(), v.clone()) for k, v in kv]
 
@@ -175,14 +174,16 @@ class PrefixPool:
             node = child
         if i >= len(ids):
             return 0
-        first = kv_of(i, i + 1)
-        per_token = _nbytes(first) if first else 0
+        kv = kv_of(i, len(ids))
+        per_token = _nbytes(kv) // (len(ids) - i) if kv else 0
         if per_token <= 0:
             return 0
         end = min(len(ids), i + self.max_bytes // per_token)  # what a pool of this size can hold at all
         if end <= i:
             return 0
-        leaf = _Node(ids[i:end].copy(), _packed(kv_of(i, end)), node, now)
+        if end < len(ids):
+            kv = [(k[:, : end - i], v[:, : end - i]) for k, v in kv]
+        leaf = _Node(ids[i:end].copy(), _packed(kv), node, now)
         node.children[int(ids[i])] = leaf
         self.nbytes += leaf.nbytes
         self.counters.inserted_tokens += end - i
