@@ -3,7 +3,7 @@ beside them llama.cpp's own server, plain and with its n-gram drafting modes.
 
     python bench/bench_llama_cpp.py [--workloads code-edit,spec-bench,corpus] [--prompts 5] [--repeats 3]
         [--max-new-tokens 128] [--threads 2] [--lean] [--code-model PATH [--no-default]]
-        [--llama-server PATH [--server-modes plain,ngram-simple,...]] [--eval-cost] [--record [PATH]]
+        [--llama-server PATH [--server-modes plain,ngram-simple,...]] [--eval-cost] [--clairvoyant] [--record [PATH]]
 
 Needs llama-cpp-python (built as .ci/llama_cpp.sh builds it). Workloads (bench/_llama_workloads.py):
 code edits, a Spec-Bench sample, and a corpus case (stdlib functions completed from their first
@@ -23,7 +23,8 @@ logits where they first differ (a near-tie below `TIE`: a batched evaluation rou
 and for ours the share of the time inside its `__call__`. `--llama-server PATH` (or
 $SUFFIXSPEC_LLAMA_SERVER; bench/_llama_server.py) adds llama-server's arms, skipped with one printed
 line without it. `--eval-cost` times `Llama.eval` of 1..max_draft+1 tokens after a code-edit prompt
-(the cost a draft pays). Prints a table, then one JSON line (`--record [PATH]`: also appended to
+(the cost a draft pays); `--clairvoyant` adds a draft model that drafts plain's own output (every
+draft right: the ceiling of the hook at `max_draft`). Prints a table, then one JSON line (`--record [PATH]`: also appended to
 bench/results/llama_cpp.jsonl).
 """
 
@@ -44,6 +45,7 @@ import common
 ARMS = ("plain", "prompt_lookup", "suffixspec")
 CORPUS_ARM = "suffixspec+corpus"
 LEAN = "plain_lean"
+CLAIRVOYANT = "clairvoyant"
 TIE = 0.1  # plain's two best logits this close at the first difference: a tie rounding may break either way
 
 
@@ -79,6 +81,22 @@ def run_one(llm, box, ids: list[int], args) -> dict:
             "inside": inside, "ids": box["sampled"][:n]}
 
 
+class Clairvoyant:
+    """Drafts plain decoding's own next tokens (at most `k`): every draft is right, so its speed is
+    the most any draft model gets from llama-cpp-python's hook at that length (a benchmark ceiling)."""
+
+    def __init__(self, k: int):
+        self.k, self.answers = k, {}  # prompt ids (tuple) -> plain's output ids
+
+    def __call__(self, input_ids, /, **kwargs):
+        ids = input_ids.tolist()
+        for prompt, answer in self.answers.items():
+            n = len(prompt)
+            if len(ids) > n and tuple(ids[:n]) == prompt and ids[n:] == answer[: len(ids) - n]:
+                return np.asarray(answer[len(ids) - n : len(ids) - n + self.k], np.intc)
+        return np.zeros(0, np.intc)
+
+
 def draft_factories(args, corpus: Path | None) -> dict:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
@@ -89,6 +107,9 @@ def draft_factories(args, corpus: Path | None) -> dict:
            "suffixspec": lambda: SuffixSpecDraftModel(max_draft=args.max_draft)}
     if corpus is not None:
         out[CORPUS_ARM] = lambda: SuffixSpecDraftModel(max_draft=args.max_draft, corpus=str(corpus))
+    if args.clairvoyant:
+        oracle = Clairvoyant(args.max_draft)
+        out[CLAIRVOYANT] = lambda: oracle
     return out
 
 
@@ -108,6 +129,9 @@ def bench_model(path: str, args, loads: list[wl.Workload], tmp: Path) -> list[di
         prompts = [wl.token_ids(llm, t) for t in load.texts]
         engine = {arm: (lean if arm == LEAN else llm) for arm in arms}
         models = {arm: factories[arm]() for arm in factories}
+        if CLAIRVOYANT in models:  # plain's answers, untimed
+            llm.draft_model = None
+            models[CLAIRVOYANT].answers = {tuple(ids): run_one(llm, boxes[id(llm)], ids, args)["ids"] for ids in prompts}
         for arm in arms:  # warm-up (untimed)
             engine[arm].draft_model = models.get(arm)
             run_one(engine[arm], boxes[id(engine[arm])], prompts[-1], args)
@@ -260,6 +284,7 @@ def parse(argv):
     p.add_argument("--llama-server", default=None, metavar="PATH",
                    help=f"llama.cpp's llama-server binary (${_llama_server.ENV}); without it its arms are skipped")
     p.add_argument("--server-modes", default=",".join(_llama_server.MODES), help="plain and --spec-type values")
+    p.add_argument("--clairvoyant", action="store_true", help="also a draft model that drafts plain's own output (a ceiling)")
     p.add_argument("--eval-cost", action="store_true", help="also time Llama.eval of 1..max_draft+1 tokens")
     common.add_record_flag(p)
     args = p.parse_args(argv)
