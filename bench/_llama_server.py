@@ -1,6 +1,7 @@
 """llama.cpp's own server (`llama-server`) as a benchmark peer of bench/bench_llama_cpp.py: plain decoding
 and its model-free drafting modes (`--spec-type ngram-simple | ngram-map-k | ngram-map-k4v | ngram-mod |
-ngram-cache`, each at that build's defaults), over its HTTP API on loopback.
+ngram-cache`, each at that build's defaults, and ngram-simple / ngram-map-k with 3-gram lookups and
+drafts of at most 10 tokens, our cap: `MODES`), over its HTTP API on loopback.
 
 One server process per mode, all with the same settings (threads, context, batch, one slot, no prompt
 cache kept in RAM); each request is a `/completion` of the prompt's token ids (the same ids the
@@ -24,7 +25,11 @@ from pathlib import Path
 
 import common
 
-MODES = ("plain", "ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")
+# mode -> its flags: the --spec-type values at that build's defaults (lookup 12-grams, drafts up to 48
+# tokens; ngram-mod 24 / 48-64), and two at our draft cap (lookup 3-grams, drafts up to 10 tokens)
+MODES = {"plain": [], **{m: ["--spec-type", m] for m in ("ngram-simple", "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache")},
+         "ngram-simple-n3m10": ["--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "3", "--spec-ngram-simple-size-m", "10"],
+         "ngram-map-k-n3m10": ["--spec-type", "ngram-map-k", "--spec-ngram-map-k-size-n", "3", "--spec-ngram-map-k-size-m", "10"]}
 ENV = "SUFFIXSPEC_LLAMA_SERVER"
 
 
@@ -42,7 +47,7 @@ def command(binary: str, model: str, mode: str, port: int, args) -> list[str]:
     cmd = [binary, "-m", model, "--host", "127.0.0.1", "--port", str(port), "-t", str(args.threads),
            "-tb", str(args.threads), "-c", str(args.n_ctx), "-b", str(args.n_batch), "-np", "1",
            "--cache-ram", "0", "--no-webui"]
-    return cmd + ([] if mode == "plain" else ["--spec-type", mode])
+    return cmd + MODES[mode]
 
 
 class Servers:

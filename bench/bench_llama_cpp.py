@@ -292,7 +292,8 @@ def parse(argv):
         p.error("--no-default needs --code-model")
     modes = args.server_modes.split(",")
     if modes[0] != "plain" or any(m not in _llama_server.MODES for m in modes):
-        p.error(f"--server-modes: expected 'plain' first, then any of {', '.join(_llama_server.MODES[1:])}; got {args.server_modes!r}")
+        p.error(f"--server-modes: expected 'plain' first, then any of {', '.join(list(_llama_server.MODES)[1:])}; "
+                f"got {args.server_modes!r}")
     return args
 
 
