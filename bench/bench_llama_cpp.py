@@ -3,7 +3,7 @@ beside them llama.cpp's own server, plain and with its n-gram drafting modes.
 
     python bench/bench_llama_cpp.py [--workloads code-edit,spec-bench,corpus] [--prompts 5] [--repeats 3]
         [--max-new-tokens 128] [--threads 2] [--lean] [--code-model PATH [--no-default]]
-        [--llama-server PATH [--server-modes plain,ngram-simple,...]] [--eval-cost] [--clairvoyant] [--record [PATH]]
+        [--llama-server PATH [--server-modes plain,ngram-simple,...]] [--eval-cost] [--clairvoyant] [--fixed-lengths 4,10] [--record [PATH]]
 
 Needs llama-cpp-python (built as .ci/llama_cpp.sh builds it). Workloads (bench/_llama_workloads.py):
 code edits, a Spec-Bench sample, and a corpus case (stdlib functions completed from their first
@@ -24,7 +24,8 @@ and for ours the share of the time inside its `__call__`. `--llama-server PATH` 
 $SUFFIXSPEC_LLAMA_SERVER; bench/_llama_server.py) adds llama-server's arms, skipped with one printed
 line without it. `--eval-cost` times `Llama.eval` of 1..max_draft+1 tokens after a code-edit prompt
 (the cost a draft pays); `--clairvoyant` adds a draft model that drafts plain's own output (every
-draft right: the ceiling of the hook at `max_draft`). Prints a table, then one JSON line (`--record [PATH]`: also appended to
+draft right: the ceiling of the hook at `max_draft`); `--fixed-lengths 4,10` adds ours drafting its whole
+best path up to each length on code edits (no cost rule: what the length rule is measured against). Prints a table, then one JSON line (`--record [PATH]`: also appended to
 bench/results/llama_cpp.jsonl).
 """
 
@@ -46,6 +47,7 @@ ARMS = ("plain", "prompt_lookup", "suffixspec")
 CORPUS_ARM = "suffixspec+corpus"
 LEAN = "plain_lean"
 CLAIRVOYANT = "clairvoyant"
+FLAT = [[1, 1.0], [64, 1.0 + 1e-9]]  # a step cost that any drafted token pays for
 TIE = 0.1  # plain's two best logits this close at the first difference: a tie rounding may break either way
 
 
@@ -97,7 +99,7 @@ class Clairvoyant:
         return np.zeros(0, np.intc)
 
 
-def draft_factories(args, corpus: Path | None) -> dict:
+def draft_factories(args, corpus: Path | None, workload: str) -> dict:
     from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
 
     from suffixspec.integrations.llama_cpp import SuffixSpecDraftModel
@@ -110,6 +112,9 @@ def draft_factories(args, corpus: Path | None) -> dict:
     if args.clairvoyant:
         oracle = Clairvoyant(args.max_draft)
         out[CLAIRVOYANT] = lambda: oracle
+    for k in args.fixed_lengths if workload == "code-edit" else ():
+        # the whole best path up to k tokens, whatever a drafted token costs
+        out[f"suffixspec-fixed{k}"] = lambda k=k: SuffixSpecDraftModel(max_draft=k, step_cost=FLAT)
     return out
 
 
@@ -124,7 +129,7 @@ def bench_model(path: str, args, loads: list[wl.Workload], tmp: Path) -> list[di
     results = []
     for load in loads:
         corpus = wl.build_corpus(llm, load.corpus_docs, tmp / f"{load.name}.idx") if load.corpus_docs else None
-        factories = draft_factories(args, corpus)
+        factories = draft_factories(args, corpus, load.name)
         arms = tuple(factories) + ((LEAN,) if lean is not None else ())
         prompts = [wl.token_ids(llm, t) for t in load.texts]
         engine = {arm: (lean if arm == LEAN else llm) for arm in arms}
@@ -285,11 +290,19 @@ def parse(argv):
                    help=f"llama.cpp's llama-server binary (${_llama_server.ENV}); without it its arms are skipped")
     p.add_argument("--server-modes", default=",".join(_llama_server.MODES), help="plain and --spec-type values")
     p.add_argument("--clairvoyant", action="store_true", help="also a draft model that drafts plain's own output (a ceiling)")
+    p.add_argument("--fixed-lengths", default="", help="on code edits, also ours drafting its whole best path up to "
+                   "each of these lengths (comma-separated), whatever the step costs")
     p.add_argument("--eval-cost", action="store_true", help="also time Llama.eval of 1..max_draft+1 tokens")
     common.add_record_flag(p)
     args = p.parse_args(argv)
     if args.no_default and not args.code_model:
         p.error("--no-default needs --code-model")
+    try:
+        args.fixed_lengths = [int(k) for k in args.fixed_lengths.split(",") if k.strip()]
+    except ValueError:
+        p.error(f"--fixed-lengths: expected comma-separated positive integers, got {args.fixed_lengths!r}")
+    if any(k < 1 for k in args.fixed_lengths):
+        p.error(f"--fixed-lengths: expected positive integers, got {args.fixed_lengths}")
     modes = args.server_modes.split(",")
     if modes[0] != "plain" or any(m not in _llama_server.MODES for m in modes):
         p.error(f"--server-modes: expected 'plain' first, then any of {', '.join(list(_llama_server.MODES)[1:])}; "
