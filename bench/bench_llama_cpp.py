@@ -155,6 +155,7 @@ def bench_model(path: str, args, loads: list[wl.Workload], tmp: Path) -> list[di
         divergence(llm, prompts, runs, summary)
         results.append({"model": Path(path).name, "engine": "llama-cpp-python", "workload": load.name,
                         "prompts": len(prompts), "arms": summary})
+        print_table(results[-1:], flush=True)  # progress: the table is printed whole at the end
     return results
 
 
@@ -231,8 +232,10 @@ def bench_server(binary: str, path: str, args, loads: list[wl.Workload], tmp: Pa
                     shift = (rep * len(ids_list) + i) % len(modes)
                     for m in modes[shift:] + modes[:shift]:
                         runs[name][m][rep].append(_llama_server.complete(servers.urls[m], ids, args.max_new_tokens))
-    return [{"model": Path(path).name, "engine": "llama-server", "workload": name, "prompts": len(prompts[name]),
-             "arms": summarise(runs[name], len(prompts[name]))} for name in prompts]
+    out = [{"model": Path(path).name, "engine": "llama-server", "workload": name, "prompts": len(prompts[name]),
+            "arms": summarise(runs[name], len(prompts[name]))} for name in prompts]
+    print_table(out, flush=True)
+    return out
 
 
 def eval_cost(path: str, args, text: str) -> dict:
@@ -259,7 +262,7 @@ def eval_cost(path: str, args, text: str) -> dict:
             "relative": {str(n): round(m / med[1], 3) for n, m in med.items()}}
 
 
-def print_table(results: list[dict]) -> None:
+def print_table(results: list[dict], flush: bool = False) -> None:
     print(f"{'model':26} {'engine':16} {'workload':10} {'arm':17} {'tok/s':>7} {'x plain':>7} {'range':>15} "
           f"{'tok/eval':>8} {'differ':>7} {'ties':>5} {'in call':>7}")
     for res in results:
@@ -267,7 +270,7 @@ def print_table(results: list[dict]) -> None:
             share = f"{100 * a['call_share']:.2f}%" if "call_share" in a else ""
             print(f"{res['model'][:26]:26} {res['engine']:16} {res['workload']:10} {arm:17} {a['tok_s']:7.2f} "
                   f"{a['speedup']:7.3f} {str(a['speedup_range']):>15} {a['tokens_per_eval']:8.2f} "
-                  f"{a['outputs_differing']:>7} {a.get('near_ties', ''):>5} {share:>7}")
+                  f"{a['outputs_differing']:>7} {a.get('near_ties', ''):>5} {share:>7}", flush=flush)
 
 
 def parse(argv):
