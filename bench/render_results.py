@@ -362,10 +362,15 @@ def _vllm_soak(r) -> list[str]:
 def _llama_cpp(r) -> list[str]:
     out = []
     for m in r.get("models", []):
+        where = f" {m['engine']} {m['workload']}" if "engine" in m else ""
         for arm, a in m["arms"].items():
             share = f"; {100 * a['call_share']:.2f}% of the time inside its __call__" if "call_share" in a else ""
-            out.append(f"{m['model']} {arm}: {a['tok_s']} tok/s ({x(a['speedup'])} plain, range {a['speedup_range']}); "
-                       f"{a['tokens_per_eval']} tokens per evaluation; outputs differing from plain {a['outputs_differing']}{share}")
+            ties = f" (near-ties at the first difference {a['near_ties']})" if "near_ties" in a else ""
+            out.append(f"{m['model']}{where} {arm}: {a['tok_s']} tok/s ({x(a['speedup'])} plain, range {a['speedup_range']}); "
+                       f"{a['tokens_per_eval']} tokens per evaluation; outputs differing from plain {a['outputs_differing']}"
+                       f"{ties}{share}")
+    for model, cost in r.get("eval_cost", {}).items():
+        out.append(f"{model}: Llama.eval of n tokens after {cost['context']} costs x one token's: {cost['relative']}")
     return out or _generic(r)
 
 

@@ -15,8 +15,12 @@ Contract:
   new ids to the session; any other call closes the session (its output joins the proposer's
   response cache) and starts a new one; `finish()` closes it at once;
 - the draft is the best root path of the session's tree, its length (at most `max_draft`) chosen to
-  maximise expected tokens per unit of the evaluation's cost: a line in the drafted tokens measured
-  online from the time between calls (`vllm_drafting.MeasuredStepCost`; `step_cost` fixes it);
+  maximise expected tokens per unit of the evaluation's cost: a line in the drafted tokens fitted to
+  the fastest recent time between calls per draft length (`RecentStepCost`; `step_cost`
+  fixes it); a long draft the line refuses is still tried now and then (every `EXPLORE` steps,
+  doubling while it keeps not paying), so a stall that once made drafts look dear is re-measured;
+- the response cache takes a finished sequence inline (`cache_upkeep="inline"`): llama.cpp keeps
+  every core busy, and a background thread would stall its evaluations;
 - keywords: `corpus` (index path(s)), `filter` (document tags, needs a corpus), `max_draft`,
   `step_cost` and any `ProposerConfig` knob; the numba kernels are compiled and run in `__init__`;
 - llama-cpp-python sizes its logits buffer by `n_batch` rows unless `logits_all=True` while a
@@ -34,14 +38,71 @@ import numpy as np
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
 from ..draft.config import ProposerConfig
 from ..engine.warmup import warm_kernels
-from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
+from .vllm_drafting import PRIOR_STEP_SECONDS, StepCost, path_values, plan_lengths, write_paths
 
 # SuffixSpecDraftModel is built by __getattr__ on first access
-__all__ = ["SuffixSpecDraftModel", "LlamaDrafter", "draft_model_class", "DEFAULT_MAX_DRAFT"]  # noqa: F822
+__all__ = ["SuffixSpecDraftModel", "LlamaDrafter", "RecentStepCost", "draft_model_class", "DEFAULT_MAX_DRAFT"]  # noqa: F822
 
 DEFAULT_MAX_DRAFT = 10
+# before a drafted step is measured, a drafted token costs this share of a one-token evaluation
+# (llama.cpp on a CPU: a small batch costs nearly a row of weights' arithmetic per token)
+PRIOR_SLOPE = 0.3
+EXPLORE = 16  # steps between tries of a long draft the cost line refuses (doubling up to EXPLORE_MAX)
+EXPLORE_MAX = 256
 _NO_VOCAB = np.iinfo(np.intc).max  # the tree's tokens come from the context and corpora: no cut
 _EMPTY = np.zeros(0, np.intc)
+
+
+class RecentStepCost:
+    """An evaluation's seconds as a line a + c x in its x drafted tokens, fitted to the fastest of the
+    last `window` measured steps of each draft length (weighted by how many each holds; c >= 0,
+    a > 0). Lengths never measured leave the slope to `prior_slope` (relative to a). Something else
+    on the machine only ever slows a step: the fastest recent step of a length is its cost without
+    the stall, so one stall-free measurement outvotes any number of stalls."""
+
+    def __init__(self, k: int, window: int = 5, prior_slope: float = PRIOR_SLOPE):
+        self.k = int(k)
+        self.prior_slope = float(prior_slope)
+        self.times = [collections.deque(maxlen=int(window)) for _ in range(self.k + 1)]
+        self.observed = 0
+        self._line: tuple[float, float] | None = None
+
+    def observe(self, tokens: int, seconds: float, batch: int = 1) -> None:
+        """One evaluation of `tokens` tokens (the sampled one and tokens - 1 drafted) in `seconds`."""
+        if not (tokens >= 1 and seconds > 0 and np.isfinite(seconds)):
+            return
+        self.times[min(int(tokens) - 1, self.k)].append(float(seconds))
+        self.observed += 1
+        self._line = None
+
+    def line(self, batch: int = 1) -> tuple[float, float]:
+        """(a, c): an evaluation drafting x tokens costs a + c x seconds."""
+        if self._line is None:
+            self._line = self._fit()
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
+        xs = np.array([x for x, t in enumerate(self.times) if t], np.float64)
+        if xs.shape[0] == 0:
+            return PRIOR_STEP_SECONDS, PRIOR_STEP_SECONDS * self.prior_slope
+        ys = np.array([min(self.times[int(x)]) for x in xs])
+        ws = np.array([len(self.times[int(x)]) for x in xs], np.float64)
+        if xs.shape[0] == 1:  # one length measured: the prior's slope through it
+            a = float(ys[0] / (1.0 + self.prior_slope * xs[0]))
+            return a, a * self.prior_slope
+        mx, my = np.average(xs, weights=ws), np.average(ys, weights=ws)
+        c = float(np.sum(ws * (xs - mx) * (ys - my)) / np.sum(ws * (xs - mx) ** 2))
+        a = my - c * mx
+        if c < 0.0:
+            c, a = 0.0, my
+        if a < 0.02 * my:
+            a = 0.02 * my
+            c = max(float(np.sum(ws * xs * (ys - a)) / np.sum(ws * xs * xs)), 0.0)
+        return float(a), c
+
+    def __call__(self, tokens, batch: int = 1) -> np.ndarray:
+        a, c = self.line()
+        return a + c * np.maximum(np.asarray(tokens, np.float64) - 1.0, 0.0)
 
 
 class LlamaDrafter:
@@ -63,9 +124,11 @@ class LlamaDrafter:
         knobs.setdefault("max_nodes", max(16, 4 * self.k))
         knobs["max_depth"] = min(int(knobs.get("max_depth") or self.k), self.k)
         knobs.setdefault("recency", 0.0)  # linear drafts: frequency alone, as the vLLM adapter
-        knobs.setdefault("cache_upkeep", "background")  # a closed sequence joins the cache off the next call
+        knobs.setdefault("cache_upkeep", "inline")  # no thread beside llama.cpp's (module docstring)
         self.config = ProposerConfig.of(None, knobs)
-        self.cost = step_cost_from(step_cost, self.k)
+        self.cost = RecentStepCost(self.k) if step_cost is None else StepCost(step_cost)
+        self._explore = EXPLORE if step_cost is None else 0  # steps between tries of a refused long draft
+        self._since_long = 0  # steps since a draft of the longest length offered was measured
         warm_kernels(self.corpora or None, filter=filter, config=self.config)
         self._draft_of(DraftTree.from_paths([[1, 2], [1, 3]]), self.k)  # the adapter's own kernel
         self.proposer = Proposer(self.corpora or None, config=self.config)
@@ -152,9 +215,29 @@ class LlamaDrafter:
         path_values(tree.tokens, tree.parents, tree.depths, tree.scores, starts, np.array([count], np.int64),
                     np.array([limit], np.int64), _NO_VOCAB, values, nodes)
         lengths = plan_lengths(values, lambda tokens: self.cost(tokens, 1))
+        if self._explore:
+            lengths[0] = self._explored(values[0], int(lengths[0]))
         out = np.zeros((1, self.k), np.int64)
         write_paths(tree.tokens, tree.parents, starts, nodes, lengths, out)
         return out[0, : int(lengths[0])].astype(np.intc)
+
+    def _explored(self, values: np.ndarray, chosen: int) -> int:
+        """`chosen`, or now and then the longest path expected to yield a token when the line refuses
+        it: every `_explore` such steps, the interval doubling while long drafts keep not paying."""
+        offered = np.flatnonzero(np.isfinite(values) & (values >= 1.0))
+        longest = int(offered[-1]) if offered.shape[0] else 0
+        if longest <= chosen:
+            self._since_long = 0
+            if chosen > 0:
+                self._explore = EXPLORE
+            return chosen
+        self._since_long += 1
+        if self._since_long < self._explore:
+            return chosen
+        self._since_long = 0
+        self._explore = min(2 * self._explore, EXPLORE_MAX)
+        self.stats["explored"] += 1
+        return longest
 
 
 def draft_model_class(base: type) -> type:
