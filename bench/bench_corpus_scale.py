@@ -356,16 +356,17 @@ def main():
     for size in sizes:
         builds[size] = build(args, size, files, bpt)
         print(f"built {size}: {json.dumps(builds[size])}", flush=True)
-    for size in sizes:
-        merged = Path(args.data) / f"scale-{size}" / "merged.idx"
-        with held(args.lock):
+    drafted = {}
+    with held(args.lock):  # one hold for every size's drafting process, none for the rest
+        for size in sizes:
+            merged = Path(args.data) / f"scale-{size}" / "merged.idx"
             got = subprocess.run([sys.executable, __file__, "--worker", str(merged), "--warm", str(warm / "warm.idx"),
-                                  "--budgets", args.budgets],
-                                 check=True, capture_output=True, text=True)
-        row = summary(size, builds[size], json.loads(got.stdout.strip().splitlines()[-1]), budgets)
+                                  "--budgets", args.budgets], check=True, capture_output=True, text=True)
+            drafted[size] = json.loads(got.stdout.strip().splitlines()[-1])
+    for size in sizes:
+        row = summary(size, builds[size], drafted[size], budgets)
         if args.serve:
-            log = Path(args.data) / f"serve-{size}.log"
-            row["serve"] = serve_rss(merged, log)
+            row["serve"] = serve_rss(Path(args.data) / f"scale-{size}" / "merged.idx", Path(args.data) / f"serve-{size}.log")
         result["rows"].append(row)
         print(json.dumps(row), flush=True)
     if args.serve:
