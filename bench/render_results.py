@@ -227,7 +227,10 @@ def _corpus_scale(r) -> list[str]:
                 f"{w['n_shards']} shard(s) {w['merge_cpu_s']:.0f} CPU s; {w['bytes_on_disk'] / 1e6:.0f} MB on disk, "
                 f"{w['bytes_per_token']:.1f} bytes per token; first open {w['open_ms_first']:.0f} ms, later "
                 f"{w['open_ms_median']:.2f} ms; drafting process {w['rss_drafting_mb']:.0f} MB resident "
-                f"({w['rss_warm_mb']:.0f} MB before opening); propose p50 / p99 "
+                f"({w['rss_drafting_anon_mb']:.0f} MB private, {w['rss_drafting_file_mb']:.0f} MB of mapped files; "
+                f"{w['rss_warm_mb']:.0f} MB before opening); Proposer(corpus=...) {w['proposer_build_s']:.1f} s; "
+                f"{w.get('b16_tokens_per_round', 0):.1f} / {w.get('b64_tokens_per_round', 0):.1f} tokens per round at "
+                f"budget 16 / 64; propose p50 / p99 "
                 + "; ".join(f"budget {b} {w[f'b{b}_p50_us']:.1f} / {w[f'b{b}_p99_us']:.1f} us"
                             for b in (16, 64) if f"b{b}_p50_us" in w))
         if w.get("serve"):
@@ -578,13 +581,17 @@ def _h_corpus_scale(r):
     if not rows:
         return None
 
-    def one(w):
-        return (f"{w['n_tokens'] / 1e6:.0f}M tokens: {w['build_cpu_s_per_m_tokens']:.1f} CPU s per M tokens to build, "
-                f"{w['bytes_per_token']:.1f} bytes per token, open {w['open_ms_median']:.2f} ms, drafting process "
-                f"{w['rss_drafting_mb'] / 1024:.1f} GB, propose p50 / p99 "
-                + ", ".join(f"{w[f'b{b}_p50_us']:.0f} / {w[f'b{b}_p99_us']:.0f} us at budget {b}" for b in (16, 64)
-                            if f"b{b}_p50_us" in w))
-    return "corpus index at scale", "; ".join(one(w) for w in rows)
+    def each(fmt, fn):
+        return " / ".join(fmt.format(fn(w)) for w in rows)
+
+    budgets = [b for b in (16, 64) if all(f"b{b}_p50_us" in w for w in rows)]
+    lat = "; ".join(f"budget {b} " + " / ".join(f"{w[f'b{b}_p50_us']:.0f}, {w[f'b{b}_p99_us']:.0f}" for w in rows) + " us"
+                    for b in budgets)
+    return ("corpus index at scale", f"{each('{:.0f}M', lambda w: w['n_tokens'] / 1e6)} tokens: build "
+            f"{each('{:.1f}', lambda w: w['build_cpu_s_per_m_tokens'])} CPU s per M tokens; "
+            f"{each('{:.1f}', lambda w: w['bytes_per_token'])} bytes per token; reopen "
+            f"{each('{:.2f}', lambda w: w['open_ms_median'])} ms; drafting process "
+            f"{each('{:.1f}', lambda w: w['rss_drafting_mb'] / 1024)} GB resident; propose p50, p99 {lat}")
 
 
 def _h_automaton(r):
