@@ -218,6 +218,29 @@ def _corpus(r) -> list[str]:
     return out
 
 
+def _corpus_scale(r) -> list[str]:
+    out = []
+    for w in r.get("rows", []):
+        line = (f"{w['n_tokens'] / 1e6:.1f}M tokens, {w['n_documents']} documents: build (index + append) "
+                f"{w['build_cpu_s_per_m_tokens']:.2f} CPU s per M tokens ({w['build_cpu_s']:.0f} CPU s, "
+                f"{w['build_wall_s']:.0f} s wall, peak {w['build_peak_rss_mb']:.0f} MB); merge into "
+                f"{w['n_shards']} shard(s) {w['merge_cpu_s']:.0f} CPU s; {w['bytes_on_disk'] / 1e6:.0f} MB on disk, "
+                f"{w['bytes_per_token']:.1f} bytes per token; first open {w['open_ms_first']:.0f} ms, later "
+                f"{w['open_ms_median']:.2f} ms; drafting process {w['rss_drafting_mb']:.0f} MB resident "
+                f"({w['rss_drafting_anon_mb']:.0f} MB private, {w['rss_drafting_file_mb']:.0f} MB of mapped files; "
+                f"{w['rss_warm_mb']:.0f} MB before opening); Proposer(corpus=...) {w['proposer_build_s']:.1f} s; "
+                f"{w.get('b16_tokens_per_round', 0):.1f} / {w.get('b64_tokens_per_round', 0):.1f} tokens per round at "
+                f"budget 16 / 64; propose p50 / p99 "
+                + "; ".join(f"budget {b} {w[f'b{b}_p50_us']:.1f} / {w[f'b{b}_p99_us']:.1f} us"
+                            for b in (16, 64) if f"b{b}_p50_us" in w))
+        if w.get("serve"):
+            line += f"; suffixspec serve {w['serve']['rss_settled_mb']:.0f} MB resident"
+        out.append(line)
+    if r.get("serve_without_corpus"):
+        out.append(f"suffixspec serve without a corpus: {r['serve_without_corpus']['rss_settled_mb']:.0f} MB resident")
+    return out
+
+
 def _corpus_drafting(r) -> list[str]:
     out = []
     for name, st in r.get("sets", {}).items():
@@ -381,7 +404,7 @@ SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
              "closedloop": _closedloop, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e,
-             "corpus_compact": _corpus_compact}
+             "corpus_compact": _corpus_compact, "corpus_scale": _corpus_scale}
 
 TITLES = {
     "generate": ("End-to-end generation against plain decoding and prompt lookup", "bench/bench_generate.py"),
@@ -394,6 +417,8 @@ TITLES = {
     "corpus": ("Corpus index build, size, open, queries", "bench/bench_corpus.py"),
     "corpus_drafting": ("Drafting from a stale corpus against the context bound", "bench/bench_corpus_drafting.py"),
     "corpus_compact": ("Corpus index encoding, before vs after (paired)", "bench/bench_corpus_compact.py"),
+    "corpus_scale": ("Corpus indexes of 1M, 10M and 100M tokens: build, merge, disk, open, memory, drafting",
+                     "bench/bench_corpus_scale.py"),
     "offmode": ("What a round costs with speculation switched off", "bench/bench_offmode.py"),
     "prefill": ("Long prompts beside running requests", "bench/bench_prefill.py"),
     "refusal": ("Oversized requests refused", "bench/bench_refusal.py"),
@@ -556,6 +581,24 @@ def _h_corpus(r):
             f"{r['bytes_per_token']:.1f} bytes per token on disk and reopens in {r['open_ms_median']:.2f} ms")
 
 
+def _h_corpus_scale(r):
+    rows = r.get("rows", [])
+    if not rows:
+        return None
+
+    def each(fmt, fn):
+        return " / ".join(fmt.format(fn(w)) for w in rows)
+
+    budgets = [b for b in (16, 64) if all(f"b{b}_p50_us" in w for w in rows)]
+    lat = "; ".join(f"budget {b} " + " / ".join(f"{w[f'b{b}_p50_us']:.0f}, {w[f'b{b}_p99_us']:.0f}" for w in rows) + " us"
+                    for b in budgets)
+    return ("corpus index at scale", f"{each('{:.0f}M', lambda w: w['n_tokens'] / 1e6)} tokens: build "
+            f"{each('{:.1f}', lambda w: w['build_cpu_s_per_m_tokens'])} CPU s per M tokens; "
+            f"{each('{:.1f}', lambda w: w['bytes_per_token'])} bytes per token; reopen "
+            f"{each('{:.2f}', lambda w: w['open_ms_median'])} ms; drafting process "
+            f"{each('{:.1f}', lambda w: w['rss_drafting_mb'] / 1024)} GB resident; propose p50, p99 {lat}")
+
+
 def _h_automaton(r):
     s = r.get("streams", {}).get("stdlib")
     if not s:
@@ -577,6 +620,7 @@ HEADLINE = [
     ("proposer", _h_latency),
     ("offmode", _h_offmode),
     ("corpus", _h_corpus),
+    ("corpus_scale", _h_corpus_scale),
     ("automaton", _h_automaton),
 ]
 
