@@ -133,15 +133,44 @@ def _proposer(r) -> list[str]:
     return out
 
 
+def model_name(r) -> str:
+    """The model a `generate` record measured: its `--model` file or folder name, or "default"."""
+    m = r.get("model")
+    return "default" if not m or m == "default" else Path(str(m)).name
+
+
+def _spread(s, key) -> str:
+    rng = s.get(key + "_range")
+    return f" [{rng[0]:.2f}-{rng[1]:.2f}]" if rng else ""
+
+
 def _generate(r) -> list[str]:
     out = []
+    model = "" if model_name(r) == "default" else f"{model_name(r)}, "
     for w, s in r.get("workloads", {}).items():
         for m in sorted(k[:-len("_vs_plain")] for k in s if k.startswith("ss-") and k.endswith("_vs_plain")):
-            out.append(f"{w} ({s['prompts']} prompts, {r.get('max_new_tokens')} tokens, budget {m[3:]}): "
-                       f"{x(s[m + '_vs_plain'])} plain greedy, {x(s.get(m + '_vs_best_pld'))} transformers' prompt "
+            out.append(f"{model}{w} ({s['prompts']} prompts, {r.get('max_new_tokens')} tokens, budget {m[3:]}): "
+                       f"{x(s[m + '_vs_plain'])}{_spread(s, m + '_vs_plain')} plain greedy, "
+                       f"{x(s.get(m + '_vs_best_pld'))}{_spread(s, m + '_vs_best_pld')} transformers' prompt "
                        f"lookup ({s['best_pld']}: {x(s.get(s['best_pld'] + '_vs_plain'))} plain); "
                        f"{s[m + '_tokens_per_round']:.2f} tokens per round; "
-                       f"{'output identical to plain' if s.get('identical') else 'OUTPUT DIFFERS from plain'}")
+                       f"{'output identical to plain' if s.get('identical') else 'OUTPUT DIFFERS from plain'}"
+                       + _split_words((s.get(m + "_time_split") or {}).get("share")))
+        out += [f"{model}{w}: {words}" for words in _auto_words(s)]
+    return out
+
+
+def _auto_words(s) -> list[str]:
+    """The automatic budget against the best fixed budget, at one request and at each concurrency."""
+    out = []
+    if "auto_vs_best_fixed" in s:
+        out.append(f"automatic budget {s['auto_vs_best_fixed']:.3f} of the best fixed ({s['best_fixed']}) at one request")
+    for key in sorted((k for k in s if k.startswith("c") and k[1:].isdigit()), key=lambda k: int(k[1:])):
+        b = s[key]
+        if "auto_vs_best_fixed" in b:
+            lo, hi = b.get("auto_vs_best_fixed_range") or (b["auto_vs_best_fixed"],) * 2
+            out.append(f"automatic budget {b['auto_vs_best_fixed']:.3f} [{lo:.3f}-{hi:.3f}] of the best fixed "
+                       f"({b['best_fixed']}) at {b['concurrency']} requests")
     return out
 
 
@@ -452,15 +481,35 @@ def figures(rec) -> list[str]:
 
 # ---------------------------------------------------------------- the headline rows
 
-def _h_generate(workload, label):
+def _h_generate(workload, label, detail: bool = False):
+    """A workload's row from a `generate` record; `detail`: with each ratio's range over repeats, the
+    time split and the automatic budget against fixed budgets."""
     def pick(r):
         s = r.get("workloads", {}).get(workload)
         if not s or "ss-auto_vs_plain" not in s:
             return None
-        return label, (f"{x(s['ss-auto_vs_plain'])} plain greedy, {x(s['ss-auto_vs_best_pld'])} transformers' prompt lookup; "
-                       f"{s['ss-auto_tokens_per_round']:.2f} tokens per round; "
-                       f"{'identical output' if s.get('identical') else 'OUTPUT DIFFERS'}")
+        spread = (lambda k: _spread(s, k)) if detail else (lambda k: "")
+        figure = (f"{x(s['ss-auto_vs_plain'])}{spread('ss-auto_vs_plain')} plain greedy, "
+                  f"{x(s['ss-auto_vs_best_pld'])}{spread('ss-auto_vs_best_pld')} transformers' prompt lookup; "
+                  f"{s['ss-auto_tokens_per_round']:.2f} tokens per round; "
+                  f"{'identical output' if s.get('identical') else 'OUTPUT DIFFERS'}")
+        if detail:
+            figure += _split_words((s.get("ss-auto_time_split") or {}).get("share"))
+            figure += "".join(f"; {w}" for w in _auto_words(s))
+        return label, figure
     return pick
+
+
+class OfModel:
+    """A headline pick that sees only the `generate` records of one model (`model_name`): the default
+    model's rows and a code model's rows come from their own newest records."""
+
+    def __init__(self, pick, model: str = "default"):
+        self.pick = pick
+        self.model = model
+
+    def keeps(self, result) -> bool:
+        return model_name(result) == self.model
 
 
 def _h_serving(r):
@@ -608,10 +657,19 @@ def _h_automaton(r):
             f"{b['bytes_per_token_live']:.0f} bytes per token")
 
 
+CODE_MODEL = "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"  # bench/code_model.py's FILENAME
+CODE_LABEL = "Qwen2.5-Coder-0.5B Q4_K_M"
+
 HEADLINE = [
-    ("generate", _h_generate("copy-edit", "code edits, end to end")),
-    ("generate", _h_generate("chat", "chat, end to end")),
-    ("generate", _h_generate("qa", "QA, end to end")),
+    ("generate", OfModel(_h_generate("copy-edit", "code edits, end to end"))),
+    ("generate", OfModel(_h_generate("chat", "chat, end to end"))),
+    ("generate", OfModel(_h_generate("qa", "QA, end to end"))),
+    ("generate", OfModel(AcrossRecords(_h_generate("code-edit", f"code edits, end to end, {CODE_LABEL}", True),
+                                       first=True), CODE_MODEL)),
+    ("generate", OfModel(AcrossRecords(_h_generate("continue-file", "continue this file with a corpus of its older "
+                                                   f"snapshot, end to end, {CODE_LABEL}", True), first=True), CODE_MODEL)),
+    ("generate", OfModel(AcrossRecords(_h_generate("specbench", f"Spec-Bench sample, end to end, {CODE_LABEL}", True),
+                                       first=True), CODE_MODEL)),
     ("suffixspec_bench", _h_serving),
     ("suffixspec_bench_grid", _h_grid),
     ("proposer", _h_peers(("code_edit", "chat"), 64)),
@@ -629,6 +687,8 @@ def headline_rows(records, link: str) -> list[str]:
     rows = []
     for benchmark, pick in HEADLINE:
         runs = records.get(benchmark)
+        if isinstance(pick, OfModel):
+            runs, pick = [r for r in runs or () if pick.keeps(r["result"])], pick.pick
         if not runs:
             continue
         rec = runs[-1]

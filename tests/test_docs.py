@@ -218,6 +218,32 @@ def test_a_benchmark_split_by_setting_shows_each_settings_newest_figure(tmp_path
             "tokens per round" in rows[0]) and "2026-12-03" in rows[0]
 
 
+def test_generate_rows_come_from_each_models_own_newest_record(tmp_path):
+    def generate(workload, ratio, model=None):
+        s = {"prompts": 2, "ss-auto_vs_plain": ratio, "ss-auto_vs_best_pld": 1.1, "ss-auto_tokens_per_round": 3.0,
+             "identical": True, "ss-auto_vs_plain_range": [ratio - 0.1, ratio + 0.1],
+             "ss-auto_time_split": {"share": {"prefill": 0.5, "draft": 0.01, "verify": 0.45, "rest": 0.04}},
+             "c4": {"concurrency": 4, "best_fixed": "ss-16", "auto_vs_best_fixed": 0.97,
+                    "auto_vs_best_fixed_range": [0.95, 0.99]}}
+        return {"workloads": {workload: s}, **({"model": model} if model else {})}
+
+    code = "/somewhere/" + R.CODE_MODEL
+    write_jsonl(tmp_path / "generate.jsonl", [
+        record("generate", "2026-12-01T00:00:00+00:00", generate("qa", 1.25)),
+        record("generate", "2026-12-02T00:00:00+00:00", generate("code-edit", 2.5, code)),
+        record("generate", "2026-12-03T00:00:00+00:00", generate("continue-file", 2.2, code)),
+    ])
+    table = R.headline(R.load_records(tmp_path))
+    qa = [line for line in table.splitlines() if line.startswith("| QA, end to end |")]
+    assert len(qa) == 1 and "1.25x plain greedy" in qa[0] and "2026-12-01" in qa[0]  # not hidden by newer code-model runs
+    code_rows = [line for line in table.splitlines() if R.CODE_LABEL in line]
+    assert len(code_rows) == 2  # each workload from the newest code-model record that has it
+    assert "2.50x [2.40-2.60] plain greedy" in code_rows[0] and "2026-12-02" in code_rows[0]
+    assert "time prefill/draft/verify/rest 50/1/45/4%" in code_rows[0]
+    assert "automatic budget 0.970 [0.950-0.990] of the best fixed (ss-16) at 4 requests" in code_rows[0]
+    assert "2.20x" in code_rows[1] and "2026-12-03" in code_rows[1]
+
+
 def test_results_log_lists_every_run_newest_first_then_the_history(tmp_path):
     write_jsonl(tmp_path / "offmode.jsonl", [record("offmode", "2026-12-01T00:00:00+00:00", offmode(0.3)),
                                              record("offmode", "2026-12-02T00:00:00+00:00", offmode(0.7))])
