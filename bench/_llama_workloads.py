@@ -15,7 +15,6 @@ parsed, no BOS added: neither embedded model's ChatML prompt starts with one).
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,8 +22,7 @@ from pathlib import Path
 import common
 
 WORKLOADS = ("code-edit", "spec-bench", "corpus")
-SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
-SPECBENCH_DEFAULT = common.ROOT.parent / "shared" / "data" / "specbench-dev.jsonl"
+SPECBENCH_ENV = common.SPECBENCH_ENV
 CORPUS_HEAD = 240  # characters of the function given as the prompt
 CORPUS_MIN_CHARS = 1200  # functions long enough for 128 new tokens to stay inside them
 
@@ -36,40 +34,32 @@ class Workload:
     corpus_docs: list[dict] | None = None  # the corpus case's documents (id, text)
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-
-
-def chatml(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def specbench_path(given: str | None) -> Path | None:
-    path = given or os.environ.get(SPECBENCH_ENV) or (str(SPECBENCH_DEFAULT) if SPECBENCH_DEFAULT.exists() else None)
+    path = given or os.environ.get(SPECBENCH_ENV) or (str(common.SPECBENCH_DEFAULT) if common.SPECBENCH_DEFAULT.exists() else None)
     return Path(path) if path else None
 
 
 def load(name: str, n: int, specbench: Path | None) -> Workload:
     if name == "code-edit":
-        return Workload(name, [r["chatml"] for r in _jsonl(common.CORPORA / "copy_edit_prompts.jsonl")[:n]])
+        return Workload(name, [r["chatml"] for r in common.read_jsonl(common.CORPORA / "copy_edit_prompts.jsonl")[:n]])
     if name == "spec-bench":
         if specbench is None:
             raise SystemExit(common.missing("workload spec-bench: Spec-Bench questions", "--specbench", SPECBENCH_ENV))
-        rows = _jsonl(specbench)
+        rows = common.read_jsonl(specbench)
         by_cat: dict[str, list[str]] = {}
         for r in rows:
             by_cat.setdefault(r["category"], []).append(r["turns"][0][:3000])
         texts, i = [], 0
         while len(texts) < n and any(i < len(v) for v in by_cat.values()):
-            texts += [chatml(v[i]) for v in by_cat.values() if i < len(v)]
+            texts += [common.user_turn(v[i]) for v in by_cat.values() if i < len(v)]
             i += 1
         return Workload(name, texts[:n])
     if name == "corpus":
-        docs = _jsonl(common.CORPORA / "python_stdlib.jsonl")
+        docs = common.read_jsonl(common.CORPORA / "python_stdlib.jsonl")
         picked = [d for d in docs if len(d["text"]) >= CORPUS_MIN_CHARS and d["text"].startswith("def ")]
         step = max(1, len(picked) // max(n, 1))
         texts = [d["text"][:CORPUS_HEAD] for d in picked[::step][:n]]
-        return Workload(name, texts, docs + _jsonl(common.CORPORA / "stdlib_docs.jsonl"))
+        return Workload(name, texts, docs + common.read_jsonl(common.CORPORA / "stdlib_docs.jsonl"))
     raise SystemExit(f"bench_llama_cpp: unknown workload {name!r} (expected one of {', '.join(WORKLOADS)})")
 
 

@@ -43,7 +43,6 @@ revision).
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -51,7 +50,7 @@ from pathlib import Path
 
 import common
 
-SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
+SPECBENCH_ENV = common.SPECBENCH_ENV
 CODE_EDITS = common.CORPORA / "code_edit_traces.jsonl"
 COPY_EDITS = common.CORPORA / "copy_edit_prompts.jsonl"
 COPY_EDITS_HELDOUT = common.CORPORA / "copy_edit_heldout.jsonl"
@@ -62,33 +61,29 @@ SPECBENCH_ORDER = ("summarization", "qa", "math_reasoning", "rag", "translation"
 CHAT_CATEGORIES = ("roleplay", "reasoning", "coding", "extraction", "stem", "humanities", "writing", "math")
 
 
-def chatml(text: str) -> str:
-    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def load_prompts(workload: str, n: int, specbench: Path | None = None) -> list[str]:
     if workload == "code-edit":
-        rows = [json.loads(line) for line in CODE_EDITS.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = common.read_jsonl(CODE_EDITS)
         rows.sort(key=lambda r: len(r["prompt"]))
-        return [chatml(r["prompt"]) for r in rows[:n]]
+        return [common.user_turn(r["prompt"]) for r in rows[:n]]
     if workload in ("copy-edit", "copy-edit-heldout"):
         path = COPY_EDITS if workload == "copy-edit" else COPY_EDITS_HELDOUT
-        rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        rows = common.read_jsonl(path)
         return [r["chatml"] for r in rows[:n]]
     if specbench is None:
         raise SystemExit(common.missing(f"workload {workload}: Spec-Bench questions", "--specbench", SPECBENCH_ENV))
-    rows = [json.loads(line) for line in Path(specbench).read_text(encoding="utf-8").splitlines() if line.strip()]
+    rows = common.read_jsonl(specbench)
     if workload == "specbench":  # the sample's mix: each category's shortest question not yet taken, in turn
         by_cat = {c: sorted((r for r in rows if r["category"] == c), key=lambda r: len(r["turns"][0]))
                   for c in SPECBENCH_ORDER}
         order = [by_cat[c][k] for k in range(max(map(len, by_cat.values()), default=0))
                  for c in SPECBENCH_ORDER if k < len(by_cat[c])]
-        return [chatml(r["turns"][0][:3000]) for r in order[:n]]
+        return [common.user_turn(r["turns"][0][:3000]) for r in order[:n]]
     cats = CHAT_CATEGORIES if workload == "chat" else (workload,)
     picked = [r for r in rows if r["category"] in cats]
     picked.sort(key=lambda r: len(r["turns"][0]))
     step = max(1, len(picked) // max(n, 1))
-    return [chatml(r["turns"][0][:3000]) for r in picked[::step][:n]]
+    return [common.user_turn(r["turns"][0][:3000]) for r in picked[::step][:n]]
 
 
 def _continue_recipe():

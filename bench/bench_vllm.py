@@ -70,20 +70,16 @@ ENGINE = ROOT / "tests_vllm" / "engine.py"
 METHODS = ("plain", "ngram", "suffix", "suffixspec", "suffixspec+corpus", "clairvoyant")
 WORKLOADS = ("code-edit", "spec-bench", "multi-turn")
 # $SUFFIXSPEC_SPECBENCH, else the shared data beside the checkout (../shared from the project's root)
-SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH") or ROOT.parent / "shared" / "data" / "specbench-dev.jsonl")
+SPECBENCH = Path(os.environ.get(common.SPECBENCH_ENV) or common.SPECBENCH_DEFAULT)
 CHAT_CATEGORIES = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 FOLLOWUP = "Now also add type hints to every parameter and the return value. Return the full function again."
 WARMUP = ["What is the capital of France?", "Write a haiku about the sea."]
 PLUGIN_EXCLUDED = "arctic_inference"
 
 
-def _jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def specbench_rows(path: Path, n: int) -> list[dict]:
     """`n` Spec-Bench rows, a third each of chat, qa and summarization (file order within each)."""
-    rows = _jsonl(path)
+    rows = common.read_jsonl(path)
     groups = {"chat": [r for r in rows if r["category"] in CHAT_CATEGORIES],
               "qa": [r for r in rows if r["category"] == "qa"],
               "summarization": [r for r in rows if r["category"] == "summarization"]}
@@ -98,8 +94,8 @@ def workloads(tok, names: list[str], n: int, specbench: Path) -> dict:
     """name -> {"prompts": [[ids]...], "followups": [[ids]...] (multi-turn only), "source": str}."""
     from suffixspec.bench.workloads import chatml
 
-    shipped = _jsonl(common.CORPORA / "copy_edit_prompts.jsonl")
-    heldout = _jsonl(common.CORPORA / "copy_edit_heldout.jsonl")
+    shipped = common.read_jsonl(common.CORPORA / "copy_edit_prompts.jsonl")
+    heldout = common.read_jsonl(common.CORPORA / "copy_edit_heldout.jsonl")
     out = {}
     if "code-edit" in names:
         rows = (shipped + heldout)[:n]
@@ -378,7 +374,7 @@ def main() -> None:
         tmp = Path(tmp_name)
         corpus = None
         if "suffixspec+corpus" in methods:
-            docs = _jsonl(common.CORPORA / "python_stdlib.jsonl")
+            docs = common.read_jsonl(common.CORPORA / "python_stdlib.jsonl")
             corpus = tmp / "stdlib.idx"
             build_index([Document(np.array(tok.encode(d["text"]), np.int32), id=d["id"]) for d in docs], corpus, tokenizer=tok)
         runs = run_grid(args, data, cells, methods, corpus, tmp, plugins)

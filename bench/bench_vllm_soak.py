@@ -46,7 +46,7 @@ import common
 
 ROOT = common.ROOT
 # $SUFFIXSPEC_SPECBENCH, else the shared data beside the checkout (../shared from the project's root)
-SPECBENCH = Path(os.environ.get("SUFFIXSPEC_SPECBENCH") or ROOT.parent / "shared" / "data" / "specbench-dev.jsonl")
+SPECBENCH = Path(os.environ.get(common.SPECBENCH_ENV) or common.SPECBENCH_DEFAULT)
 PROPOSER = "suffixspec.integrations.vllm.SuffixSpecProposer"
 MIB = 1 << 20
 MAX_PROMPT_CHARS = 2000  # Spec-Bench prompts kept (the long articles would make the soak a prefill benchmark)
@@ -58,9 +58,9 @@ def prompts(specbench: Path) -> list[str]:
 
     out = []
     for name in ("copy_edit_prompts.jsonl", "copy_edit_heldout.jsonl"):
-        out += [json.loads(line)["chatml"] for line in (common.CORPORA / name).read_text().splitlines() if line.strip()]
+        out += [r["chatml"] for r in common.read_jsonl(common.CORPORA / name)]
     if specbench.is_file():
-        turns = [json.loads(line)["turns"][0] for line in specbench.read_text().splitlines() if line.strip()]
+        turns = [r["turns"][0] for r in common.read_jsonl(specbench)]
         out += [chatml(t) for t in turns if len(t) <= MAX_PROMPT_CHARS]
     return out
 

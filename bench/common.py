@@ -20,11 +20,16 @@ Contract
   once ``/health`` answers 200; ``spawn_server(model, max_batch, log_path, extra=(), env=None)``:
   ``suffixspec serve`` of this interpreter on a free loopback port, the same way.
 - ``load_test_support(name)``: ``tests/support/<name>.py`` loaded from its file (no ``sys.path`` edit).
+- ``read_jsonl(path)``: a JSONL file's objects, blank lines skipped; ``user_turn(text)``: ``text`` as one
+  ChatML user turn with no system prompt, the assistant's turn opened (the embedded models' template).
+- ``SPECBENCH_ENV`` / ``SPECBENCH_DEFAULT``: the variable naming Spec-Bench's question file and the
+  shared sample used when it is unset (``../shared/data/specbench-dev.jsonl``, where it exists).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import socket
 import subprocess
@@ -36,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CORPORA = ROOT / "corpora"
 CACHE = ROOT / "bench" / ".cache"
 RESULTS = ROOT / "bench" / "results"
+SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
+SPECBENCH_DEFAULT = ROOT.parent / "shared" / "data" / "specbench-dev.jsonl"
 
 
 def _record_module():
@@ -66,6 +73,14 @@ def given(value: str | None, env: str) -> str | None:
 
 def missing(what: str, flag: str, env: str) -> str:
     return f"{what}: not given (pass {flag} PATH or set {env})"
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def user_turn(text: str) -> str:
+    return f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
 
 def free_port() -> int:
