@@ -109,3 +109,23 @@ def test_tries_of_refused_drafts_grow_rare_where_drafts_never_pay():
 def test_the_response_cache_takes_a_finished_sequence_inline_by_default():
     assert draft_class()().config.cache_upkeep == "inline"
     assert draft_class()(cache_upkeep="background").config.cache_upkeep == "background"
+
+
+def test_the_chosen_length_is_the_planners_choice_for_one_row():
+    """The one-row shortcut picks what `plan_lengths` (checked by enumeration in test_vllm_drafting)
+    picks: the first length of the best (1 + expected tokens) / evaluation cost."""
+    from suffixspec.integrations.vllm_drafting import plan_lengths
+
+    rng = np.random.default_rng(3)
+    model = draft_class()(max_draft=10)
+    for trial in range(300):
+        model.cost = adapter.RecentStepCost(k=10, window=5)
+        for _ in range(int(rng.integers(0, 12))):
+            model.cost.observe(int(rng.integers(1, 12)), float(rng.uniform(0.01, 0.1)), 1)
+        avail = int(rng.integers(0, 11))
+        steps = rng.uniform(0.0, 1.0, 11) if trial % 3 else np.where(rng.random(11) < 0.5, 0.25, 0.0)
+        values = np.cumsum(steps)
+        values[0] = 0.0
+        values[avail + 1:] = -np.inf
+        want = int(plan_lengths(values[None, :], lambda t: model.cost(t, 1))[0])
+        assert model._best_length(values.tolist()) == want

@@ -38,7 +38,7 @@ import numpy as np
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
 from ..draft.config import ProposerConfig
 from ..engine.warmup import warm_kernels
-from .vllm_drafting import PRIOR_STEP_SECONDS, StepCost, path_values, plan_lengths, write_paths
+from .vllm_drafting import PRIOR_STEP_SECONDS, StepCost, path_values, write_paths
 
 # SuffixSpecDraftModel is built by __getattr__ on first access
 __all__ = ["SuffixSpecDraftModel", "LlamaDrafter", "RecentStepCost", "draft_model_class", "DEFAULT_MAX_DRAFT"]  # noqa: F822
@@ -71,9 +71,12 @@ class RecentStepCost:
         """One evaluation of `tokens` tokens (the sampled one and tokens - 1 drafted) in `seconds`."""
         if not (tokens >= 1 and seconds > 0 and np.isfinite(seconds)):
             return
-        self.times[min(int(tokens) - 1, self.k)].append(float(seconds))
+        kept = self.times[min(int(tokens) - 1, self.k)]
+        before = (len(kept), min(kept)) if kept else None
+        kept.append(float(seconds))
         self.observed += 1
-        self._line = None
+        if (len(kept), min(kept)) != before:  # the fit reads each length's count and fastest step only
+            self._line = None
 
     def line(self, batch: int = 1) -> tuple[float, float]:
         """(a, c): an evaluation drafting x tokens costs a + c x seconds."""
@@ -82,23 +85,24 @@ class RecentStepCost:
         return self._line
 
     def _fit(self) -> tuple[float, float]:
-        xs = np.array([x for x, t in enumerate(self.times) if t], np.float64)
-        if xs.shape[0] == 0:
+        # plain floats: at most k + 1 points, refitted on many calls (numpy's per-call cost dominates)
+        pts = [(float(x), min(t), float(len(t))) for x, t in enumerate(self.times) if t]
+        if not pts:
             return PRIOR_STEP_SECONDS, PRIOR_STEP_SECONDS * self.prior_slope
-        ys = np.array([min(self.times[int(x)]) for x in xs])
-        ws = np.array([len(self.times[int(x)]) for x in xs], np.float64)
-        if xs.shape[0] == 1:  # one length measured: the prior's slope through it
-            a = float(ys[0] / (1.0 + self.prior_slope * xs[0]))
+        if len(pts) == 1:  # one length measured: the prior's slope through it
+            a = pts[0][1] / (1.0 + self.prior_slope * pts[0][0])
             return a, a * self.prior_slope
-        mx, my = np.average(xs, weights=ws), np.average(ys, weights=ws)
-        c = float(np.sum(ws * (xs - mx) * (ys - my)) / np.sum(ws * (xs - mx) ** 2))
+        w = sum(p[2] for p in pts)
+        mx = sum(p[0] * p[2] for p in pts) / w
+        my = sum(p[1] * p[2] for p in pts) / w
+        c = sum(p[2] * (p[0] - mx) * (p[1] - my) for p in pts) / sum(p[2] * (p[0] - mx) ** 2 for p in pts)
         a = my - c * mx
         if c < 0.0:
             c, a = 0.0, my
         if a < 0.02 * my:
             a = 0.02 * my
-            c = max(float(np.sum(ws * xs * (ys - a)) / np.sum(ws * xs * xs)), 0.0)
-        return float(a), c
+            c = max(sum(p[2] * p[0] * (p[1] - a) for p in pts) / sum(p[2] * p[0] * p[0] for p in pts), 0.0)
+        return a, c
 
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
         a, c = self.line()
@@ -127,6 +131,7 @@ class LlamaDrafter:
         knobs.setdefault("cache_upkeep", "inline")  # no thread beside llama.cpp's (module docstring)
         self.config = ProposerConfig.of(None, knobs)
         self.cost = RecentStepCost(self.k) if step_cost is None else StepCost(step_cost)
+        self._evaluated = np.arange(1, self.k + 2)  # an evaluation's tokens at each draft length
         self._explore = EXPLORE if step_cost is None else 0  # steps between tries of a refused long draft
         self._since_long = 0  # steps since a draft of the longest length offered was measured
         warm_kernels(self.corpora or None, filter=filter, config=self.config)
@@ -214,12 +219,24 @@ class LlamaDrafter:
         starts = np.zeros(1, np.int64)
         path_values(tree.tokens, tree.parents, tree.depths, tree.scores, starts, np.array([count], np.int64),
                     np.array([limit], np.int64), _NO_VOCAB, values, nodes)
-        lengths = plan_lengths(values, lambda tokens: self.cost(tokens, 1))
+        length = self._best_length(values[0].tolist())
         if self._explore:
-            lengths[0] = self._explored(values[0], int(lengths[0]))
+            length = self._explored(values[0], length)
         out = np.zeros((1, self.k), np.int64)
-        write_paths(tree.tokens, tree.parents, starts, nodes, lengths, out)
-        return out[0, : int(lengths[0])].astype(np.intc)
+        write_paths(tree.tokens, tree.parents, starts, nodes, np.array([length], np.int64), out)
+        return out[0, :length].astype(np.intc)
+
+    def _best_length(self, values: list[float]) -> int:
+        """`plan_lengths` for one row: the first length maximising (1 + expected tokens) / the cost
+        of an evaluation of 1 + length tokens (`values[L]`, -inf where no path is that long)."""
+        costs = np.asarray(self.cost(self._evaluated, 1), np.float64).tolist()
+        best, length = -np.inf, 0
+        for L, v in enumerate(values):
+            if v != -np.inf and v == v:
+                gain = (1.0 + v) / costs[L]
+                if gain > best:
+                    best, length = gain, L
+        return length
 
     def _explored(self, values: np.ndarray, chosen: int) -> int:
         """`chosen`, or now and then the longest path expected to yield a token when the line refuses
