@@ -12,7 +12,7 @@ makes one at $VLLM_VENV, ../shared/BRIEF.md §4 says how to build arctic-inferen
         [--cells 8x8,1x8,32x8,8x24] [--methods plain,ngram,suffix,suffixspec,suffixspec+corpus,clairvoyant] \
         [--prompts 24] [--max-tokens 128] [--rounds 2] [--lock /tmp/suffixspec-bench.lock] [--record [PATH]]
 
-Workloads (token prompts, SmolLM2's chat template):
+Workloads (token prompts in ChatML, the template of the embedded SmolLM2 and of Qwen2.5-Coder; `--model GGUF` runs another model):
 - `code-edit`: the 12 shipped code-edit prompts (corpora/copy_edit_prompts.jsonl), then the held-out
   ones (copy_edit_heldout.jsonl) up to `--prompts`;
 - `spec-bench`: Spec-Bench dev prompts (--specbench PATH, $SUFFIXSPEC_SPECBENCH or ../shared/data/specbench-dev.jsonl),
@@ -337,6 +337,9 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=128, help="per turn")
     ap.add_argument("--rounds", type=int, default=2, help="repeats of the whole grid, interleaved")
     ap.add_argument("--specbench", type=Path, default=SPECBENCH)
+    ap.add_argument("--model", type=Path, default=None, metavar="GGUF",
+                    help="a .gguf file (e.g. the code model: bench/code_model.py --check prints its path); vLLM loads "
+                         "the transformers directory suffixspec converts it into (default: the embedded SmolLM2-135M)")
     ap.add_argument("--threads", type=int, default=0, help="engine threads (OMP_NUM_THREADS, no binding); 0: vLLM's default")
     ap.add_argument("--lock", default=None, help="flock this file around each engine process")
     ap.add_argument("--timeout", type=float, default=900, help="seconds per engine process")
@@ -363,8 +366,11 @@ def main() -> None:
     from suffixspec.bench.workloads import chatml
     from suffixspec.models import default_model_dir
 
-    tok = load_tokenizer()
-    args.model, args.eos = str(default_model_dir()), tok.eos_token_id
+    if args.model is not None and not (args.model.is_file() and args.model.suffix == ".gguf"):
+        raise SystemExit(f"--model: expected a .gguf file, got {str(args.model)!r}")
+    tok = load_tokenizer(args.model)
+    args.model_name = args.model.name if args.model is not None else "SmolLM2-135M-Instruct (embedded)"
+    args.model, args.eos = str(default_model_dir(args.model)), tok.eos_token_id
     args.warmup = [tok.encode(chatml(q)) for q in WARMUP]
     data = workloads(tok, names, args.prompts, args.specbench)
     plugins = plugins_without_arctic()
@@ -385,7 +391,7 @@ def main() -> None:
         print(f"target {name}: {v}")
     for m, why in skipped.items():
         print(f"{m}: skipped, {why}")
-    common.emit({"bench": "vllm", "workloads": {k: v["source"] for k, v in data.items()}, "max_tokens": args.max_tokens,
+    common.emit({"bench": "vllm", "model": args.model_name, "workloads": {k: v["source"] for k, v in data.items()}, "max_tokens": args.max_tokens,
                  "cells": [f"{s}x{c}" for s, c in cells], "rounds": args.rounds, "vllm_plugins": plugins,
                  "plugin_note": "arctic-inference's vLLM plugin excluded from every engine (VLLM_PLUGINS)",
                  "results": rows, "targets": goal, "skipped": skipped}, args, "vllm")
