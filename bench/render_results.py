@@ -390,7 +390,7 @@ def _vllm(r) -> list[str]:
     rows = r.get("results", [])
     if not rows or "workload" not in rows[0]:
         return _generic(r)
-    out = []
+    out = [f"model {r['model']}"] if r.get("model") else []
     for m in rows:
         if m["method"] == "plain":
             continue
