@@ -1,15 +1,18 @@
 """The automatic budget in closed loop: auto against every fixed budget on simulated cost curves.
 
-    python bench/bench_closedloop.py --record            # every curve and workload, 1 and 4 requests
-    python bench/bench_closedloop.py --curves flat --rows 4
+    python bench/bench_closedloop.py --record            # every curve and workload, 1 and 4 requests, seeds 0-4
+    python bench/bench_closedloop.py --curves flat --rows 4 --seeds 0,1
 
 `suffixspec.engine.closedloop`: the real engine and proposer, a scripted tiny model (its logits a
 rule, so the output is known and identical at every budget) and a simulated clock that each forward
 pass advances by the curve's cost (flat: a 64-token pass about 1.1x a one-token step; proportional;
-steep; concave; flat with noise; concave with noise and spikes). Reported per cell: the throughput
-(committed tokens over simulated seconds) of the automatic budget and of each fixed budget, the best
-fixed budget, auto's ratio to it, and the mean draft nodes per round. Simulated time, not wall time:
-the figures do not depend on this machine's load (no lock needed).
+steep; concave; flat with noise; concave with slow periods at seeded simulated times). One seed's
+run is a few requests, so each cell runs at every seed of `--seeds`, every budget on the same law,
+prompts, noise and spikes (paired). Reported per cell: the throughput (committed tokens over
+simulated seconds, pooled over the seeds) of the automatic budget and of each fixed budget, the best
+fixed budget so pooled, auto's ratio to it, auto's ratio to that budget seed by seed (mean and
+worst), and the mean draft nodes per round. Simulated time, not wall time: the figures do not
+depend on this machine's load (no lock needed).
 """
 
 from __future__ import annotations
