@@ -157,6 +157,27 @@ def test_cost_model_corrections_are_per_batch_size():
     assert cm(1) == pytest.approx(1.1 * (1 + 0.1 * CostModel.SHAPE_RATE))
 
 
+def test_a_noisy_machine_asks_more_passes_before_a_size_is_known():
+    """Beyond one row a size's first passes replace the guess, so on a noisy machine two of them can
+    price it out: a size counts as known (tried, no longer explored) only after enough passes for
+    the noise the batch's passes show; a quiet machine, one row, and stalls among quiet passes keep
+    GUESS_PASSES."""
+    rng = np.random.default_rng(0)
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    quiet, noisy, stalled = (CostModel(sizes, [1.0 + 0.01 * s for s in sizes]) for _ in range(3))
+    for i in range(200):
+        quiet.observe(4, float(quiet(4, batch=4)), batch=4)
+        noisy.observe(4, float(noisy(4, batch=4)) * float(np.exp(rng.normal(0.0, 0.15))), batch=4)
+        noisy.observe(1, float(noisy(1)) * float(np.exp(rng.normal(0.0, 0.15))))
+        stalled.observe(4, float(stalled(4, batch=4)) * (4.0 if i % 40 == 0 else 1.0), batch=4)
+    assert quiet.known(4) == stalled.known(4) == CostModel.GUESS_PASSES
+    assert noisy.known(1) == CostModel.GUESS_PASSES
+    assert 5 <= noisy.known(4) <= CostModel.MAX_KNOWN_PASSES  # about 0.15^2 / 0.05^2 = 9
+    noisy.observe(16, float(noisy(16, batch=4)), batch=4)
+    noisy.observe(16, float(noisy(16, batch=4)), batch=4)
+    assert not noisy.tried(16, 4) and quiet.known(4) == 2
+
+
 def test_rank_calibration_against_brute_force():
     rng = np.random.default_rng(4)
     cal = RankCalibration(decay=0.9)
