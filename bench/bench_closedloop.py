@@ -1,15 +1,18 @@
 """The automatic budget in closed loop: auto against every fixed budget on simulated cost curves.
 
-    python bench/bench_closedloop.py --record            # every curve and workload, 1 and 4 requests
-    python bench/bench_closedloop.py --curves flat --rows 4
+    python bench/bench_closedloop.py --record            # every curve and workload, 1 and 4 requests, seeds 0-4
+    python bench/bench_closedloop.py --curves flat --rows 4 --seeds 0,1
 
 `suffixspec.engine.closedloop`: the real engine and proposer, a scripted tiny model (its logits a
 rule, so the output is known and identical at every budget) and a simulated clock that each forward
 pass advances by the curve's cost (flat: a 64-token pass about 1.1x a one-token step; proportional;
-steep; concave; flat with noise; concave with noise and spikes). Reported per cell: the throughput
-(committed tokens over simulated seconds) of the automatic budget and of each fixed budget, the best
-fixed budget, auto's ratio to it, and the mean draft nodes per round. Simulated time, not wall time:
-the figures do not depend on this machine's load (no lock needed).
+steep; concave; flat with noise; concave with slow periods at seeded simulated times). One seed's
+run is a few requests, so each cell runs at every seed of `--seeds`, every budget on the same law,
+prompts, noise and spikes (paired). Reported per cell: the throughput (committed tokens over
+simulated seconds, pooled over the seeds) of the automatic budget and of each fixed budget, the best
+fixed budget so pooled, auto's ratio to it, auto's ratio to that budget seed by seed (mean and
+worst), and the mean draft nodes per round. Simulated time, not wall time: the figures do not
+depend on this machine's load (no lock needed).
 """
 
 from __future__ import annotations
@@ -28,33 +31,55 @@ def main(argv=None) -> int:
     p.add_argument("--workloads", default=",".join(cl.WORKLOADS), help="comma list of " + ", ".join(cl.WORKLOADS))
     p.add_argument("--rows", default="1,4", help="requests decoded together (comma list)")
     p.add_argument("--budgets", default=",".join(map(str, cl.FIXED_BUDGETS)), help="the fixed budgets compared")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0-4", help="seeds, each cell run at every one and paired: a list (0,3,7) "
+                   "or a range (0-4)")
     common.add_record_flag(p)
     args = p.parse_args(argv)
+    seeds = _seeds(p, args.seeds)
 
     import torch
 
     torch.set_num_threads(1)  # a tiny model: one thread is the fastest
     budgets = tuple(int(b) for b in args.budgets.split(","))
     cells = []
-    print(f"{'workload':<8} {'curve':<12} {'rows':>4} {'auto':>8} {'best fixed':>10} {'ratio':>6} {'nodes':>6}")
+    print(f"seeds {args.seeds}; ratio: pooled over seeds against the best fixed budget (pooled), "
+          "mean and worst: paired per seed against that budget")
+    print(f"{'workload':<8} {'curve':<12} {'rows':>4} {'auto':>8} {'best':>5} {'ratio':>6} {'mean':>6} {'worst':>6} "
+          f"{'nodes':>6}")
     for rows in (int(r) for r in args.rows.split(",")):
         for wl in args.workloads.split(","):
             for curve in args.curves.split(","):
-                got = cl.compare(wl, curve, budgets=budgets, rows=rows, seed=args.seed)
-                best = max(budgets, key=lambda b: got[b].throughput)
-                cell = {"workload": wl, "curve": curve, "rows": rows, "tokens": got["auto"].tokens,
-                        "auto_tok_per_s": round(got["auto"].throughput, 3), "best_fixed": best,
-                        "best_tok_per_s": round(got[best].throughput, 3), "ratio": round(got["ratio"], 4),
-                        "auto_nodes_per_round": round(got["auto"].drafted_per_round, 2),
-                        "fixed": {str(b): round(got[b].throughput, 3) for b in budgets}}
+                got = cl.compare_seeds(wl, curve, budgets=budgets, rows=rows, seeds=seeds)
+                cell = {"workload": wl, "curve": curve, "rows": rows, "seeds": list(seeds),
+                        "auto_tok_per_s": round(got.pooled["auto"], 3), "best_fixed": got.best,
+                        "best_tok_per_s": round(got.pooled[got.best], 3), "ratio": round(got.ratio, 4),
+                        "mean": round(got.mean, 4), "worst": round(got.worst, 4),
+                        "paired": [round(r, 4) for r in got.paired],
+                        "per_seed_best": [round(r, 4) for r in got.per_seed_best],
+                        "auto_nodes_per_round": round(got.auto_nodes_per_round, 2),
+                        "fixed": {str(b): round(got.pooled[b], 3) for b in budgets}}
                 cells.append(cell)
-                print(f"{wl:<8} {curve:<12} {rows:>4} {cell['auto_tok_per_s']:>8.1f} {best:>10} {cell['ratio']:>6.3f} "
-                      f"{cell['auto_nodes_per_round']:>6.1f}", flush=True)
-    result = {"benchmark": "closedloop", "seed": args.seed, "budgets": list(budgets),
-              "min_ratio": min(c["ratio"] for c in cells), "cells": cells}
+                print(f"{wl:<8} {curve:<12} {rows:>4} {cell['auto_tok_per_s']:>8.1f} {got.best:>5} {got.ratio:>6.3f} "
+                      f"{got.mean:>6.3f} {got.worst:>6.3f} {got.auto_nodes_per_round:>6.1f}", flush=True)
+    result = {"benchmark": "closedloop", "seeds": list(seeds), "budgets": list(budgets),
+              "min_ratio": min(c["ratio"] for c in cells), "min_mean": min(c["mean"] for c in cells),
+              "min_worst": min(c["worst"] for c in cells), "cells": cells}
     common.emit(result, args, "closedloop")
     return 0
+
+
+def _seeds(parser, text: str) -> tuple[int, ...]:
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-"))
+            seeds = tuple(range(lo, hi + 1))
+        else:
+            seeds = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        seeds = ()
+    if not seeds or min(seeds) < 0:
+        parser.error(f"--seeds: expected a comma list of seeds or a range such as 0-4, got {text!r}")
+    return seeds
 
 
 if __name__ == "__main__":

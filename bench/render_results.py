@@ -359,9 +359,22 @@ def _recycle_e2e(r) -> list[str]:
 
 
 def _closedloop(r) -> list[str]:
+    def seeds(c) -> str:  # several seeds: the ratio pooled over them, then paired per seed
+        if "worst" not in c:
+            return ""
+        return f" over seeds {_seed_list(c['seeds'])} (paired per seed: mean {c['mean']:.3f}, worst {c['worst']:.3f})"
+
     return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}: auto "
-            f"{c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}), {c['auto_nodes_per_round']:.1f} nodes a round"
+            f"{c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}){seeds(c)}, "
+            f"{c['auto_nodes_per_round']:.1f} nodes a round"
             for c in r.get("cells", [])]
+
+
+def _seed_list(seeds) -> str:
+    seeds = list(seeds)
+    if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
+        return f"{seeds[0]}-{seeds[-1]}"
+    return ",".join(map(str, seeds))
 
 
 def _generic(r) -> list[str]:

@@ -157,6 +157,27 @@ def test_cost_model_corrections_are_per_batch_size():
     assert cm(1) == pytest.approx(1.1 * (1 + 0.1 * CostModel.SHAPE_RATE))
 
 
+def test_a_noisy_machine_asks_more_passes_before_a_size_is_known():
+    """Beyond one row a size's first passes replace the guess, so on a noisy machine two of them can
+    price it out: a size counts as known (tried, no longer explored) only after enough passes for
+    the noise the batch's passes show; a quiet machine, one row, and stalls among quiet passes keep
+    GUESS_PASSES."""
+    rng = np.random.default_rng(0)
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    quiet, noisy, stalled = (CostModel(sizes, [1.0 + 0.01 * s for s in sizes]) for _ in range(3))
+    for i in range(200):
+        quiet.observe(4, float(quiet(4, batch=4)), batch=4)
+        noisy.observe(4, float(noisy(4, batch=4)) * float(np.exp(rng.normal(0.0, 0.15))), batch=4)
+        noisy.observe(1, float(noisy(1)) * float(np.exp(rng.normal(0.0, 0.15))))
+        stalled.observe(4, float(stalled(4, batch=4)) * (4.0 if i % 40 == 0 else 1.0), batch=4)
+    assert quiet.known(4) == stalled.known(4) == CostModel.GUESS_PASSES
+    assert noisy.known(1) == CostModel.GUESS_PASSES
+    assert 5 <= noisy.known(4) <= CostModel.MAX_KNOWN_PASSES  # about 0.15^2 / 0.05^2 = 9
+    noisy.observe(16, float(noisy(16, batch=4)), batch=4)
+    noisy.observe(16, float(noisy(16, batch=4)), batch=4)
+    assert not noisy.tried(16, 4) and quiet.known(4) == 2
+
+
 def test_rank_calibration_against_brute_force():
     rng = np.random.default_rng(4)
     cal = RankCalibration(decay=0.9)
@@ -200,15 +221,34 @@ def test_rank_calibration_learns_per_rank_ratios():
     assert np.all(fresh.apply(np.array([3.0, 0.5])) == [1.0, 0.25])
 
 
+def test_a_rank_bucket_with_few_trees_follows_the_pooled_ratio():
+    """Ranks 13-16 seen in one tree that failed there, every other rank accepted at twice its score:
+    the bucket is not trapped near 0 (it sits behind the pooled ratio), while evidence of many trees
+    still moves it."""
+    cal = RankCalibration()
+    chain = DraftTree(np.arange(12), np.arange(12) - 1, np.full(12, 0.5))
+    for _ in range(100):
+        cal.observe([chain], [list(range(12))])
+    deep = DraftTree(np.arange(16), np.arange(16) - 1, np.full(16, 0.5))
+    cal.observe([deep], [list(range(12))])
+    pooled = (cal.accepted.sum() + cal.prior * cal.prior_ratio) / (cal.scored.sum() + cal.prior)
+    b = cal.buckets(16)[12]
+    assert cal.factors(16)[12] == pytest.approx((cal.accepted[b] + cal.pool * pooled) / (cal.scored[b] + cal.pool))
+    assert cal.factors(16)[12] > 1.0 and cal.factors(16)[0] > 1.9
+    for _ in range(300):
+        cal.observe([deep], [list(range(12))])
+    assert cal.factors(16)[12] < 0.5  # many trees failing there: the bucket's own evidence wins
+
+
 def test_request_draft_factor_scales_the_auto_budget():
     from suffixspec.engine.budget import REQUEST_PRIOR, REQUEST_PRIOR_RATIO, RequestTrust
 
     lv = RequestTrust()
     assert lv.factor() == REQUEST_PRIOR_RATIO  # nothing drafted yet: the prior
-    lv.predicted, lv.hits = 4.0, 0.0  # four nodes' worth of estimates, none accepted
-    want = REQUEST_PRIOR * REQUEST_PRIOR_RATIO / (4.0 + REQUEST_PRIOR)
+    lv.predicted, lv.hits = 40.0, 0.0  # forty nodes' worth of estimates, none accepted
+    want = REQUEST_PRIOR * REQUEST_PRIOR_RATIO / (40.0 + REQUEST_PRIOR)
     assert abs(lv.factor() - want) < 1e-12 and want < 0.2
-    lv.predicted, lv.hits = 1.0, 9.0  # far better than estimated
+    lv.predicted, lv.hits = 1.0, 19.0  # far better than estimated
     assert lv.factor() == 3.0
     gen = SpeculativeGenerator(tiny_model("llama"), proposer=PromptLookupProposer(),
                                cost_model=CostModel([1, 2, 4, 8, 16, 32], [1, 1.15, 1.3, 1.6, 2, 4]))

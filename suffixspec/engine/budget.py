@@ -31,8 +31,8 @@ __all__ = ["CostModel", "RankCalibration", "RequestTrust", "Shadow", "BudgetPoli
 
 DEFAULT_MAX_BUDGET = 64
 SHADOW_NODES = 8  # the best nodes of an unverified tree that are checked against what followed
-REQUEST_PRIOR = 1.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
-REQUEST_PRIOR_RATIO = 0.6  # ... at this factor: a request's first drafts must earn trust (short answers lost to them)
+REQUEST_PRIOR = 4.0  # pseudo-count (in estimated accepted nodes) behind every request's factor ...
+REQUEST_PRIOR_RATIO = 1.0  # ... at this factor: a new request is taken to draft as well as the others (`RequestTrust`)
 REQUEST_DECAY = 0.95  # per round: a request that changes phase (prose, then copying) is re-evaluated
 RISK_PER_ROW = 2.0  # times batch_margin: the weight of a tree's extra pass time per row beyond the first
 EXPLORE_SHARE = 0.05  # of the predicted decode time that exploring untried sizes may lose (`_explore`)
@@ -45,16 +45,21 @@ class RankCalibration:
 
     A tree's scores are the proposer's estimates of each node's acceptance; how far they are off
     depends on the workload and on the rank, so the ratio is kept per rank bucket (1, 2, 3-4, 5-6,
-    7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes, with
-    `prior` units of score at ratio `prior_ratio` in every bucket. The prior ratio is below 1 on
-    purpose: a workload whose drafts beat their scores proves it within a few rounds, while one whose
-    drafts fall short would pay for every wrong draft's padded pass until it had."""
+    7-8, 9-12, ... geometric), as exponentially decayed sums of scores and of accepted nodes. The
+    pooled ratio of every bucket, over `prior` units of score at ratio `prior_ratio`, stands behind
+    each bucket as `pool` units of score: the nodes of one tree stand or fall together along a path,
+    so a deep bucket's few trees are few samples, and a bucket that an unlucky tree or two put low
+    would stay low (the policy then stops short of those ranks, so no later tree corrects it, and
+    decay moves both sums alike). The prior ratio is below 1 on purpose: a workload whose drafts beat
+    their scores proves it within a few rounds, while one whose drafts fall short would pay for every
+    wrong draft's padded pass until it had."""
 
     EDGES = np.array([1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024], np.int64)
 
     def __init__(self, decay: float = 0.995, prior: float = 2.0, prior_ratio: float = 0.7, low: float = 0.05,
-                 high: float = 3.0):
+                 high: float = 3.0, pool: float = 8.0):
         self.decay, self.prior, self.low, self.high = float(decay), float(prior), float(low), float(high)
+        self.pool = float(pool)
         self.prior_ratio = float(prior_ratio)
         n = len(self.EDGES) + 1
         self.scored = np.zeros(n)  # decayed sum of drafted nodes' scores, per rank bucket
@@ -76,8 +81,9 @@ class RankCalibration:
         return self._factors[self.buckets(n)]
 
     def _ratio(self) -> np.ndarray:
-        """Accepted nodes over their scores per bucket, prior included (before clipping)."""
-        return (self.accepted + self.prior * self.prior_ratio) / (self.scored + self.prior)
+        """Accepted nodes over their scores per bucket, behind the pooled ratio (before clipping)."""
+        pooled = (self.accepted.sum() + self.prior * self.prior_ratio) / (self.scored.sum() + self.prior)
+        return (self.accepted + self.pool * pooled) / (self.scored + self.pool)
 
     def apply(self, sorted_scores: np.ndarray, scale: float = 1.0) -> np.ndarray:
         """Calibrated acceptance estimates of a tree's scores sorted best first (times `scale`), each at most 1."""
@@ -137,7 +143,11 @@ class Shadow:
 class RequestTrust:
     """How one request's drafts fare against the calibrated estimates: decayed sums of the estimates of
     its verified trees and of the shadows of trees it proposed but did not verify (`predicted`), and of
-    the nodes accepted or matched (`hits`), over a prior of `REQUEST_PRIOR` at `REQUEST_PRIOR_RATIO`."""
+    the nodes accepted or matched (`hits`), over a prior of `REQUEST_PRIOR` at `REQUEST_PRIOR_RATIO`.
+    The calibration already learns what drafts are worth across requests, so the prior is that
+    (ratio 1), and it weighs several nodes: a tree's nodes stand or fall together along a path, so
+    one tree is nearly one sample, and a request of a few rounds would otherwise be judged by its
+    first tree or two."""
 
     __slots__ = ("predicted", "hits", "shadows")
 

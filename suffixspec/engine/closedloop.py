@@ -6,8 +6,9 @@ function of (x, p) (a successor of x from a small table, or with probability `no
 token). `scripted_model` wraps a tiny transformers model (so `KVState`, tree masks and the cache run
 for real) and replaces its logits with that rule's one-hot choice; a tree pass then gives every node
 the logits a sequential pass would, as the tree check requires. Each forward pass advances a
-`SimClock` by `SimCurve.cost(tokens fed)` one-token steps (noise and spikes drawn from a seeded
-generator), and the engine reads that clock, so its online cost learning sees the simulated
+`SimClock` by `SimCurve.draw(tokens fed)` one-token steps (noise drawn per pass from a seeded
+generator; spikes are slow periods at seeded simulated times, `Stalls`, the same for every budget
+of a seed), and the engine reads that clock, so its online cost learning sees the simulated
 hardware, not this machine. Only the model's passes take time: the proposer and the policy are free.
 
 `WORKLOADS`: `copy` (one successor per token, few novel tokens: long copied runs) and `chat`
@@ -27,8 +28,8 @@ import numpy as np
 
 from ..errors import InternalError
 
-__all__ = ["SimCurve", "SimClock", "ScriptLaw", "Workload", "ArmResult", "CURVES", "WORKLOADS", "FIXED_BUDGETS",
-           "scripted_model", "run_arm", "compare"]
+__all__ = ["SimCurve", "Stalls", "SimClock", "ScriptLaw", "Workload", "ArmResult", "SeedSummary", "CURVES", "WORKLOADS",
+           "FIXED_BUDGETS", "scripted_model", "run_arm", "compare", "compare_seeds"]
 
 FIXED_BUDGETS = (0, 2, 4, 8, 16, 32, 64)
 STEP_S = 0.02  # simulated seconds of a one-token step
@@ -37,14 +38,20 @@ POSITION_GAP = 67  # prompt lengths differ by this much (more than an output's t
 
 @dataclass(frozen=True)
 class SimCurve:
-    """A pass feeding t tokens (all rows, padding included) costs `base(t)` one-token steps, times
-    lognormal noise of sigma `noise`, times `spike_factor` with probability `spike_p`."""
+    """A pass feeding t tokens (all rows, padding included) costs `base(t)` one-token steps of work,
+    times lognormal noise of sigma `noise` (drawn per pass). Spikes are slow periods of the machine
+    at given simulated times (`Stalls`): in every step of simulated time one starts with probability
+    `spike_p`, lasting `spike_len` steps, during which work runs `spike_factor` times slower. Since
+    they sit at the same simulated times for every budget of a seed, budgets compared at one seed
+    meet the same spikes (a paired comparison), and a spike costs a pass in proportion to the part
+    of it that falls inside, not to its size."""
 
     name: str
     kind: str  # flat, proportional, steep, concave
     noise: float = 0.0
     spike_p: float = 0.0
     spike_factor: float = 4.0
+    spike_len: float = 4.0
 
     def base(self, tokens) -> np.ndarray:
         t = np.maximum(np.asarray(tokens, np.float64), 1.0)
@@ -59,11 +66,10 @@ class SimCurve:
         raise InternalError(f"unknown curve kind {self.kind!r}")
 
     def draw(self, tokens: int, rng: np.random.Generator) -> float:
+        """One pass's work in one-token steps (noise included, spikes not: `Stalls`)."""
         cost = float(self.base(tokens))
         if self.noise:
             cost *= math.exp(rng.normal(0.0, self.noise))
-        if self.spike_p and rng.random() < self.spike_p:
-            cost *= self.spike_factor
         return cost
 
     def relative(self, sizes=(1, 2, 4, 8, 16, 32, 64, 128)) -> dict[int, float]:
@@ -71,10 +77,44 @@ class SimCurve:
         return {int(s): float(self.base(s) / self.base(1)) for s in sizes}
 
 
+class Stalls:
+    """The slow periods of a `SimCurve` in simulated steps, drawn from `seed` as time goes on: each
+    starts after an exponential gap of mean 1 / `spike_p` steps from the end of the one before."""
+
+    def __init__(self, curve: SimCurve, seed: int):
+        self.p, self.factor, self.length = curve.spike_p, curve.spike_factor, curve.spike_len
+        self._rng = np.random.default_rng(seed)
+        self._start = self._end = -math.inf
+        if self.p:
+            self._next()
+
+    def _next(self) -> None:
+        self._start = (self._end if math.isfinite(self._end) else 0.0) + self._rng.exponential(1.0 / self.p)
+        self._end = self._start + self.length
+
+    def finish(self, t: float, work: float) -> float:
+        """When `work` steps of work begun at step `t` end."""
+        if not self.p:
+            return t + work
+        while True:
+            while self._end <= t:
+                self._next()
+            if t < self._start:
+                if t + work <= self._start:
+                    return t + work
+                work -= self._start - t
+                t = self._start
+            room = (self._end - t) / self.factor  # work the slow period lets through
+            if work <= room:
+                return t + work * self.factor
+            work -= room
+            t = self._end
+
+
 CURVES = {c.name: c for c in (
     SimCurve("flat", "flat"), SimCurve("proportional", "proportional"), SimCurve("steep", "steep"),
     SimCurve("concave", "concave"), SimCurve("noisy", "flat", noise=0.15),
-    SimCurve("spiky", "concave", noise=0.1, spike_p=0.03))}
+    SimCurve("spiky", "concave", noise=0.1, spike_p=0.025))}
 
 
 class SimClock:
@@ -157,6 +197,7 @@ def scripted_model(law: ScriptLaw, clock: SimClock, curve: SimCurve, seed: int =
     model.config._attn_implementation = "sdpa"
     model.generation_config.eos_token_id = None
     rng = np.random.default_rng(seed + 7)
+    stalls = Stalls(curve, seed + 13)
 
     def hook(module, args, kwargs, output):
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -168,7 +209,7 @@ def scripted_model(law: ScriptLaw, clock: SimClock, curve: SimCurve, seed: int =
         logits = torch.full(output.logits.shape, -20.0, dtype=output.logits.dtype)
         logits.scatter_(2, torch.as_tensor(nxt)[..., None], 20.0)
         output.logits = logits
-        clock.now += STEP_S * curve.draw(int(ids.numel()), rng)
+        clock.now = STEP_S * stalls.finish(clock.now / STEP_S, curve.draw(int(ids.numel()), rng))
         return output
 
     model.register_forward_hook(hook, with_kwargs=True)
@@ -256,3 +297,40 @@ def compare(workload, curve, budgets=FIXED_BUDGETS, rows: int = 4, seed: int = 0
         raise InternalError("closed loop: outputs differ across budgets")
     best = max(arms[b].throughput for b in budgets)
     return {**arms, "ratio": arms["auto"].throughput / best}
+
+
+@dataclass(frozen=True)
+class SeedSummary:
+    """`compare` over several seeds, paired: every budget runs each seed's same law, prompts and cost
+    draws. `best` is the fixed budget of the highest pooled throughput (all seeds' tokens over all
+    their simulated seconds); `ratio` is auto's pooled throughput over it; `paired` holds auto's
+    throughput over `best`'s at each seed, `per_seed_best` over that seed's own best fixed budget
+    (biased low: the best of several noisy arms)."""
+
+    seeds: tuple[int, ...]
+    best: int
+    ratio: float
+    paired: tuple[float, ...]
+    per_seed_best: tuple[float, ...]
+    pooled: dict  # budget ("auto" or a fixed size) -> pooled throughput
+    auto_nodes_per_round: float
+
+    @property
+    def mean(self) -> float:
+        return float(np.mean(self.paired))
+
+    @property
+    def worst(self) -> float:
+        return float(np.min(self.paired))
+
+
+def compare_seeds(workload, curve, budgets=FIXED_BUDGETS, rows: int = 4, seeds=(0, 1, 2), **kwargs) -> SeedSummary:
+    """`compare` at each of `seeds`, summarised (`SeedSummary`)."""
+    runs = [compare(workload, curve, budgets=budgets, rows=rows, seed=s, **kwargs) for s in seeds]
+    arms = ("auto", *budgets)
+    pooled = {a: sum(r[a].tokens for r in runs) / sum(r[a].seconds for r in runs) for a in arms}
+    best = max(budgets, key=lambda b: pooled[b])
+    nodes = float(np.mean([r["auto"].drafted_per_round for r in runs]))
+    return SeedSummary(tuple(int(s) for s in seeds), int(best), pooled["auto"] / pooled[best],
+                       tuple(r["auto"].throughput / r[best].throughput for r in runs),
+                       tuple(r["ratio"] for r in runs), pooled, nodes)

@@ -49,6 +49,9 @@ class CostModel:
     SHAPE_RATE = 0.2
     GUESS_PASSES = 2
     GUESS_CLIP = 8.0
+    NOISE_RATE = 0.05  # of an observed pass's squared log surprise in the batch's noise estimate
+    SHAPE_TOLERANCE = 0.05  # log cost error a size's mean of passes may keep before it counts as known
+    MAX_KNOWN_PASSES = 16  # the most passes `known` asks of a size, however noisy the machine
 
     def __init__(self, sizes, seconds):
         order = np.argsort(sizes)
@@ -60,6 +63,7 @@ class CostModel:
         self._speed: dict[int, float] = {}  # batch size -> factor on every size's measured cost
         self._factors: dict[int, list[float]] = {}  # batch size -> shape factor per size (1 if unobserved)
         self._seen: dict[int, list[int]] = {}  # batch size -> passes observed per size
+        self._noise: dict[int, float] = {}  # batch size -> decayed mean squared log(observed / expected)
         self._curves: dict[int, np.ndarray] = {}
         self.unscaled = False  # a pinned curve in steps until the first observed pass (`from_relative`)
         self.seconds = self._curve(1)
@@ -113,6 +117,10 @@ class CostModel:
             expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
         if batch > 1 and tokens == batch:  # the one-token step (see the class docstring)
             expected *= self.step_ratio
+        if tokens == batch or seen[i] >= self.GUESS_PASSES:  # a guess's error is not the machine's noise
+            # a stall is one sample, not noise: it counts as a pass 1.5x off, no more
+            surprise = min(abs(math.log(seconds / expected)), math.log(1.5)) ** 2
+            self._noise[batch] = (1.0 - self.NOISE_RATE) * self._noise.get(batch, surprise) + self.NOISE_RATE * surprise
         # one pass moves the curve by at most `weight`: a load spike is one sample, not a new machine
         step = (1.0 - weight) + weight * min(max(seconds / expected, 0.5), 2.0)
         speed *= step
@@ -163,24 +171,37 @@ class CostModel:
         slope = max(0.0, (curve[-1] - curve[-2]) / (self.sizes[-1] - self.sizes[-2]))
         return curve[-1] + slope * (tokens - self.sizes[-1])
 
+    def known(self, batch: int) -> int:
+        """How many passes of a size make its cost known at `batch` rows: GUESS_PASSES at one row
+        (its passes correct the measured curve, never replace it) and on a quiet machine; beyond
+        one row on a noisy one, enough that their mean is within about SHAPE_TOLERANCE (the
+        batch's noise variance over the tolerance's square), at most MAX_KNOWN_PASSES: there a
+        size's first passes replace the guess, two noisy passes can price it out, and a size priced
+        out is seen again only by exploring."""
+        if batch == 1:  # one row's passes correct the measured curve slowly, never replace it
+            return self.GUESS_PASSES
+        var = self._noise.get(int(batch), 0.0)
+        return int(min(self.MAX_KNOWN_PASSES, max(self.GUESS_PASSES, math.ceil(var / self.SHAPE_TOLERANCE ** 2))))
+
     def optimistic(self, tokens, batch: int = 1) -> np.ndarray:
         """`self(tokens, batch)` with every size that passes of `batch` rows have not shown
-        GUESS_PASSES times costed as the largest such size below it (the cheapest curve that stays monotone): what exploring
+        `known(batch)` times costed as the largest such size below it (the cheapest curve that stays monotone): what exploring
         assumes those sizes might cost. Equal to `self(...)` once every size is observed."""
         batch = int(batch)
         seen = self._seen.get(batch)
         cost = self(tokens, batch)
-        if not seen or min(seen) >= self.GUESS_PASSES:
+        need = self.known(batch)
+        if not seen or min(seen) >= need:
             return cost
         curve = self._curve(batch)
         tokens = np.asarray(tokens, np.float64)
         # the cheapest a pass could cost: what the batch's one-token step costs, or a tried size below it
         floor = np.where(tokens >= batch, float(self(batch, batch)), -np.inf)
         for size, c, o in zip(self._size_list, curve.tolist(), seen):
-            if o >= self.GUESS_PASSES and size > batch:  # at `batch` tokens: the step, costed above
+            if o >= need and size > batch:  # at `batch` tokens: the step, costed above
                 floor = np.where(tokens >= size, np.maximum(c, floor), floor)
-        # a size is untried while the nearest measured size (in log) has had fewer than GUESS_PASSES passes
-        unseen = np.asarray(seen)[self.nearest(tokens)] < self.GUESS_PASSES
+        # a size is untried while the nearest measured size (in log) has had fewer than `need` passes
+        unseen = np.asarray(seen)[self.nearest(tokens)] < need
         return np.where(unseen & np.isfinite(floor), np.minimum(cost, floor), cost)
 
     def nearest(self, tokens) -> np.ndarray:
@@ -190,11 +211,11 @@ class CostModel:
         return np.abs(log_t[..., None] - np.asarray(self._log_sizes)).argmin(-1)
 
     def tried(self, tokens, batch: int) -> np.ndarray:
-        """Whether passes of `batch` rows feeding each entry of `tokens` have been seen GUESS_PASSES times."""
+        """Whether passes of `batch` rows feeding each entry of `tokens` have been seen `known(batch)` times."""
         seen = self._seen.get(int(batch))
         if seen is None:
             return np.zeros(np.shape(tokens), bool)
-        return np.asarray(seen)[self.nearest(tokens)] >= self.GUESS_PASSES
+        return np.asarray(seen)[self.nearest(tokens)] >= self.known(batch)
 
     def relative(self) -> dict[int, float]:
         """The one-row curve as a pinned-curve object (`from_relative`): tree size -> relative cost."""
