@@ -69,8 +69,9 @@ def link_target_max_len(S, M):
 
 
 @njit(cache=True, nogil=True)
-def prefix_states(offsets, etok, eto, tokens, doc_starts):
-    """State of each position's whole document prefix (-2 for a damaged automaton)."""
+def prefix_states(offsets, etok, eto, tokens, plink, doc_starts):
+    """State of each position's whole document prefix (-2 for a damaged automaton); `plink`: the
+    implicit states' links (frozen.py), empty for none."""
     n = tokens.shape[0]
     out = np.empty(n, np.int32)
     d = 0
@@ -81,7 +82,7 @@ def prefix_states(offsets, etok, eto, tokens, doc_starts):
             state = 0
             while d < n_docs and doc_starts[d] == p:
                 d += 1
-        state = transition(offsets, etok, eto, state, tokens[p])
+        state = transition(offsets, etok, eto, tokens, plink, state, tokens[p])
         if state < 0:
             out[0] = CORRUPT
             return out

@@ -17,7 +17,7 @@ range-checked first and the kernels return CORRUPT (-2) instead of reading out o
 import numpy as np
 from numba import njit
 
-from .frozen import CORRUPT
+from .frozen import CORRUPT, count_of, link_of
 
 SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched for its K most recent positions
 
@@ -67,11 +67,12 @@ def selected_runs(doc_starts, n_tokens, selected):
 
 @njit(cache=True)
 def _range(occ, occ_start, counts, state):
-    """(lo, hi) of a state's positions in occ, or (-2, 0) when the arrays are damaged."""
-    if state < 0 or state >= occ_start.shape[0] or state >= counts.shape[0]:
+    """(lo, hi) of a state's positions in occ, or (-2, 0) when the arrays are damaged (an id past
+    the stored states' counts is an implicit state's: one position)."""
+    if state < 0 or state >= occ_start.shape[0]:
         return CORRUPT, 0
     lo = np.int64(occ_start[state])
-    c = np.int64(counts[state])
+    c = count_of(counts, state)
     if lo < 0 or c < 0 or lo + c > occ.shape[0]:
         return CORRUPT, 0
     return lo, lo + c
@@ -144,7 +145,7 @@ def _any_in(occ, lo, hi, run_lo, run_hi):
 
 
 @njit(cache=True)
-def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo, run_hi, state, length, k):
+def subset_match(links, lens, plink, occ, occ_start, counts, run_lo, run_hi, state, length, k):
     """(state, length, exact): walk up the suffix links from (state, length) to the longest
     suffix with an end position in the runs (all strings of a state share their end
     positions), reading O(k) positions of `occ` whatever the context.
@@ -195,7 +196,7 @@ def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo
                     exact = False
         if r == 1:
             return state, length, exact
-        p = links[state]
+        p = link_of(links, plink, state)
         steps += 1
         if p < 0 or p >= n or steps > n:
             return CORRUPT, 0, False

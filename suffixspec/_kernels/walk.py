@@ -21,10 +21,10 @@ def prefix_live(S, E, H, pattern):
 
 
 @njit(cache=True, nogil=True)
-def prefix_frozen(offsets, etok, eto, pattern):
+def prefix_frozen(offsets, etok, eto, tokens, plink, pattern):
     state = 0
     for j in range(pattern.shape[0]):
-        state = fk.transition(offsets, etok, eto, state, pattern[j])
+        state = fk.transition(offsets, etok, eto, tokens, plink, state, pattern[j])
         if state < 0:
             return j
     return pattern.shape[0]
