@@ -13,6 +13,7 @@ import pytest
 from pyroaring import BitMap
 
 from suffixspec import SuffixAutomaton
+from suffixspec._kernels import frozen as fk
 from suffixspec.corpus import (
     CorpusIndex,
     Document,
@@ -24,6 +25,7 @@ from suffixspec.corpus import (
 from suffixspec.errors import BadInputError, IndexFormatError, TokenizerMismatchError
 
 from support import naive
+from support.implicit import to_implicit
 
 TOK = {"name": "toy", "vocab_size": 65536, "fingerprint": "f" * 64}
 OTHER_TOK = {"name": "other", "vocab_size": 65536, "fingerprint": "0" * 64}
@@ -412,7 +414,8 @@ def test_shard_of_huge_token_ids_answers_like_the_automaton(tmp_path):
 @pytest.mark.parametrize("big_ids", [False, True])
 def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     """A shard written in place through its file mapping has the bytes of the frozen automaton
-    written from memory: token ids as uint16 when they all fit, else int32; no occurrence layout."""
+    written from memory, its count-1 states made implicit by the reference conversion: token ids as
+    uint16 when they all fit, else int32; no occurrence layout."""
     import json
 
     from suffixspec.corpus import shards as C
@@ -428,14 +431,18 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     for d in docs:
         sa.add_document(d)
     fa = sa.freeze()
-    arrays = dict(fa.arrays())
-    arrays["offsets"] = arrays["offsets"].astype(np.int32)
+    conv, _ = to_implicit(fa)
     narrow = np.int32 if big_ids else np.uint16
     assert C.token_dtype(tokens) == narrow
-    arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), arrays["tokens"].astype(narrow)
+    arrays = {k: conv[k] for k in ("links", "lens", "counts", "lasts", "offsets", "etok", "eto")}
+    arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), np.asarray(fa.tokens).astype(narrow)
     arrays["lens"] = arrays["lens"].astype(np.uint16)
+    arrays["plink"], arrays["doc_starts"] = conv["plink"], np.asarray(fa.doc_starts, np.int64)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
-    meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
+    n_stored = len(conv["links"])
+    assert n_stored < fa.n_states // 2  # most states are implicit
+    meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": n_stored,
+            "n_edges": len(conv["etok"]), "n_implicit": fa.n_states - n_stored}
     from suffixspec.corpus import format as F
 
     plain = F.write_container(tmp_path / "plain.ssx", F.KIND_SHARD, meta, arrays)
@@ -466,7 +473,8 @@ def test_long_document_int32_lengths_and_uint16_elsewhere(tmp_path):
 
 def test_long_document_saturated_uint16_lengths(tmp_path):
     """A shard with documents over 65535 tokens but no repeat that long stores uint16 state lengths,
-    those over 65535 saturated (states that are no suffix link: no query reads them); it answers as
+    those over 65535 saturated (stored states that are no suffix link, here a repeated document's
+    prefix states: no query reads them; the other long states are implicit); it answers as
     the automaton does, `state_length` gives every state's true length, and it drafts the same trees."""
     from suffixspec import FrozenAutomaton, Proposer
     from suffixspec._kernels.frozen import LEN_SATURATED
@@ -474,16 +482,20 @@ def test_long_document_saturated_uint16_lengths(tmp_path):
     rng = np.random.default_rng(8)
     long_docs = [rng.integers(0, 30000, 70000), rng.integers(0, 30000, 66000)]
     long_docs[1][40000:40300] = long_docs[0][100:400]  # a shared stretch inside the long documents
-    docs = [rng.integers(0, 30000, 300), long_docs[0], rng.integers(0, 30000, 50), long_docs[1]]
+    # the second copy of long_docs[0]: its prefix states end twice, so they are stored (not implicit)
+    docs = [rng.integers(0, 30000, 300), long_docs[0], rng.integers(0, 30000, 50), long_docs[1], long_docs[0]]
     ix = build(tmp_path, docs, shard_tokens=10**6)
     fa = ix.shards[0].fa
     assert fa.lens.dtype == np.uint16 and int((np.asarray(fa.lens) == LEN_SATURATED).sum()) > 4000
     starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
     ref = FrozenAutomaton.from_documents(np.concatenate(docs).astype(np.int32), starts)
-    assert np.array_equal(np.minimum(ref.lens, LEN_SATURATED), fa.lens) and np.array_equal(ref.links, fa.links)
+    conv, newid = to_implicit(ref)
+    assert np.array_equal(np.minimum(conv["lens"], LEN_SATURATED), fa.lens) and np.array_equal(conv["links"], fa.links)
+    assert np.array_equal(conv["plink"], fa.plink)
     want = np.asarray(ref.lens)
-    for v in np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist() + list(range(0, fa.n_states, 997)):
-        assert fa.state_length(v) == int(want[v])
+    saturated = set(np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist())
+    for v in [v for v in range(ref.n_states) if newid[v] in saturated] + list(range(0, ref.n_states, 997)):
+        assert fa.state_length(int(newid[v])) == int(want[v])  # stored (saturated or not) and implicit
     assert int(np.asarray(fa.lens)[np.asarray(fa.links)[1:]].max()) < LEN_SATURATED  # no suffix link saturated
     for q in (long_docs[0][100:69900], long_docs[1][39990:40310], long_docs[1][-70:], docs[2][3:40]):
         m = ix.query(q)
@@ -525,24 +537,31 @@ def test_reader_layout_equals_reference(tmp_path):
     for s in ix.shards:
         assert s._layout is None  # not computed on open
         fa = s.fa
-        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
-        occ, occ_start = naive.occurrence_layout(fa.links, pstate)
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
+        # every state id, implicit ones (and holes: no positions) included
+        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.plink)
+        assert (pstate >= fa.n_stored).mean() > 0.5  # most positions' prefix states are implicit
+        occ, occ_start = naive.occurrence_layout(links, pstate)
         got = s.layout()
         assert np.array_equal(got[0], occ) and np.array_equal(got[1], occ_start)
         assert s.layout() is got  # computed once
         # damaged counts or links: refused, never an out-of-range write
         W = np.empty((fa.n_states, cbk.W_COLS), np.int32)
         out = (np.empty(len(fa), np.int32), np.empty(fa.n_states, np.int32))
-        assert cbk.place_occurrences(fa.links, fa.counts, pstate, *out, W)
-        for v in range(1, min(fa.n_states, 40)):
-            bad = np.array(fa.counts)
+        assert cbk.place_occurrences(links, counts, pstate, *out, W)
+        for v in range(1, min(fa.n_stored, 40)):
+            bad = np.array(counts)
             bad[v] += 1
-            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
+            assert not cbk.place_occurrences(links, bad, pstate, *out, W)
             bad[v] = 2**31 - 1
-            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
-        bad_links = np.array(fa.links)
+            assert not cbk.place_occurrences(links, bad, pstate, *out, W)
+        bad_links = np.array(links)
         bad_links[1] = 1
-        assert not cbk.place_occurrences(bad_links, fa.counts, pstate, *out, W)
+        assert not cbk.place_occurrences(bad_links, counts, pstate, *out, W)
+        # a damaged implicit suffix link: no layout
+        bad_plink = np.array(fa.plink)
+        bad_plink[int(np.flatnonzero(bad_plink != fk.HOLE)[0])] = fa.n_stored + 3
+        assert fk.all_ids_columns(fa.links, fa.counts, bad_plink)[0].min() == -1
 
 
 # -- damage -----------------------------------------------------------------------------------
@@ -602,8 +621,8 @@ def rewrite_header(f, **fields):
 def test_wrong_magic_version_tokenizer(damaged_setup):
     manifest = damaged_setup / "manifest.ssx"
     good = manifest.read_bytes()
-    rewrite_header(manifest, version=4)
-    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 4, this suffixspec reads version 3 \(a newer"):
+    rewrite_header(manifest, version=5)
+    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 5, this suffixspec reads version 4 \(a newer"):
         CorpusIndex.open(damaged_setup)
     manifest.write_bytes(good)
     rewrite_header(manifest, magic=b"GGUF\0\0\0\0")
@@ -623,9 +642,9 @@ def test_wrong_magic_version_tokenizer(damaged_setup):
         CorpusIndex.open(damaged_setup)
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 def test_older_version_index_refused_with_how_to_rebuild(damaged_setup, old):
-    """An index of a previous format (every file's header says version 1 or 2) is refused, the
+    """An index of a previous format (every file's header says version 1, 2 or 3) is refused, the
     message saying how to rebuild it; so is one shard of that version under a current manifest."""
     files = sorted(damaged_setup.glob("*.ssx"))
     shard = damaged_setup / "shard-00000.ssx"
@@ -637,7 +656,7 @@ def test_older_version_index_refused_with_how_to_rebuild(damaged_setup, old):
     for f in files:
         rewrite_header(f, version=old)
     with pytest.raises(IndexFormatError, match=rf"manifest.ssx: format version {old}, from an older suffixspec; this "
-                                               r"suffixspec reads version 3.*`suffixspec index`"):
+                                               r"suffixspec reads version 4.*`suffixspec index`"):
         CorpusIndex.open(damaged_setup)
 
 
@@ -656,7 +675,7 @@ FUZZ = textwrap.dedent("""
             f.write_bytes(data)
         f = shards[trial % len(shards)]
         bad = bytearray(pristine[f])
-        lo = 64 * 13  # past header and array table: the damage opening cannot see
+        lo = 64 * 14  # past header and array table: the damage opening cannot see
         for _ in range(int(rng.integers(1, 40))):
             i = int(rng.integers(lo, len(bad)))
             bad[i] = int(rng.integers(0, 256)) if trial % 3 else 0xFF
@@ -750,7 +769,8 @@ def _bulk_frozen(docs):
     out.update(offsets=np.empty(ns + 1, np.int32), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
     sfk.freeze_into(S, E, M, out["offsets"], out["etok"], out["eto"], out["links"], out["lens"], 2**31 - 1)
     # the recorded prefix states are those of a walk of the frozen automaton
-    assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts))
+    assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, np.empty(0, np.int32),
+                                               starts))
     scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
     assert cbk.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
                                  np.empty(ns, np.int32), *scratch)
@@ -767,7 +787,7 @@ def _assert_bulk_equals_automaton(docs):
         assert np.array_equal(a, getattr(fa, name)), name
     from suffixspec._kernels import corpus_build as cbk
 
-    assert np.array_equal(pstate, cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
+    assert np.array_equal(pstate, cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts))
     # the occurrence kernel gives the automaton's counts and last ends, and the layout of the reference
     occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     ns, n = fa.n_states, len(fa)
