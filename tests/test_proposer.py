@@ -301,7 +301,8 @@ def test_source_table_reads_the_arrays_it_names_and_rejects_others():
 
 def test_edge_records_pack_each_edge_with_its_target():
     """`frozen.edge_records` against a loop over the edges: token, target, the target's count and
-    last end side by side; a target outside the states is kept with count and last 0."""
+    last end side by side (an implicit state's: count 1, last end its position); a target outside the
+    states is kept with count and last 0."""
     from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(11)
@@ -311,12 +312,14 @@ def test_edge_records_pack_each_edge_with_its_target():
         eto = rng.integers(-3, n + 3, m).astype(np.int32)
         counts = rng.integers(0, 100, n).astype(np.int32)
         lasts = rng.integers(-1, 100, n).astype(np.int32)
-        got = fk.edge_records(etok, eto, counts, lasts).reshape(-1, fk.REC_COLS)
+        n_imp = int(rng.integers(0, 3))
+        got = fk.edge_records(etok, eto, counts, lasts, n_imp).reshape(-1, fk.REC_COLS)
         assert got.shape == (m, fk.REC_COLS)
         for e in range(m):
             w = int(eto[e])
             ok = 0 <= w < n
-            want = [int(etok[e]), w, int(counts[w]) if ok else 0, int(lasts[w]) if ok else 0]
+            imp = n <= w < n + n_imp
+            want = [int(etok[e]), w, int(counts[w]) if ok else int(imp), int(lasts[w]) if ok else (w - n if imp else 0)]
             assert [int(got[e, c]) for c in (fk.REC_TOK, fk.REC_TO, fk.REC_COUNT, fk.REC_LAST)] == want
     # the automaton's records are its kernel arrays', read-only, built once
     sam = SuffixAutomaton([1, 2, 3, 1, 2, 4, 1, 2, 3])
