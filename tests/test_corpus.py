@@ -896,6 +896,9 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
         held = shard.kernel_arrays()
         assert held[1] is not None and np.shares_memory(held[1], shard.etok) and held[1].dtype == np.uint16
         assert np.shares_memory(held[6], shard.lens) and held[6].dtype == np.uint16
+        text, plink = shard.implicit_arrays()  # the implicit states' text and suffix links too
+        assert np.shares_memory(text, shard.tokens) and text.dtype == np.uint16 and np.shares_memory(plink, shard.plink)
+        assert shard.edge_records().shape[0] == 4 * shard.n_edges  # records of the stored edges only
         for i, d in enumerate(docs[::5]):
             prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
             sa, sb = a.start(prompt), b.start(prompt)
@@ -912,3 +915,38 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
             sr = a.start(prompt, filter=parity[i % 2])
             assert len(sr.propose(budget)) > 0
             sr.close()
+
+
+@pytest.mark.parametrize("alphabet", [3, 50])
+def test_implicit_states_draft_as_the_automaton_in_memory(tmp_path, alphabet):
+    """Drafts from a several-shard index whose states are mostly implicit equal those of the in-memory
+    automata of the same shards' documents, for prompts ending anywhere in a document (so cursors
+    cross from stored into implicit states, reach documents' ends and fall back along suffix links),
+    cursors advancing with learning on, at small and large budgets."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(alphabet)
+    docs = [rng.integers(0, alphabet, int(rng.integers(5, 200))) for _ in range(40)]
+    docs += [np.concatenate([d[: len(d) // 2], rng.integers(0, alphabet, 30)]) for d in docs[:10]]  # shared heads
+    ix = build(tmp_path, docs, shard_tokens=1500)
+    assert ix.n_shards > 2
+    mem = []
+    for s in ix.shards:
+        assert (np.asarray(s.fa.plink) != fk.HOLE).sum() > 0.5 * len(s.fa)  # most positions implicit
+        mem.append(FrozenAutomaton.from_documents(np.asarray(s.fa.tokens, np.int32), np.asarray(s.fa.doc_starts)))
+    for budget in (8, 64):
+        a, b = Proposer(corpus=ix), Proposer(corpus=mem)
+        for _ in range(12):
+            d = docs[int(rng.integers(len(docs)))]
+            cut = int(rng.integers(1, len(d) + 1))
+            prompt = np.concatenate([rng.integers(0, alphabet, 3), d[:cut]]).astype(np.int32)
+            sa, sb = a.start(prompt), b.start(prompt)
+            for step in range(4):
+                ta, tb = sa.propose(budget), sb.propose(budget)
+                for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                    assert np.array_equal(x, y)
+                more = np.concatenate([d[cut + 3 * step : cut + 3 * step + 3], rng.integers(0, alphabet, step % 2)])
+                sa.extend(more.astype(np.int32))
+                sb.extend(more.astype(np.int32))
+            sa.close()
+            sb.close()
