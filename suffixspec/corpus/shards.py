@@ -3,10 +3,11 @@
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
 (format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
 automaton's own construction, `_kernels/build.documents_automaton`, which also records each
-position's prefix state), its frozen arrays with the counts and last ends (`_kernels/corpus_build.py`,
-from the prefix states; token ids as uint16 when they all fit, `token_dtype`, and state lengths
-when every suffix link's length fits, the others saturated: format.LEN_SATURATED), and the
-document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
+position's prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix
+states), then its frozen arrays with implicit states (`_kernels/sam_freeze.implicit_ids`: states
+ending at one position only are not stored; token ids as uint16 when they all fit, `token_dtype`,
+and state lengths when every suffix link's length fits, the others saturated:
+format.LEN_SATURATED), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
 invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
@@ -71,7 +72,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
         raise InternalError("document lengths disagree with the shard's tokens")
     pstate = np.empty(n_tokens, np.int32)  # each position's prefix state, recorded by the build
     S, E, M = bk.documents_automaton(tokens, doc_starts, pstate)
-    n_states, n_edges = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
+    n_states = int(M[sk.N_STATES])
     if int(M[sk.N_TOKENS]) != n_tokens:
         raise InternalError("automaton token count disagrees with the document lengths")
     clock.lap("automaton")
