@@ -434,7 +434,7 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     conv, _ = to_implicit(fa)
     narrow = np.int32 if big_ids else np.uint16
     assert C.token_dtype(tokens) == narrow
-    arrays = {k: conv[k] for k in ("links", "lens", "counts", "lasts", "offsets", "etok", "eto")}
+    arrays = {k: conv[k] for k in ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto")}
     arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), np.asarray(fa.tokens).astype(narrow)
     arrays["lens"] = arrays["lens"].astype(np.uint16)
     arrays["plink"], arrays["doc_starts"] = conv["plink"], np.asarray(fa.doc_starts, np.int64)
@@ -539,7 +539,7 @@ def test_reader_layout_equals_reference(tmp_path):
         fa = s.fa
         pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
         # every state id, implicit ones (and holes: no positions) included
-        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.plink)
+        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, fa.plink)
         assert (pstate >= fa.n_stored).mean() > 0.5  # most positions' prefix states are implicit
         occ, occ_start = naive.occurrence_layout(links, pstate)
         got = s.layout()
@@ -561,7 +561,7 @@ def test_reader_layout_equals_reference(tmp_path):
         # a damaged implicit suffix link: no layout
         bad_plink = np.array(fa.plink)
         bad_plink[int(np.flatnonzero(bad_plink != fk.HOLE)[0])] = fa.n_stored + 3
-        assert fk.all_ids_columns(fa.links, fa.counts, bad_plink)[0].min() == -1
+        assert fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, bad_plink)[0].min() == -1
 
 
 # -- damage -----------------------------------------------------------------------------------
@@ -950,3 +950,42 @@ def test_implicit_states_draft_as_the_automaton_in_memory(tmp_path, alphabet):
                 sb.extend(more.astype(np.int32))
             sa.close()
             sb.close()
+
+
+def test_counts_past_uint16_are_escaped(tmp_path):
+    """Counts of 65535 or more (a long run of one token: thousands of states that frequent) are stored
+    as 65535 with the true count among the shard's escapes; counts, continuations and drafts are
+    exact (brute force, the in-memory automaton), and a damaged escape table is refused on open."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(2)
+    docs = [np.zeros(70000, np.int64), np.tile([1, 2], 34000), rng.integers(3, 8, 400)]
+    ix = build(tmp_path, docs)
+    fa = ix.shards[0].fa
+    esc = np.asarray(fa.count_escapes).reshape(-1, 2)
+    assert fa.counts.dtype == np.uint16 and esc.shape[0] > 4000 and esc[0, 0] == 0 and esc[0, 1] == ix.n_tokens
+    text = np.concatenate(docs)
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    ref = FrozenAutomaton.from_documents(text.astype(np.int32), starts)
+    conv, _ = to_implicit(ref)
+    assert np.array_equal(conv["counts"], fa.counts) and np.array_equal(conv["count_escapes"], fa.count_escapes)
+    for k in (1, 3, 2000, 4465, 4466, 69999, 70000):
+        assert ix.count([0] * k) == 70000 - k + 1 == ref.count([0] * k)
+        assert ix.continuations([0] * k) == ({0: (70000 - k, 69999)} if k < 70000 else {})
+    assert ix.count([1, 2] * 3) == 34000 - 2 and ix.count([2, 1]) == 33999
+    assert ix.continuations([1, 2] * 10) == ref.continuations(ref.locate([1, 2] * 10)).as_dict()
+    a, b = Proposer(corpus=ix), Proposer(corpus=ref)
+    for prompt in ([0] * 50, [3, 1, 2, 1, 2], docs[2][:100].tolist()):
+        ta, tb = a.start(prompt).propose(16), b.start(prompt).propose(16)
+        assert np.array_equal(ta.tokens, tb.tokens) and np.array_equal(ta.scores, tb.scores)
+    ix.close()
+    shard = next((tmp_path / "ix").glob("shard-*.ssx"))
+    assert CorpusIndex.open(tmp_path / "ix", verify=True).count([0]) == 70000
+    data = bytearray(shard.read_bytes())
+    from suffixspec.corpus.format import KIND_SHARD, Container
+
+    _, off, _, _ = Container(shard, KIND_SHARD).entries["count_escapes"]
+    data[off + 8] ^= 1  # the second escape's state: a checksum mismatch on open (the table is small)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="count_escapes is damaged"):
+        CorpusIndex.open(tmp_path / "ix")

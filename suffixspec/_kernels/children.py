@@ -16,11 +16,12 @@ to the front. Everything here is inlined into the draft kernel.
 
 from collections import namedtuple
 
+import numpy as np
 from numba import njit
 
 from . import lct
 from . import sam as sk
-from .address import view_i32, view_u16
+from .address import view_i32, view_i64_2d, view_u16
 from .frozen import (
     N_SOURCE_ARRAYS,
     REC_COLS,
@@ -28,9 +29,12 @@ from .frozen import (
     REC_LAST,
     REC_TO,
     REC_TOK,
+    SOURCE_COLS,
+    SRC_COUNTS,
     SRC_TOKENS,
     implicit_edge,
     source_arrays,
+    source_count,
     source_plink,
     top_arrays,
 )
@@ -44,7 +48,6 @@ KID_COLS = 4
 
 # The arrays of one frozen source that a gather reads (all int32, read only):
 #   offsets     [n_states + 1]  CSR offsets of each state's edges into `records`
-#   counts      [n_states]      occurrence count of each state
 #   records     [n_edges * REC_COLS]  edge records (`frozen.edge_records`: token, to, count, last)
 #   row_of      [n_states]      a state's row in the top table (-1: few children; may be empty)
 #   top_edges   [rows * width]  per row, the edges of the state's best children, -1 padded
@@ -55,31 +58,33 @@ KID_COLS = 4
 #   plink       [n_tokens] the implicit states' suffix links (`frozen.py`; empty: none), and the text
 #   tok16       (uint16) or tok32 (int32) that their edges read, the other one empty
 #   n_ids       n_states + len(plink): every state id read is below it
-FrozenPart = namedtuple("FrozenPart", "offsets counts records row_of top_edges top_totals n_states n_edges plink tok16 "
-                                      "tok32 n_ids")
+#   frozen, src the `frozen.source_table` and the row: a state's own count (`frozen.source_count`)
+FrozenPart = namedtuple("FrozenPart", "offsets records row_of top_edges top_totals n_states n_edges plink tok16 "
+                                      "tok32 n_ids frozen src")
 
 
 @njit(cache=True, nogil=True, inline="always")
 def no_frozen_part():
     """An empty `FrozenPart` (no states: every read is out of bounds)."""
     empty = view_i32(0, 0)
-    return FrozenPart(empty, empty, empty, empty, empty, empty, 0, 0, empty, view_u16(0, 0), empty, 0)
+    return FrozenPart(empty, empty, empty, empty, empty, 0, 0, empty, view_u16(0, 0), empty, 0,
+                      view_i64_2d(0, 0, SOURCE_COLS), np.int64(0))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def frozen_part(frozen, tops, src):
     """The `FrozenPart` of row `src` of a `frozen.source_table` and its `frozen.top_table`."""
-    offsets, counts, lasts, _links, records = source_arrays(frozen, src)
+    offsets, lasts, _links, records = source_arrays(frozen, src)
     row_of, top_edges, top_totals = top_arrays(tops, src)
-    n_states = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
-    plink = source_plink(frozen, src)
     n = N_SOURCE_ARRAYS
+    n_states = min(offsets.shape[0] - 1, frozen[src, n + SRC_COUNTS], lasts.shape[0])
+    plink = source_plink(frozen, src)
     addr, count = frozen[src, SRC_TOKENS], frozen[src, n + SRC_TOKENS]
     wide = frozen[src, 2 * n + SRC_TOKENS] != 2
     tok16 = view_u16(addr, 0 if wide else count)
     tok32 = view_i32(addr, count if wide else 0)
-    return FrozenPart(offsets, counts, records, row_of, top_edges, top_totals, n_states,
-                      records.shape[0] // REC_COLS, plink, tok16, tok32, n_states + plink.shape[0])
+    return FrozenPart(offsets, records, row_of, top_edges, top_totals, n_states, records.shape[0] // REC_COLS,
+                      plink, tok16, tok32, n_states + plink.shape[0], frozen, np.int64(src))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -148,7 +153,7 @@ def gather_frozen(fp, v, width, min_row, kids):
     """The children of state v of a `FrozenPart` into `kids`: returns (k, total, top). `width`:
     the top table's row width (max_children + 1); `min_row`: states with no more children have
     no top row (`frozen.top_min_children`)."""
-    offsets, counts, rec, row_of, top_edges, top_totals, n_states, n_edges, _plink, _t16, _t32, n_ids = fp  # unpacked once
+    offsets, rec, row_of, top_edges, top_totals, n_states, n_edges, _plink, _t16, _t32, n_ids, _f, _s = fp  # unpacked once
     k = 0
     total = 0.0
     top = -1
@@ -204,8 +209,10 @@ def gather_frozen(fp, v, width, min_row, kids):
         if k == 0 or lst > top:
             top = lst
         k += 1
-    if hi - lo > CHILD_BUF and counts[v] > total:
-        total = float(counts[v])  # children past the bound still hold their share
+    if hi - lo > CHILD_BUF:
+        own = source_count(fp.frozen, fp.src, v)
+        if own > total:
+            total = float(own)  # children past the bound still hold their share
     return k, total, top
 
 

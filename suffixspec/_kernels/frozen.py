@@ -13,6 +13,10 @@ document (it then has no edge), and its only edge is tokens[p + 1] -> n + p + 1 
 of p + 1 ends at p + 1 only too). plink[p] is HOLE where the prefix state of p is stored (no id
 n + p). An automaton without implicit states has an empty `plink` (ids below n only).
 
+Counts may be uint16 (a corpus shard's): a count of COUNT_ESCAPED or more is stored as COUNT_ESCAPED
+and found in `big` int32[2k], pairs (state, count) sorted by state (empty: no escapes; int32 counts
+never need one). Every count is read through `count_of`.
+
 They may be memory-mapped from a file that was damaged after its header was checked, so every
 index read from an array is range-checked before it is followed: a kernel returns CORRUPT (-2)
 instead of reading out of bounds, and callers raise.
@@ -31,6 +35,25 @@ CORRUPT = -2
 # length is that of its document's prefix up to its last end (`FrozenAutomaton.state_length`).
 LEN_SATURATED = 65535
 HOLE = -(2**31)  # plink of a position whose prefix state is stored
+COUNT_ESCAPED = 65535  # a stored count at least this large: its value is in `big`
+
+
+@njit(cache=True, nogil=True, inline="always")
+def escaped_count(big, state, c):
+    """The count of `state` from the (state, count) pairs of `big` (sorted by state), `c` when it
+    has none (an int32 count that happens to equal COUNT_ESCAPED)."""
+    lo = 0
+    hi = big.shape[0] // 2
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        s = big[2 * mid]
+        if s < state:
+            lo = mid + 1
+        elif s > state:
+            hi = mid
+        else:
+            return np.int64(big[2 * mid + 1])
+    return np.int64(c)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -78,9 +101,14 @@ def link_of(links, plink, state):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def count_of(counts, state):
-    """Count of a state id known to be in range: stored, else implicit (1)."""
-    return np.int64(counts[state]) if state < counts.shape[0] else np.int64(1)
+def count_of(counts, big, state):
+    """Count of a state id known to be in range: stored (escaped ones from `big`), else implicit (1)."""
+    if state >= counts.shape[0]:
+        return np.int64(1)
+    c = np.int64(counts[state])
+    if c == COUNT_ESCAPED:
+        return escaped_count(big, state, c)
+    return c
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -207,7 +235,7 @@ REC_TOK, REC_TO, REC_COUNT, REC_LAST = range(REC_COLS)
 
 
 @njit(cache=True, nogil=True)
-def target_values(counts, lasts, n_ids, dsts):
+def target_values(counts, big, lasts, n_ids, dsts):
     """(counts, last ends) int64 of the states `dsts` (ids below n_ids: stored or implicit; a
     caller checked them, e.g. `out_edges`)."""
     k = dsts.shape[0]
@@ -219,13 +247,13 @@ def target_values(counts, lasts, n_ids, dsts):
             cnt[i] = 0
             lst[i] = 0
             continue
-        cnt[i] = count_of(counts, w)
+        cnt[i] = count_of(counts, big, w)
         lst[i] = last_of(lasts, w)
     return cnt, lst
 
 
 @njit(cache=True, nogil=True)
-def all_ids_columns(links, counts, plink):
+def all_ids_columns(links, counts, big, plink):
     """(links, counts) int32[n + len(plink)] over every state id, for kernels that want one row per
     state (the occurrence layout): an implicit state's link and count 1; a hole (a position whose
     prefix state is stored) link 0 and count 0; a damaged entry link -1."""
@@ -233,7 +261,8 @@ def all_ids_columns(links, counts, plink):
     out_l = np.empty(n + plink.shape[0], np.int32)
     out_c = np.empty(n + plink.shape[0], np.int32)
     out_l[:n] = links
-    out_c[:n] = counts[:n]
+    for v in range(n):
+        out_c[v] = count_of(counts, big, v)
     for p in range(plink.shape[0]):
         if plink[p] == HOLE:
             out_l[n + p] = 0
@@ -246,7 +275,7 @@ def all_ids_columns(links, counts, plink):
 
 
 @njit(cache=True, nogil=True)
-def edge_records(etok, eto, counts, lasts, n_implicit):
+def edge_records(etok, eto, counts, big, lasts, n_implicit):
     """int32[REC_COLS * m], m = min(len(etok), len(eto)): the records of every (stored) edge (see
     above); `n_implicit` ids past the stored states are implicit ones (count 1, last end their
     position). A target outside the states is kept as it is (the kernels check it) with count and
@@ -260,7 +289,7 @@ def edge_records(etok, eto, counts, lasts, n_implicit):
         rec[i + REC_TOK] = etok[e]
         rec[i + REC_TO] = w
         if 0 <= w < n:
-            rec[i + REC_COUNT] = counts[w]
+            rec[i + REC_COUNT] = count_of(counts, big, w)
             rec[i + REC_LAST] = lasts[w]
         elif n <= w < n + n_implicit:
             rec[i + REC_COUNT] = 1
@@ -272,18 +301,18 @@ def edge_records(etok, eto, counts, lasts, n_implicit):
 
 
 # The proposal kernels take every frozen source of a session as one table: row j holds the
-# addresses of source j's ten arrays (offsets, etok, eto, counts, lasts, links, lens, its
-# `edge_records`, then its text and `plink`, empty without implicit states), then their lengths, then
-# their item sizes (`SOURCE_COLS` columns). Every array is int32 but `etok`, `lens` and `tokens`,
-# which may be uint16 (a corpus shard's, read in place: no int32 copy); the kernels read `lens`
-# through `source_len`, the text through `source_token`, and never read `etok` or `eto` (the
-# records hold them). One array argument, where a typed list of tuples had to be type-checked and
+# addresses of source j's eleven arrays (offsets, etok, eto, counts, lasts, links, lens, its
+# `edge_records`, then its text, `plink` and count escapes `big`, empty without implicit states or
+# escapes), then their lengths, then their item sizes (`SOURCE_COLS` columns). Every array is int32
+# but `etok`, `lens`, `tokens` and `counts`, which may be uint16 (a corpus shard's, read in place: no
+# int32 copy); the kernels read `lens` through `source_len`, counts through `source_count`, and
+# never read `etok` or `eto` (the records hold them). One array argument, where a typed list of tuples had to be type-checked and
 # unboxed on every call. The caller keeps the arrays alive while kernels may read them.
-N_SOURCE_ARRAYS = 10
+N_SOURCE_ARRAYS = 11
 (SRC_OFFSETS, SRC_ETOK, SRC_ETO, SRC_COUNTS, SRC_LASTS, SRC_LINKS, SRC_LENS, SRC_RECORDS, SRC_TOKENS,
- SRC_PLINK) = range(N_SOURCE_ARRAYS)
+ SRC_PLINK, SRC_BIG) = range(N_SOURCE_ARRAYS)
 SOURCE_COLS = 3 * N_SOURCE_ARRAYS
-SOURCE_NARROW = (SRC_ETOK, SRC_LENS, SRC_TOKENS)  # the slots that may hold uint16 arrays
+SOURCE_NARROW = (SRC_ETOK, SRC_LENS, SRC_TOKENS, SRC_COUNTS)  # the slots that may hold uint16 arrays
 
 
 def address_table(arrays, width: int, name: str, narrow=()) -> np.ndarray:
@@ -309,19 +338,32 @@ def address_table(arrays, width: int, name: str, narrow=()) -> np.ndarray:
 
 
 def source_table(arrays) -> np.ndarray:
-    """The table of frozen sources from their arrays (10 C-contiguous arrays each, see above)."""
+    """The table of frozen sources from their arrays (11 C-contiguous arrays each, see above)."""
     return address_table(arrays, N_SOURCE_ARRAYS, "source_table", SOURCE_NARROW)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def source_arrays(table, j):
-    """(offsets, counts, lasts, links, records) of row j of a `source_table` (int32 views)."""
+    """(offsets, lasts, links, records) of row j of a `source_table` (int32 views)."""
     n = N_SOURCE_ARRAYS
     return (view_i32(table[j, SRC_OFFSETS], table[j, n + SRC_OFFSETS]),
-            view_i32(table[j, SRC_COUNTS], table[j, n + SRC_COUNTS]),
             view_i32(table[j, SRC_LASTS], table[j, n + SRC_LASTS]),
             view_i32(table[j, SRC_LINKS], table[j, n + SRC_LINKS]),
             view_i32(table[j, SRC_RECORDS], table[j, n + SRC_RECORDS]))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def source_count(table, j, v):
+    """counts[v] of row j of a `source_table` (counts int32 or uint16 with escapes); -1 when v is
+    outside the stored states."""
+    n = N_SOURCE_ARRAYS
+    count = table[j, n + SRC_COUNTS]
+    if not 0 <= v < count:
+        return np.int64(-1)
+    big = view_i32(table[j, SRC_BIG], table[j, n + SRC_BIG])
+    if table[j, 2 * n + SRC_COUNTS] == 2:
+        return count_of(view_u16(table[j, SRC_COUNTS], count), big, v)
+    return count_of(view_i32(table[j, SRC_COUNTS], count), big, v)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -375,7 +417,7 @@ def top_min_children(width):
 
 
 @njit(cache=True, nogil=True)
-def top_children(offsets, etok, eto, counts, lasts, n_implicit, width, min_children):
+def top_children(offsets, etok, eto, counts, big, lasts, n_implicit, width, min_children):
     """(row_of, tops, totals) of the (stored) states with more than `min_children` children (see
     above; an implicit state has at most one); a state whose arrays are damaged gets no row (the
     kernels' full, checked scan handles it). `n_implicit`: ids past the stored states that are
@@ -407,19 +449,19 @@ def top_children(offsets, etok, eto, counts, lasts, n_implicit, width, min_child
             if w < 0 or w >= ids:
                 ok = False
                 break
-            c = count_of(counts, w)
+            c = count_of(counts, big, w)
             total += c
             if recent < 0 or last_of(lasts, w) > last_of(lasts, eto[recent]):
                 recent = e
             if k < width - 1:
                 j = k
                 k += 1
-            elif k > 0 and c > count_of(counts, eto[best[k - 1]]):
+            elif k > 0 and c > count_of(counts, big, eto[best[k - 1]]):
                 j = k - 1  # the least frequent kept child makes room
             else:
                 continue
             # insert e among best[0:k], after every child at least as frequent (earlier edges win ties)
-            while j > 0 and c > count_of(counts, eto[best[j - 1]]):
+            while j > 0 and c > count_of(counts, big, eto[best[j - 1]]):
                 best[j] = best[j - 1]
                 j -= 1
             best[j] = e

@@ -103,7 +103,7 @@ def _set_parts(session, shared, ws):
         length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        offsets, _counts, _lasts, links, _rec = source_arrays(frozen, j)
+        offsets, _lasts, links, _rec = source_arrays(frozen, j)
         plink = source_plink(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
@@ -123,7 +123,7 @@ def _set_parts(session, shared, ws):
                 length = 0
     for i in range(n_parts):
         if part_src[i] >= 0:
-            offsets, _counts, _lasts, _links, rec = source_arrays(frozen, part_src[i])
+            offsets, _lasts, _links, rec = source_arrays(frozen, part_src[i])
             v = part_state[i]
             if 0 <= v < offsets.shape[0]:
                 prefetch(rec, REC_COLS * offsets[v])

@@ -126,7 +126,7 @@ def _sort_rows(offsets, etok, eto, n):
 
 
 @njit(cache=True)
-def implicit_ids(S, E, M, tokens, pstate, doc_starts, newid, haskid):
+def implicit_ids(S, E, M, tokens, pstate, doc_starts, newid, haskid, count_cap):
     """Which states are implicit (frozen.py) and every state's id in the frozen layout, into
     `newid` int32[>= N_STATES] (`haskid` uint8[>= N_STATES] is scratch). S's CNT and LAST columns
     must hold the counts and last ends (`corpus_build.count_ends`), `pstate` each position's prefix
@@ -134,7 +134,8 @@ def implicit_ids(S, E, M, tokens, pstate, doc_starts, newid, haskid):
     suffix-link children and, in its document, no edge after the last position, else exactly the
     edge tokens[p + 1] -> prefix state of p + 1, itself implicit (so a document's implicit
     positions are its last ones). Stored states keep their order as ids 0..n_stored-1; implicit
-    ones get n_stored + p. Returns (n_stored, stored edges)."""
+    ones get n_stored + p. Returns (n_stored, stored edges, stored states counted `count_cap` times or
+    more: those whose counts go to the escapes)."""
     ns = M[N_STATES]
     n = pstate.shape[0]
     for v in range(ns):
@@ -164,26 +165,31 @@ def implicit_ids(S, E, M, tokens, pstate, doc_starts, newid, haskid):
             imp_edges += S[v, DEG]
     n_stored = ns - n_imp
     k = 0
+    n_big = 0
     for v in range(ns):
         if newid[v] >= 0:
             newid[v] = k
             k += 1
+            if S[v, CNT] >= count_cap:
+                n_big += 1
         else:
             newid[v] = n_stored + (-1 - newid[v])
-    return n_stored, M[N_EDGES] - imp_edges
+    return n_stored, M[N_EDGES] - imp_edges, n_big
 
 
 @njit(cache=True)
 def freeze_implicit_into(S, E, M, newid, n_stored, pstate, doc_starts, offsets, etok, eto, links, lens, counts, lasts,
-                         plink, len_cap):
+                         plink, big, len_cap, count_cap):
     """The frozen layout with implicit states (`implicit_ids` gave `newid` and n_stored) into given
-    arrays: the stored states' LINK, LEN (capped at `len_cap`), CNT and LAST columns and CSR edges
-    (sorted by token, targets renumbered), and `plink` int32[n_tokens] (frozen.py). False when a
-    stored state's suffix link or an implicit state's is not a stored state (not an automaton
-    `implicit_ids` planned)."""
+    arrays: the stored states' LINK, LEN (capped at `len_cap`), CNT (from `count_cap` on: count_cap,
+    the count in the escapes `big`, (state, count) pairs in state order) and LAST columns and CSR
+    edges (sorted by token, targets renumbered), and `plink` int32[n_tokens] (frozen.py). False when
+    a stored state's suffix link or an implicit state's is not a stored state, or the escapes do not
+    fill `big` (not an automaton `implicit_ids` planned)."""
     ns = M[N_STATES]
     m = M[N_EDGES]
     n = pstate.shape[0]
+    n_big = 0
     offsets[0] = 0
     for v in range(ns):
         nv = newid[v]
@@ -195,7 +201,15 @@ def freeze_implicit_into(S, E, M, newid, n_stored, pstate, doc_starts, offsets, 
         links[nv] = newid[lk] if lk >= 0 else -1
         ln = S[v, LEN]
         lens[nv] = ln if ln < len_cap else len_cap
-        counts[nv] = S[v, CNT]
+        c = S[v, CNT]
+        if c >= count_cap:
+            if 2 * n_big + 2 > big.shape[0]:
+                return False
+            big[2 * n_big] = nv
+            big[2 * n_big + 1] = c
+            n_big += 1
+            c = count_cap
+        counts[nv] = c
         lasts[nv] = S[v, LAST]
         offsets[nv + 1] = offsets[nv] + S[v, DEG]
     fill = offsets[:n_stored].copy()
@@ -208,6 +222,8 @@ def freeze_implicit_into(S, E, M, newid, n_stored, pstate, doc_starts, offsets, 
         eto[k] = newid[E[e, TO]]
         fill[v] = k + 1
     _sort_rows(offsets, etok, eto, n_stored)
+    if 2 * n_big != big.shape[0]:
+        return False
     n_docs = doc_starts.shape[0]
     d = 0
     for p in range(n):

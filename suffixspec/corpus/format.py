@@ -53,11 +53,13 @@ if HEADER.size != 64 or ENTRY.size != 64:
     raise InternalError("container header and entry must be 64 bytes")
 DTYPES = {"<i4", "<i8", "<u2", "|u1", "|b1"}
 # the arrays of a shard file, in file order, and the dtypes each may have
-SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "plink", "doc_starts", "doc_info")
+SHARD_ARRAYS = ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto", "tokens", "plink", "doc_starts",
+                "doc_info")
 SHARD_DTYPES = {name: ("<i4",) for name in SHARD_ARRAYS}
 # token ids are uint16 in a shard whose ids all fit, state lengths in one whose suffix links' lengths
-# fit below LEN_SATURATED (the longer lengths of other states stored as LEN_SATURATED)
-SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"),
+# fit below LEN_SATURATED (the longer lengths of other states stored as LEN_SATURATED); counts are
+# uint16, those from frozen.COUNT_ESCAPED on found in count_escapes
+SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"), counts=("<u2",),
                     doc_starts=("<i8",), doc_info=("|u1",))
 DELETED_DTYPES = {"bitmap": ("|u1",)}
 MAX_ARRAYS = 64

@@ -299,7 +299,7 @@ class CorpusIndex:
         if sub is not None and st != 0:
             run_lo, run_hi = sub.runs[s.number]
             occ, occ_start = s.layout()
-            st, ln, exact = cqk.subset_match(fa.links, fa.lens, fa.plink, occ, occ_start, fa.counts, run_lo, run_hi, st,
+            st, ln, exact = cqk.subset_match(fa.links, fa.lens, fa.plink, occ, occ_start, fa.counts, fa.count_escapes, run_lo, run_hi, st,
                                              ln, k)
             if st == fk.CORRUPT:
                 s.corrupt("while matching in a subset")
@@ -374,14 +374,14 @@ class CorpusIndex:
                 toks, dsts, ok = fk.out_edges(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, st)
                 if not ok:
                     s.corrupt(f"edges of state {st}")
-                cnts, lasts = fk.target_values(fa.counts, fa.lasts, fa.n_states, dsts)
+                cnts, lasts = fk.target_values(fa.counts, fa.count_escapes, fa.lasts, fa.n_states, dsts)
                 tok_parts.append(toks)
                 cnt_parts.append(cnts)
                 end_parts.append(lasts + s.token_base)
                 continue
             run_lo, run_hi = sub.runs[s.number]
             occ, occ_start = s.layout()
-            h, sampled, ntoks, nends, ok = cqk.subset_sample(occ, occ_start, fa.counts, fa.doc_starts, fa.tokens,
+            h, sampled, ntoks, nends, ok = cqk.subset_sample(occ, occ_start, fa.counts, fa.count_escapes, fa.doc_starts, fa.tokens,
                                                             run_lo, run_hi, st, k)
             if not ok:
                 s.corrupt("while sampling in a subset")

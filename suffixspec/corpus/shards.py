@@ -26,6 +26,7 @@ from .._kernels import build as bk
 from .._kernels import corpus_build as cbk
 from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
+from .._kernels.frozen import COUNT_ESCAPED
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
 from ..tokenids import as_tokens
@@ -35,7 +36,8 @@ from .manifest import shard_name
 
 __all__ = ["FROZEN_FIELDS", "build_shard_file", "ShardWriter", "sum_phases", "positive_count", "token_dtype"]
 
-FROZEN_FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "plink", "doc_starts")
+FROZEN_FIELDS = ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto", "tokens", "plink",
+                 "doc_starts")
 
 
 def positive_count(name: str, value) -> int:
@@ -86,8 +88,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
                           cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids_):
         raise InternalError("counts disagree with the automaton's suffix links")
     clock.lap("counts")
-    n_stored, n_stored_edges = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, pstate, doc_starts, ids_,
-                                                                   np.empty(n_states, np.uint8)))
+    n_stored, n_stored_edges, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, pstate, doc_starts, ids_,
+                                                                          np.empty(n_states, np.uint8), COUNT_ESCAPED))
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,
             "n_implicit": n_states - n_stored}
     i4 = np.int32
@@ -96,7 +98,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     # the others (leaves of the suffix-link tree in long documents) are stored saturated
     len_dtype = np.uint16 if int(cbk.link_target_max_len(S, M)) < LEN_SATURATED else i4
     len_cap = LEN_SATURATED if len_dtype is np.uint16 else np.iinfo(np.int32).max
-    specs = [("links", i4, n_stored), ("lens", len_dtype, n_stored), ("counts", i4, n_stored), ("lasts", i4, n_stored),
+    specs = [("links", i4, n_stored), ("lens", len_dtype, n_stored), ("counts", np.uint16, n_stored),
+             ("count_escapes", i4, 2 * n_big), ("lasts", i4, n_stored),
              ("offsets", i4 if n_stored_edges < 2**31 else np.int64, n_stored + 1),  # int32 halves the edge offsets
              ("etok", tok_dtype, n_stored_edges), ("eto", i4, n_stored_edges), ("tokens", tok_dtype, n_tokens),
              ("plink", i4, n_tokens), ("doc_starts", np.int64, n_docs), ("doc_info", np.uint8, len(doc_info))]
@@ -108,7 +111,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     try:
         a = out.arrays
         if not sfk.freeze_implicit_into(S, E, M, ids_, n_stored, pstate, doc_starts, a["offsets"], a["etok"], a["eto"],
-                                        a["links"], a["lens"], a["counts"], a["lasts"], a["plink"], len_cap):
+                                        a["links"], a["lens"], a["counts"], a["lasts"], a["plink"], a["count_escapes"],
+                                        len_cap, COUNT_ESCAPED):
             raise InternalError("implicit states with stored suffix-link children")
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts

@@ -335,14 +335,17 @@ class SuffixAutomaton(_Queries):
 class FrozenAutomaton(_Queries):
     """Read-only automaton over flat arrays (possibly memory-mapped); see the module docstring."""
 
-    _FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "plink", "doc_starts")
+    _FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "plink", "count_escapes", "doc_starts")
 
-    def __init__(self, *, links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, plink=None):
+    def __init__(self, *, links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, plink=None,
+                 count_escapes=None):
         self.links, self.lens, self.counts, self.lasts = links, lens, counts, lasts
         self.offsets, self.etok, self.eto = offsets, etok, eto
         self.tokens, self.doc_starts = tokens, doc_starts
         # the implicit states' suffix links (`_kernels/frozen.py`; a corpus shard's), empty for none
         self.plink = np.empty(0, np.int32) if plink is None else plink
+        # uint16 counts' escapes (`_kernels/frozen.py`: (state, count) pairs), empty for none
+        self.count_escapes = np.empty(0, np.int32) if count_escapes is None else count_escapes
         n = links.shape[0]
         for name in ("lens", "counts", "lasts"):
             if getattr(self, name).shape[0] != n:
@@ -353,7 +356,10 @@ class FrozenAutomaton(_Queries):
             raise IndexFormatError("frozen automaton: no root state or no document table")
         if self.plink.dtype != np.int32 or self.plink.shape[0] not in (0, tokens.shape[0]):
             raise IndexFormatError(f"frozen automaton: plink has {self.plink.shape[0]} rows, expected 0 or {tokens.shape[0]}")
-        for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens, self.plink):
+        if self.count_escapes.dtype != np.int32 or self.count_escapes.shape[0] % 2:
+            raise IndexFormatError("frozen automaton: count escapes are not (state, count) int32 pairs")
+        for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens, self.plink,
+                  self.count_escapes):
             if a.flags.writeable:
                 a.flags.writeable = False
 
@@ -448,7 +454,7 @@ class FrozenAutomaton(_Queries):
 
     def count_at(self, v: int) -> int:
         """Count of state id v (in range: stored, or implicit: 1)."""
-        return int(self.counts[v]) if v < self.n_stored else 1
+        return int(fk.count_of(self.counts, self.count_escapes, v))
 
     def last_at(self, v: int) -> int:
         """Last end of state id v (in range: stored, or implicit: its position)."""
@@ -498,7 +504,7 @@ class FrozenAutomaton(_Queries):
         toks, dsts, ok = fk.out_edges(self.offsets, self.etok, self.eto, self.tokens, self.plink, self._check_state(state))
         if not ok:
             self._corrupt(f"edges of state {state}")
-        counts, lasts = fk.target_values(self.counts, self.lasts, self.n_states, dsts)
+        counts, lasts = fk.target_values(self.counts, self.count_escapes, self.lasts, self.n_states, dsts)
         return Continuations(toks, counts, lasts, dsts)
 
     def _doc_starts(self):
@@ -546,8 +552,8 @@ class FrozenAutomaton(_Queries):
         return got
 
     KERNEL_FIELDS = ("offsets", "etok", "eto", "counts", "lasts", "links", "lens")
-    IMPLICIT_FIELDS = ("tokens", "plink")  # read by the kernels that meet implicit states
-    NARROW_FIELDS = ("etok", "lens")  # kept uint16 when they are (see kernel_arrays)
+    IMPLICIT_FIELDS = ("tokens", "plink", "count_escapes")  # read by the kernels that meet implicit states
+    NARROW_FIELDS = ("etok", "lens", "counts")  # kept uint16 when they are (see kernel_arrays)
 
     def kernel_arrays(self) -> tuple:
         """`KERNEL_FIELDS` as read-only C arrays (a row of `_kernels.frozen.source_table`): int32, but
@@ -573,15 +579,15 @@ class FrozenAutomaton(_Queries):
         return got
 
     def implicit_arrays(self) -> tuple:
-        """(tokens, plink) as read-only C arrays for the kernels (tokens int32 or uint16; both as
-        they are when they already are, else a copy made once and kept)."""
+        """`IMPLICIT_FIELDS` as read-only C arrays for the kernels (tokens int32 or uint16; each as
+        it is when it already is, else a copy made once and kept)."""
         got = self.__dict__.get("_implicit_arrays")
         if got is None:
             toks = self.tokens
             if toks.dtype not in (np.int32, np.uint16) or not toks.flags.c_contiguous:
                 toks = np.ascontiguousarray(toks, np.int32)
             out = []
-            for a in (toks, np.ascontiguousarray(self.plink)):
+            for a in (toks, np.ascontiguousarray(self.plink), np.ascontiguousarray(self.count_escapes)):
                 if a.flags.writeable:
                     a = a.view()
                     a.flags.writeable = False
@@ -596,7 +602,7 @@ class FrozenAutomaton(_Queries):
         got = self.__dict__.get("_edge_records")
         if got is None:
             offsets, etok, eto, counts, lasts, _links, _lens = self.kernel_arrays()
-            got = fk.edge_records(etok, eto, counts, lasts, self.plink.shape[0])
+            got = fk.edge_records(etok, eto, counts, self.count_escapes, lasts, self.plink.shape[0])
             got.flags.writeable = False
             self.__dict__["_edge_records"] = got
         return got

@@ -194,7 +194,7 @@ class Session:
                     state, length = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
                 else:
                     offsets, etok, eto, _counts, _lasts, links, lens = fa.kernel_arrays()
-                    text, plink = fa.implicit_arrays()
+                    text, plink, _big = fa.implicit_arrays()
                     state, length = lk.count_frozen(offsets, etok, eto, links, lens, text, plink, int(cur[j, _CUR_STATE]),
                                                     int(cur[j, _CUR_LEN]), toks, p.min_match, int(self._cls[j]),
                                                     self._stats, p._learned)

@@ -28,8 +28,9 @@ def prefix_states(fa) -> list[int]:
 
 
 def to_implicit(fa) -> tuple[dict, np.ndarray]:
-    """(arrays, newid): the shard arrays links, lens, counts, lasts, offsets, etok, eto, plink (int32,
-    lens uncapped) of `fa` with implicit states, and each old state's new id."""
+    """(arrays, newid): the shard arrays links, lens, counts, count_escapes, lasts, offsets, etok, eto,
+    plink of `fa` with implicit states (int32 but counts, uint16 with counts of 65535 or more in
+    count_escapes; lens uncapped), and each old state's new id."""
     links, lens, counts, lasts = (np.asarray(a, np.int64) for a in (fa.links, fa.lens, fa.counts, fa.lasts))
     offsets, etok, eto = (np.asarray(a, np.int64) for a in (fa.offsets, fa.etok, fa.eto))
     n, n_tok = len(links), len(fa.tokens)
@@ -60,4 +61,7 @@ def to_implicit(fa) -> tuple[dict, np.ndarray]:
         plink[p] = ~w if p in ends else w
     arrays = {k: np.asarray(a, np.int32) for k, a in out.items()}
     arrays["plink"] = plink.astype(np.int32)
+    big = [(v, c) for v, c in enumerate(out["counts"]) if c >= 65535]
+    arrays["count_escapes"] = np.asarray([x for pair in big for x in pair], np.int32)
+    arrays["counts"] = np.minimum(arrays["counts"], 65535).astype(np.uint16)
     return arrays, newid
