@@ -896,7 +896,7 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
         held = shard.kernel_arrays()
         assert held[1] is not None and np.shares_memory(held[1], shard.etok) and held[1].dtype == np.uint16
         assert np.shares_memory(held[6], shard.lens) and held[6].dtype == np.uint16
-        text, plink = shard.implicit_arrays()  # the implicit states' text and suffix links too
+        text, plink, _escapes = shard.implicit_arrays()  # the implicit states' text and suffix links too
         assert np.shares_memory(text, shard.tokens) and text.dtype == np.uint16 and np.shares_memory(plink, shard.plink)
         assert shard.edge_records().shape[0] == 4 * shard.n_edges  # records of the stored edges only
         for i, d in enumerate(docs[::5]):
