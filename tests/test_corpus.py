@@ -496,6 +496,15 @@ def test_long_document_saturated_uint16_lengths(tmp_path):
     saturated = set(np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist())
     for v in [v for v in range(ref.n_states) if newid[v] in saturated] + list(range(0, ref.n_states, 997)):
         assert fa.state_length(int(newid[v])) == int(want[v])  # stored (saturated or not) and implicit
+    for v in range(1, ref.n_states, 331):  # every state's own values, stored or implicit, under its new id
+        w = int(newid[v])
+        assert fa.state_link(w) == int(newid[ref.links[v]]) if ref.links[v] > 0 else fa.state_link(w) == 0
+        assert fa.state_count(w) == int(ref.counts[v]) and fa.state_last_end(w) == int(ref.lasts[v])
+        assert fa.continuations(w).as_dict() == {int(t): (int(c), int(e)) for t, c, e in zip(
+            *(getattr(ref.continuations(v), k) for k in ("tokens", "counts", "last_ends")))}
+    hole = int(np.flatnonzero(np.asarray(fa.plink) == fk.HOLE)[0])  # a position whose prefix state is stored
+    with pytest.raises(BadInputError, match="no state"):
+        fa.state_count(fa.n_stored + hole)
     assert int(np.asarray(fa.lens)[np.asarray(fa.links)[1:]].max()) < LEN_SATURATED  # no suffix link saturated
     for q in (long_docs[0][100:69900], long_docs[1][39990:40310], long_docs[1][-70:], docs[2][3:40]):
         m = ix.query(q)

@@ -34,7 +34,7 @@ from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
 from .._kernels import sam_query as sqk
 from .._kernels import walk as wk
-from ..errors import BadInputError, BadInputTypeError, IndexFormatError, InternalError
+from ..errors import BadInputError, BadInputTypeError, IndexFormatError
 from ..tokenids import as_tokens
 
 MODE_SETTLED = 2  # true counts in S, no link-cut tree yet (Python-side mode only)
@@ -432,6 +432,14 @@ class FrozenAutomaton(_Queries):
     def _corrupt(self, what):
         raise IndexFormatError(f"frozen automaton: damaged arrays ({what})")
 
+    def _check_state(self, state) -> int:
+        v = super()._check_state(state)
+        if v >= self.n_stored and int(self.plink[v - self.n_stored]) == fk.HOLE:
+            # the id of a position whose prefix state is stored: no state
+            raise BadInputError(f"state: {state} is no state of this automaton (no implicit state at position "
+                                f"{v - self.n_stored})")
+        return v
+
     def _advance(self, state, length, toks):
         if not 0 <= state < self.n_states:
             raise BadInputError(f"cursor state {state} does not belong to this automaton")
@@ -466,20 +474,10 @@ class FrozenAutomaton(_Queries):
     def state_last_end(self, state) -> int:
         return self.last_at(self._check_state(state))
 
-    def _implicit(self, state) -> int:
-        """The position of implicit state `state`, checked to be one."""
-        v = self._check_state(state)
-        if v < self.n_stored:
-            raise InternalError("not an implicit state")
-        p = v - self.n_stored
-        if int(self.plink[p]) == fk.HOLE:
-            raise BadInputError(f"state {state} does not belong to this automaton")
-        return p
-
     def state_length(self, state) -> int:
         v = self._check_state(state)
         if v >= self.n_stored:  # an implicit state: its document's prefix up to its position
-            p = self._implicit(v)
+            p = v - self.n_stored
             return p - int(self.doc_starts[int(np.searchsorted(self.doc_starts, p, side="right")) - 1]) + 1
         length = int(self.lens[v])
         if length == fk.LEN_SATURATED and self.lens.dtype == np.uint16:
@@ -492,10 +490,7 @@ class FrozenAutomaton(_Queries):
         return length
 
     def state_link(self, state) -> int:
-        v = self._check_state(state)
-        if v >= self.n_stored:
-            self._implicit(v)
-        w = int(fk.link_of(self.links, self.plink, v))
+        w = int(fk.link_of(self.links, self.plink, self._check_state(state)))
         if w == fk.CORRUPT:
             self._corrupt(f"suffix link of state {state}")
         return w
