@@ -26,7 +26,7 @@ import numpy as np
 from numba import njit
 
 from ..errors import InternalError
-from .address import address, view_i32, view_u16
+from .address import address, borrowed, view_i32, view_u16
 from .follow import follow
 
 CORRUPT = -2
@@ -117,18 +117,11 @@ def last_of(lasts, state):
     return np.int64(lasts[state]) if state < lasts.shape[0] else np.int64(state - lasts.shape[0])
 
 
-@njit(cache=True)
-def transition(offsets, etok, eto, tokens, plink, state, tok):
-    n = offsets.shape[0] - 1
+@njit(cache=True, nogil=True)
+def stored_transition(offsets, etok, eto, n_ids, state, tok):
+    """`transition` from stored state `state` (0 <= state < n): its edges' binary search, a target
+    checked to be below n_ids."""
     m = etok.shape[0]
-    ids = n + plink.shape[0]
-    if state >= n and state < ids:
-        t, d = implicit_edge(tokens, plink, n, state)
-        if t == CORRUPT:
-            return CORRUPT
-        return d if t == tok and t >= 0 else -1
-    if state < 0 or state >= n:
-        return CORRUPT
     lo = offsets[state]
     hi = offsets[state + 1]
     if lo < 0 or hi > m or lo > hi:
@@ -142,10 +135,34 @@ def transition(offsets, etok, eto, tokens, plink, state, tok):
             hi = mid
         else:
             d = eto[mid]
-            if d < 0 or d >= ids:
+            if d < 0 or d >= n_ids:
                 return CORRUPT
             return d
     return -1
+
+
+@njit(cache=True, nogil=True)
+def implicit_transition(tokens, plink, n, state, tok):
+    """`transition` from implicit state `state` (>= n): its one edge, read from the text."""
+    if state >= n + plink.shape[0]:
+        return CORRUPT
+    t, d = implicit_edge(tokens, plink, n, state)
+    if t == CORRUPT:
+        return CORRUPT
+    return d if t == tok and t >= 0 else -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def transition(offsets, etok, eto, tokens, plink, state, tok):
+    """Target of state's edge on tok, -1 for none, CORRUPT when damaged. Two calls, each passing
+    only the arrays it reads: a loop calling this with `borrowed` views (address.py) costs no
+    reference counting, and the stored states' search stays as small as without implicit states."""
+    n = offsets.shape[0] - 1
+    if 0 <= state < n:
+        return stored_transition(offsets, etok, eto, n + plink.shape[0], state, tok)
+    if state < 0:
+        return CORRUPT
+    return implicit_transition(tokens, plink, n, state, tok)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -183,7 +200,7 @@ def advance(offsets, etok, eto, links, lens, text, plink, state, length, tokens)
             break
         state = p
         guard += 1
-    g = (offsets, etok, eto, links, lens, text, plink)
+    g = (borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(links), borrowed(lens), borrowed(text), borrowed(plink))
     for j in range(tokens.shape[0]):
         state, length, _ = follow(edge_to, link_up, g, state, length, tokens[j])
         if state == CORRUPT:
@@ -194,8 +211,9 @@ def advance(offsets, etok, eto, links, lens, text, plink, state, length, tokens)
 @njit(cache=True)
 def locate(offsets, etok, eto, tokens, plink, pattern):
     state = 0
+    o, et, ed, tx, pl = borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(tokens), borrowed(plink)
     for j in range(pattern.shape[0]):
-        state = transition(offsets, etok, eto, tokens, plink, state, pattern[j])
+        state = transition(o, et, ed, tx, pl, state, pattern[j])
         if state < 0:
             return state
     return state

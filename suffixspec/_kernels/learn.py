@@ -28,6 +28,7 @@ from numba import njit
 
 from . import frozen as fk
 from . import sam as sk
+from .address import borrowed
 from .follow import follow
 
 CLS_OWN, CLS_CACHE, CLS_CORPUS = 0, 1, 2
@@ -96,7 +97,7 @@ def count_frozen(offsets, etok, eto, links, lens, text, plink, state, length, to
             break
         state = p
         guard += 1
-    g = (offsets, etok, eto, links, lens, text, plink)
+    g = (borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(links), borrowed(lens), borrowed(text), borrowed(plink))
     for j in range(tokens.shape[0]):
         before = length
         state, length, first = follow(fk.edge_to, fk.link_up, g, state, length, tokens[j])
