@@ -461,8 +461,17 @@ class FrozenAutomaton(_Queries):
         return n
 
     def count_at(self, v: int) -> int:
-        """Count of state id v (in range: stored, or implicit: 1)."""
-        return int(fk.count_of(self.counts, self.count_escapes, v))
+        """Count of state id v (in range: stored, or implicit: 1); `fk.count_of` without a kernel
+        call (this is read per committed token and per restricted query)."""
+        if v >= self.n_stored:
+            return 1
+        c = int(self.counts[v])
+        if c == fk.COUNT_ESCAPED and self.count_escapes.shape[0]:
+            ids = self.count_escapes[0::2]
+            i = int(np.searchsorted(ids, v))
+            if i < ids.shape[0] and int(ids[i]) == v:
+                return int(self.count_escapes[2 * i + 1])
+        return c
 
     def last_at(self, v: int) -> int:
         """Last end of state id v (in range: stored, or implicit: its position)."""
