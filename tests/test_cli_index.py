@@ -55,7 +55,7 @@ def test_index_jsonl_info_and_filtered_query(tmp_path, capsys):
     info = last_json(capsys.readouterr().out)
     for key in ("n_tokens", "n_documents", "bytes_on_disk", "bytes_per_token", "format_version", "tokenizer"):
         assert key in info
-    assert info["n_documents"] == 3 and info["format_version"] == 3 and info["tokenizer"]["vocab_size"] > 1000
+    assert info["n_documents"] == 3 and info["format_version"] == 4 and info["tokenizer"]["vocab_size"] > 1000
     files = [ix / "manifest.ssx"] + sorted(ix.glob("shard-*.ssx"))
     assert info["bytes_on_disk"] == sum(f.stat().st_size for f in files)
     assert info["bytes_per_token"] == round(info["bytes_on_disk"] / info["n_tokens"], 2)

@@ -13,6 +13,7 @@ import pytest
 from pyroaring import BitMap
 
 from suffixspec import SuffixAutomaton
+from suffixspec._kernels import frozen as fk
 from suffixspec.corpus import (
     CorpusIndex,
     Document,
@@ -24,6 +25,7 @@ from suffixspec.corpus import (
 from suffixspec.errors import BadInputError, IndexFormatError, TokenizerMismatchError
 
 from support import naive
+from support.implicit import to_implicit
 
 TOK = {"name": "toy", "vocab_size": 65536, "fingerprint": "f" * 64}
 OTHER_TOK = {"name": "other", "vocab_size": 65536, "fingerprint": "0" * 64}
@@ -412,7 +414,8 @@ def test_shard_of_huge_token_ids_answers_like_the_automaton(tmp_path):
 @pytest.mark.parametrize("big_ids", [False, True])
 def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     """A shard written in place through its file mapping has the bytes of the frozen automaton
-    written from memory: token ids as uint16 when they all fit, else int32; no occurrence layout."""
+    written from memory, its count-1 states made implicit by the reference conversion: token ids as
+    uint16 when they all fit, else int32; no occurrence layout."""
     import json
 
     from suffixspec.corpus import shards as C
@@ -428,14 +431,18 @@ def test_mapped_shard_file_equals_in_memory_write(tmp_path, big_ids):
     for d in docs:
         sa.add_document(d)
     fa = sa.freeze()
-    arrays = dict(fa.arrays())
-    arrays["offsets"] = arrays["offsets"].astype(np.int32)
+    conv, _ = to_implicit(fa)
     narrow = np.int32 if big_ids else np.uint16
     assert C.token_dtype(tokens) == narrow
-    arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), arrays["tokens"].astype(narrow)
+    arrays = {k: conv[k] for k in ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto")}
+    arrays["etok"], arrays["tokens"] = arrays["etok"].astype(narrow), np.asarray(fa.tokens).astype(narrow)
     arrays["lens"] = arrays["lens"].astype(np.uint16)
+    arrays["plink"], arrays["doc_starts"] = conv["plink"], np.asarray(fa.doc_starts, np.int64)
     arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
-    meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": fa.n_states, "n_edges": fa.n_edges}
+    n_stored = len(conv["links"])
+    assert n_stored < fa.n_states // 2  # most states are implicit
+    meta = {"n_tokens": fa.tokens.shape[0], "n_documents": len(docs), "n_states": n_stored,
+            "n_edges": len(conv["etok"]), "n_implicit": fa.n_states - n_stored}
     from suffixspec.corpus import format as F
 
     plain = F.write_container(tmp_path / "plain.ssx", F.KIND_SHARD, meta, arrays)
@@ -466,7 +473,8 @@ def test_long_document_int32_lengths_and_uint16_elsewhere(tmp_path):
 
 def test_long_document_saturated_uint16_lengths(tmp_path):
     """A shard with documents over 65535 tokens but no repeat that long stores uint16 state lengths,
-    those over 65535 saturated (states that are no suffix link: no query reads them); it answers as
+    those over 65535 saturated (stored states that are no suffix link, here a repeated document's
+    prefix states: no query reads them; the other long states are implicit); it answers as
     the automaton does, `state_length` gives every state's true length, and it drafts the same trees."""
     from suffixspec import FrozenAutomaton, Proposer
     from suffixspec._kernels.frozen import LEN_SATURATED
@@ -474,16 +482,29 @@ def test_long_document_saturated_uint16_lengths(tmp_path):
     rng = np.random.default_rng(8)
     long_docs = [rng.integers(0, 30000, 70000), rng.integers(0, 30000, 66000)]
     long_docs[1][40000:40300] = long_docs[0][100:400]  # a shared stretch inside the long documents
-    docs = [rng.integers(0, 30000, 300), long_docs[0], rng.integers(0, 30000, 50), long_docs[1]]
+    # the second copy of long_docs[0]: its prefix states end twice, so they are stored (not implicit)
+    docs = [rng.integers(0, 30000, 300), long_docs[0], rng.integers(0, 30000, 50), long_docs[1], long_docs[0]]
     ix = build(tmp_path, docs, shard_tokens=10**6)
     fa = ix.shards[0].fa
     assert fa.lens.dtype == np.uint16 and int((np.asarray(fa.lens) == LEN_SATURATED).sum()) > 4000
     starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
     ref = FrozenAutomaton.from_documents(np.concatenate(docs).astype(np.int32), starts)
-    assert np.array_equal(np.minimum(ref.lens, LEN_SATURATED), fa.lens) and np.array_equal(ref.links, fa.links)
+    conv, newid = to_implicit(ref)
+    assert np.array_equal(np.minimum(conv["lens"], LEN_SATURATED), fa.lens) and np.array_equal(conv["links"], fa.links)
+    assert np.array_equal(conv["plink"], fa.plink)
     want = np.asarray(ref.lens)
-    for v in np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist() + list(range(0, fa.n_states, 997)):
-        assert fa.state_length(v) == int(want[v])
+    saturated = set(np.flatnonzero(np.asarray(fa.lens) == LEN_SATURATED).tolist())
+    for v in [v for v in range(ref.n_states) if newid[v] in saturated] + list(range(0, ref.n_states, 997)):
+        assert fa.state_length(int(newid[v])) == int(want[v])  # stored (saturated or not) and implicit
+    for v in range(1, ref.n_states, 331):  # every state's own values, stored or implicit, under its new id
+        w = int(newid[v])
+        assert fa.state_link(w) == int(newid[ref.links[v]]) if ref.links[v] > 0 else fa.state_link(w) == 0
+        assert fa.state_count(w) == int(ref.counts[v]) and fa.state_last_end(w) == int(ref.lasts[v])
+        assert fa.continuations(w).as_dict() == {int(t): (int(c), int(e)) for t, c, e in zip(
+            *(getattr(ref.continuations(v), k) for k in ("tokens", "counts", "last_ends")))}
+    hole = int(np.flatnonzero(np.asarray(fa.plink) == fk.HOLE)[0])  # a position whose prefix state is stored
+    with pytest.raises(BadInputError, match="no state"):
+        fa.state_count(fa.n_stored + hole)
     assert int(np.asarray(fa.lens)[np.asarray(fa.links)[1:]].max()) < LEN_SATURATED  # no suffix link saturated
     for q in (long_docs[0][100:69900], long_docs[1][39990:40310], long_docs[1][-70:], docs[2][3:40]):
         m = ix.query(q)
@@ -525,24 +546,31 @@ def test_reader_layout_equals_reference(tmp_path):
     for s in ix.shards:
         assert s._layout is None  # not computed on open
         fa = s.fa
-        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
-        occ, occ_start = naive.occurrence_layout(fa.links, pstate)
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
+        # every state id, implicit ones (and holes: no positions) included
+        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, fa.plink)
+        assert (pstate >= fa.n_stored).mean() > 0.5  # most positions' prefix states are implicit
+        occ, occ_start = naive.occurrence_layout(links, pstate)
         got = s.layout()
         assert np.array_equal(got[0], occ) and np.array_equal(got[1], occ_start)
         assert s.layout() is got  # computed once
         # damaged counts or links: refused, never an out-of-range write
         W = np.empty((fa.n_states, cbk.W_COLS), np.int32)
         out = (np.empty(len(fa), np.int32), np.empty(fa.n_states, np.int32))
-        assert cbk.place_occurrences(fa.links, fa.counts, pstate, *out, W)
-        for v in range(1, min(fa.n_states, 40)):
-            bad = np.array(fa.counts)
+        assert cbk.place_occurrences(links, counts, pstate, *out, W)
+        for v in range(1, min(fa.n_stored, 40)):
+            bad = np.array(counts)
             bad[v] += 1
-            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
+            assert not cbk.place_occurrences(links, bad, pstate, *out, W)
             bad[v] = 2**31 - 1
-            assert not cbk.place_occurrences(fa.links, bad, pstate, *out, W)
-        bad_links = np.array(fa.links)
+            assert not cbk.place_occurrences(links, bad, pstate, *out, W)
+        bad_links = np.array(links)
         bad_links[1] = 1
-        assert not cbk.place_occurrences(bad_links, fa.counts, pstate, *out, W)
+        assert not cbk.place_occurrences(bad_links, counts, pstate, *out, W)
+        # a damaged implicit suffix link: no layout
+        bad_plink = np.array(fa.plink)
+        bad_plink[int(np.flatnonzero(bad_plink != fk.HOLE)[0])] = fa.n_stored + 3
+        assert fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, bad_plink)[0].min() == -1
 
 
 # -- damage -----------------------------------------------------------------------------------
@@ -602,8 +630,8 @@ def rewrite_header(f, **fields):
 def test_wrong_magic_version_tokenizer(damaged_setup):
     manifest = damaged_setup / "manifest.ssx"
     good = manifest.read_bytes()
-    rewrite_header(manifest, version=4)
-    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 4, this suffixspec reads version 3 \(a newer"):
+    rewrite_header(manifest, version=5)
+    with pytest.raises(IndexFormatError, match=r"manifest.ssx: format version 5, this suffixspec reads version 4 \(a newer"):
         CorpusIndex.open(damaged_setup)
     manifest.write_bytes(good)
     rewrite_header(manifest, magic=b"GGUF\0\0\0\0")
@@ -623,9 +651,9 @@ def test_wrong_magic_version_tokenizer(damaged_setup):
         CorpusIndex.open(damaged_setup)
 
 
-@pytest.mark.parametrize("old", [1, 2])
+@pytest.mark.parametrize("old", [1, 2, 3])
 def test_older_version_index_refused_with_how_to_rebuild(damaged_setup, old):
-    """An index of a previous format (every file's header says version 1 or 2) is refused, the
+    """An index of a previous format (every file's header says version 1, 2 or 3) is refused, the
     message saying how to rebuild it; so is one shard of that version under a current manifest."""
     files = sorted(damaged_setup.glob("*.ssx"))
     shard = damaged_setup / "shard-00000.ssx"
@@ -637,7 +665,7 @@ def test_older_version_index_refused_with_how_to_rebuild(damaged_setup, old):
     for f in files:
         rewrite_header(f, version=old)
     with pytest.raises(IndexFormatError, match=rf"manifest.ssx: format version {old}, from an older suffixspec; this "
-                                               r"suffixspec reads version 3.*`suffixspec index`"):
+                                               r"suffixspec reads version 4.*`suffixspec index`"):
         CorpusIndex.open(damaged_setup)
 
 
@@ -656,7 +684,7 @@ FUZZ = textwrap.dedent("""
             f.write_bytes(data)
         f = shards[trial % len(shards)]
         bad = bytearray(pristine[f])
-        lo = 64 * 13  # past header and array table: the damage opening cannot see
+        lo = 64 * 14  # past header and array table: the damage opening cannot see
         for _ in range(int(rng.integers(1, 40))):
             i = int(rng.integers(lo, len(bad)))
             bad[i] = int(rng.integers(0, 256)) if trial % 3 else 0xFF
@@ -750,7 +778,8 @@ def _bulk_frozen(docs):
     out.update(offsets=np.empty(ns + 1, np.int32), etok=np.empty(m, np.int32), eto=np.empty(m, np.int32))
     sfk.freeze_into(S, E, M, out["offsets"], out["etok"], out["eto"], out["links"], out["lens"], 2**31 - 1)
     # the recorded prefix states are those of a walk of the frozen automaton
-    assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, starts))
+    assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, np.empty(0, np.int32),
+                                               starts))
     scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
     assert cbk.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
                                  np.empty(ns, np.int32), *scratch)
@@ -767,7 +796,7 @@ def _assert_bulk_equals_automaton(docs):
         assert np.array_equal(a, getattr(fa, name)), name
     from suffixspec._kernels import corpus_build as cbk
 
-    assert np.array_equal(pstate, cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts))
+    assert np.array_equal(pstate, cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts))
     # the occurrence kernel gives the automaton's counts and last ends, and the layout of the reference
     occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     ns, n = fa.n_states, len(fa)
@@ -876,6 +905,9 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
         held = shard.kernel_arrays()
         assert held[1] is not None and np.shares_memory(held[1], shard.etok) and held[1].dtype == np.uint16
         assert np.shares_memory(held[6], shard.lens) and held[6].dtype == np.uint16
+        text, plink, _escapes = shard.implicit_arrays()  # the implicit states' text and suffix links too
+        assert np.shares_memory(text, shard.tokens) and text.dtype == np.uint16 and np.shares_memory(plink, shard.plink)
+        assert shard.edge_records().shape[0] == 4 * shard.n_edges  # records of the stored edges only
         for i, d in enumerate(docs[::5]):
             prompt = np.concatenate([rng.integers(0, 40000, 5), d[: len(d) // 2]]).astype(np.int32)
             sa, sb = a.start(prompt), b.start(prompt)
@@ -892,3 +924,77 @@ def test_compact_shards_draft_as_the_automaton_in_memory(tmp_path):
             sr = a.start(prompt, filter=parity[i % 2])
             assert len(sr.propose(budget)) > 0
             sr.close()
+
+
+@pytest.mark.parametrize("alphabet", [3, 50])
+def test_implicit_states_draft_as_the_automaton_in_memory(tmp_path, alphabet):
+    """Drafts from a several-shard index whose states are mostly implicit equal those of the in-memory
+    automata of the same shards' documents, for prompts ending anywhere in a document (so cursors
+    cross from stored into implicit states, reach documents' ends and fall back along suffix links),
+    cursors advancing with learning on, at small and large budgets."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(alphabet)
+    docs = [rng.integers(0, alphabet, int(rng.integers(5, 200))) for _ in range(40)]
+    docs += [np.concatenate([d[: len(d) // 2], rng.integers(0, alphabet, 30)]) for d in docs[:10]]  # shared heads
+    ix = build(tmp_path, docs, shard_tokens=1500)
+    assert ix.n_shards > 2
+    mem = []
+    for s in ix.shards:
+        assert (np.asarray(s.fa.plink) != fk.HOLE).sum() > 0.5 * len(s.fa)  # most positions implicit
+        mem.append(FrozenAutomaton.from_documents(np.asarray(s.fa.tokens, np.int32), np.asarray(s.fa.doc_starts)))
+    for budget in (8, 64):
+        a, b = Proposer(corpus=ix), Proposer(corpus=mem)
+        for _ in range(12):
+            d = docs[int(rng.integers(len(docs)))]
+            cut = int(rng.integers(1, len(d) + 1))
+            prompt = np.concatenate([rng.integers(0, alphabet, 3), d[:cut]]).astype(np.int32)
+            sa, sb = a.start(prompt), b.start(prompt)
+            for step in range(4):
+                ta, tb = sa.propose(budget), sb.propose(budget)
+                for x, y in ((ta.tokens, tb.tokens), (ta.parents, tb.parents), (ta.scores, tb.scores)):
+                    assert np.array_equal(x, y)
+                more = np.concatenate([d[cut + 3 * step : cut + 3 * step + 3], rng.integers(0, alphabet, step % 2)])
+                sa.extend(more.astype(np.int32))
+                sb.extend(more.astype(np.int32))
+            sa.close()
+            sb.close()
+
+
+def test_counts_past_uint16_are_escaped(tmp_path):
+    """Counts of 65535 or more (a long run of one token: thousands of states that frequent) are stored
+    as 65535 with the true count among the shard's escapes; counts, continuations and drafts are
+    exact (brute force, the in-memory automaton), and a damaged escape table is refused on open."""
+    from suffixspec import FrozenAutomaton, Proposer
+
+    rng = np.random.default_rng(2)
+    docs = [np.zeros(70000, np.int64), np.tile([1, 2], 34000), rng.integers(3, 8, 400)]
+    ix = build(tmp_path, docs)
+    fa = ix.shards[0].fa
+    esc = np.asarray(fa.count_escapes).reshape(-1, 2)
+    assert fa.counts.dtype == np.uint16 and esc.shape[0] > 4000 and esc[0, 0] == 0 and esc[0, 1] == ix.n_tokens
+    text = np.concatenate(docs)
+    starts = np.cumsum([0] + [len(d) for d in docs[:-1]])
+    ref = FrozenAutomaton.from_documents(text.astype(np.int32), starts)
+    conv, _ = to_implicit(ref)
+    assert np.array_equal(conv["counts"], fa.counts) and np.array_equal(conv["count_escapes"], fa.count_escapes)
+    for k in (1, 3, 2000, 4465, 4466, 69999, 70000):
+        assert ix.count([0] * k) == 70000 - k + 1 == ref.count([0] * k)
+        assert ix.continuations([0] * k) == ({0: (70000 - k, 69999)} if k < 70000 else {})
+    assert ix.count([1, 2] * 3) == 34000 - 2 and ix.count([2, 1]) == 33999
+    assert ix.continuations([1, 2] * 10) == ref.continuations(ref.locate([1, 2] * 10)).as_dict()
+    a, b = Proposer(corpus=ix), Proposer(corpus=ref)
+    for prompt in ([0] * 50, [3, 1, 2, 1, 2], docs[2][:100].tolist()):
+        ta, tb = a.start(prompt).propose(16), b.start(prompt).propose(16)
+        assert np.array_equal(ta.tokens, tb.tokens) and np.array_equal(ta.scores, tb.scores)
+    ix.close()
+    shard = next((tmp_path / "ix").glob("shard-*.ssx"))
+    assert CorpusIndex.open(tmp_path / "ix", verify=True).count([0]) == 70000
+    data = bytearray(shard.read_bytes())
+    from suffixspec.corpus.format import KIND_SHARD, Container
+
+    _, off, _, _ = Container(shard, KIND_SHARD).entries["count_escapes"]
+    data[off + 8] ^= 1  # the second escape's state: a checksum mismatch on open (the table is small)
+    shard.write_bytes(bytes(data))
+    with pytest.raises(IndexFormatError, match="count_escapes is damaged"):
+        CorpusIndex.open(tmp_path / "ix")

@@ -266,8 +266,9 @@ def test_tree_over_several_sources_equals_brute_force_union(match_levels):
 
 def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     """The kernels read frozen sources through a table of addresses: each row must give back the
-    very arrays (contents and lengths) it was built from, lens through `source_len` whether int32
-    or uint16 (read in place), and only 1-D C arrays of those dtypes are taken."""
+    very arrays (contents and lengths) it was built from, lens, counts and the text through
+    `source_len`, `source_count` and `source_token` whether int32 or uint16 (read in place), and only
+    1-D C arrays of those dtypes are taken."""
     from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(3)
@@ -283,16 +284,18 @@ def test_source_table_reads_the_arrays_it_names_and_rejects_others():
     table = fk.source_table(sources)
     assert table.shape == (6, fk.SOURCE_COLS)
     for j, arrs in enumerate(sources):
-        offsets, counts, lasts, links, records, lens = _read_source(table, j, arrs[fk.SRC_LENS].shape[0] + 3)
-        for k, got in ((fk.SRC_OFFSETS, offsets), (fk.SRC_COUNTS, counts), (fk.SRC_LASTS, lasts),
-                       (fk.SRC_LINKS, links), (fk.SRC_RECORDS, records)):
+        offsets, lasts, links, records, plink, narrow = _read_source(table, j, 45)
+        for k, got in ((fk.SRC_OFFSETS, offsets), (fk.SRC_LASTS, lasts), (fk.SRC_LINKS, links),
+                       (fk.SRC_RECORDS, records), (fk.SRC_PLINK, plink)):
             assert got.tolist() == arrs[k].tolist()
-        assert lens.tolist() == arrs[fk.SRC_LENS].tolist() + [-1, -1, -1]  # -1: outside the array
+        for i, k in enumerate((fk.SRC_LENS, fk.SRC_COUNTS, fk.SRC_TOKENS)):
+            m = arrs[k].shape[0]
+            assert narrow[i].tolist() == arrs[k].tolist() + [-1] * (45 - m)  # -1: outside the array
         assert table[j, fk.SRC_LENS] == arrs[fk.SRC_LENS].__array_interface__["data"][0]  # no copy
     with pytest.raises(InternalError, match="int32"):
         fk.source_table([tuple(np.zeros(3, np.int64) for _ in range(n))])
     with pytest.raises(InternalError, match="int32"):
-        fk.source_table([tuple(np.zeros(3, np.uint16) for _ in range(n))])  # uint16 only for etok and lens
+        fk.source_table([tuple(np.zeros(3, np.uint16) for _ in range(n))])  # uint16 only for the narrow slots
     with pytest.raises(InternalError, match="C-contiguous"):
         fk.source_table([tuple(np.zeros(6, np.int32)[::2] for _ in range(n))])
     with pytest.raises(InternalError, match=f"{n} arrays"):
@@ -301,7 +304,8 @@ def test_source_table_reads_the_arrays_it_names_and_rejects_others():
 
 def test_edge_records_pack_each_edge_with_its_target():
     """`frozen.edge_records` against a loop over the edges: token, target, the target's count and
-    last end side by side; a target outside the states is kept with count and last 0."""
+    last end side by side (an implicit state's: count 1, last end its position); a target outside the
+    states is kept with count and last 0."""
     from suffixspec._kernels import frozen as fk
 
     rng = np.random.default_rng(11)
@@ -311,12 +315,20 @@ def test_edge_records_pack_each_edge_with_its_target():
         eto = rng.integers(-3, n + 3, m).astype(np.int32)
         counts = rng.integers(0, 100, n).astype(np.int32)
         lasts = rng.integers(-1, 100, n).astype(np.int32)
-        got = fk.edge_records(etok, eto, counts, lasts).reshape(-1, fk.REC_COLS)
+        n_imp = int(rng.integers(0, 3))
+        big = np.array([], np.int32)
+        if trial % 2 and n > 2:  # uint16 counts, one escaped
+            counts[1] = 65535
+            big = np.array([1, 70000], np.int32)
+        got = fk.edge_records(etok, eto, counts.astype(np.uint16) if big.size else counts, big, lasts, n_imp)
+        got = got.reshape(-1, fk.REC_COLS)
         assert got.shape == (m, fk.REC_COLS)
         for e in range(m):
             w = int(eto[e])
             ok = 0 <= w < n
-            want = [int(etok[e]), w, int(counts[w]) if ok else 0, int(lasts[w]) if ok else 0]
+            imp = n <= w < n + n_imp
+            c = (70000 if big.size and w == 1 else int(counts[w])) if ok else int(imp)
+            want = [int(etok[e]), w, c, int(lasts[w]) if ok else (w - n if imp else 0)]
             assert [int(got[e, c]) for c in (fk.REC_TOK, fk.REC_TO, fk.REC_COUNT, fk.REC_LAST)] == want
     # the automaton's records are its kernel arrays', read-only, built once
     sam = SuffixAutomaton([1, 2, 3, 1, 2, 4, 1, 2, 3])
@@ -352,11 +364,13 @@ def _read_source(table, j, n_lens):
 
     @njit
     def read(table, j, n_lens):
-        offsets, counts, lasts, links, records = fk.source_arrays(table, j)
-        lens = np.empty(n_lens, np.int64)
+        offsets, lasts, links, records = fk.source_arrays(table, j)
+        narrow = np.empty((3, n_lens), np.int64)
         for v in range(n_lens):
-            lens[v] = fk.source_len(table, j, v)
-        return offsets.copy(), counts.copy(), lasts.copy(), links.copy(), records.copy(), lens
+            narrow[0, v] = fk.source_len(table, j, v)
+            narrow[1, v] = fk.source_count(table, j, v)
+            narrow[2, v] = fk.source_token(table, j, v)
+        return offsets.copy(), lasts.copy(), links.copy(), records.copy(), fk.source_plink(table, j).copy(), narrow
 
     return read(table, j, n_lens)
 

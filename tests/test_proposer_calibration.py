@@ -292,7 +292,7 @@ def test_top_children_equal_a_sort_of_every_child():
         fa = sam.freeze()
         offsets, etok, eto, counts, lasts, _links, _lens = fa.kernel_arrays()
         width, min_children = rng.randrange(2, 6), rng.randrange(0, 6)
-        row_of, tops, totals = fk.top_children(offsets, etok, eto, counts, lasts, width, min_children)
+        row_of, tops, totals = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, 0, width, min_children)
         rows = 0
         for v in range(len(offsets) - 1):
             edges = list(range(offsets[v], offsets[v + 1]))

@@ -101,7 +101,8 @@ def test_global_counts_fade_past_the_cap():
     local, glob = lk.new_stats(), lk.new_stats()
     toks = np.zeros(3 * int(lk.GLOBAL_CAP), np.int32)
     sam = SuffixAutomaton([0, 0]).freeze()  # every 0 continues a match of length 1
-    lk.count_frozen(sam.offsets, sam.etok, sam.eto, sam.links, sam.lens, 0, 0, toks, 1, lk.CLS_CORPUS, local, glob)
+    lk.count_frozen(sam.offsets, sam.etok, sam.eto, sam.links, sam.lens, sam.tokens, sam.plink, 0, 0, toks, 1, lk.CLS_CORPUS,
+                    local, glob)
     assert glob[lk.CLS_CORPUS, :, lk.TRIALS].max() <= lk.GLOBAL_CAP
     assert local.sum() > glob.sum()  # the session's own counts never fade
 

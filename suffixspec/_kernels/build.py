@@ -103,7 +103,7 @@ def _frozen(S, E, H, M, tokens, starts, first):
     links, lens, counts, lasts = sfk.state_columns(S, M)
     # edge rows are int32 ids, so every offset fits int32
     offsets32 = offsets.astype(np.int32)
-    records = fk.edge_records(etok, eto, counts, lasts)
+    records = fk.edge_records(etok, eto, counts, np.empty(0, np.int32), lasts, 0)
     return links, lens, counts, lasts, offsets, etok, eto, T[:n], starts.copy(), offsets32, records
 
 

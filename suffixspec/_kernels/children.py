@@ -10,18 +10,34 @@ to the front. Everything here is inlined into the draft kernel.
   link-cut tree without restructuring it (`lct.py`); the states whose read walked a long splay
   path are noted in `deep`, for the caller to splay once its expansion is done.
 - `gather_frozen`: a state of a frozen source (`FrozenPart`), bounds-checked: damaged arrays
-  give no children. A state with many children is read through its row of `frozen.top_children`
+  give no children; an implicit state (frozen.py) its one child, read from the text. A state with many children is read through its row of `frozen.top_children`
   (its best children and their count total, in max_children + 1 reads).
 """
 
 from collections import namedtuple
 
+import numpy as np
 from numba import njit
 
 from . import lct
 from . import sam as sk
-from .address import view_i32
-from .frozen import REC_COLS, REC_COUNT, REC_LAST, REC_TO, REC_TOK, source_arrays, top_arrays
+from .address import view_i32, view_i64_2d, view_u16
+from .frozen import (
+    N_SOURCE_ARRAYS,
+    REC_COLS,
+    REC_COUNT,
+    REC_LAST,
+    REC_TO,
+    REC_TOK,
+    SOURCE_COLS,
+    SRC_COUNTS,
+    SRC_TOKENS,
+    implicit_edge,
+    source_arrays,
+    source_count,
+    source_plink,
+    top_arrays,
+)
 
 CHILD_BUF = 512  # children of one state read per expansion (the work per proposal is bounded by it)
 WALK_SPLAY = 24  # splay-tree depth past which a count read is followed by a splay (amortization)
@@ -32,31 +48,52 @@ KID_COLS = 4
 
 # The arrays of one frozen source that a gather reads (all int32, read only):
 #   offsets     [n_states + 1]  CSR offsets of each state's edges into `records`
-#   counts      [n_states]      occurrence count of each state
 #   records     [n_edges * REC_COLS]  edge records (`frozen.edge_records`: token, to, count, last)
 #   row_of      [n_states]      a state's row in the top table (-1: few children; may be empty)
 #   top_edges   [rows * width]  per row, the edges of the state's best children, -1 padded
 #   top_totals  [rows]          per row, the count total of all the state's children
-#   n_states    every state index read is checked to be below it (a damaged source drafts nothing)
+#   n_states    the stored states: every stored state index read is checked to be below it (a
+#               damaged source drafts nothing)
 #   n_edges     likewise for edge indexes
-FrozenPart = namedtuple("FrozenPart", "offsets counts records row_of top_edges top_totals n_states n_edges")
+#   plink       [n_tokens] the implicit states' suffix links (`frozen.py`; empty: none), and the text
+#   tok16       (uint16) or tok32 (int32) that their edges read, the other one empty
+#   n_ids       n_states + len(plink): every state id read is below it
+#   frozen, src the `frozen.source_table` and the row: a state's own count (`frozen.source_count`)
+FrozenPart = namedtuple("FrozenPart", "offsets records row_of top_edges top_totals n_states n_edges plink tok16 "
+                                      "tok32 n_ids frozen src")
 
 
 @njit(cache=True, nogil=True, inline="always")
 def no_frozen_part():
     """An empty `FrozenPart` (no states: every read is out of bounds)."""
     empty = view_i32(0, 0)
-    return FrozenPart(empty, empty, empty, empty, empty, empty, 0, 0)
+    return FrozenPart(empty, empty, empty, empty, empty, 0, 0, empty, view_u16(0, 0), empty, 0,
+                      view_i64_2d(0, 0, SOURCE_COLS), np.int64(0))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def frozen_part(frozen, tops, src):
     """The `FrozenPart` of row `src` of a `frozen.source_table` and its `frozen.top_table`."""
-    offsets, counts, lasts, _links, records = source_arrays(frozen, src)
+    offsets, lasts, _links, records = source_arrays(frozen, src)
     row_of, top_edges, top_totals = top_arrays(tops, src)
-    n_states = min(offsets.shape[0] - 1, counts.shape[0], lasts.shape[0])
-    return FrozenPart(offsets, counts, records, row_of, top_edges, top_totals, n_states,
-                      records.shape[0] // REC_COLS)
+    n = N_SOURCE_ARRAYS
+    n_states = min(offsets.shape[0] - 1, frozen[src, n + SRC_COUNTS], lasts.shape[0])
+    plink = source_plink(frozen, src)
+    addr, count = frozen[src, SRC_TOKENS], frozen[src, n + SRC_TOKENS]
+    wide = frozen[src, 2 * n + SRC_TOKENS] != 2
+    tok16 = view_u16(addr, 0 if wide else count)
+    tok32 = view_i32(addr, count if wide else 0)
+    return FrozenPart(offsets, records, row_of, top_edges, top_totals, n_states, records.shape[0] // REC_COLS,
+                      plink, tok16, tok32, n_states + plink.shape[0], frozen, np.int64(src))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def implicit_child(fp, v):
+    """(token, state) of the only child of implicit state v of a `FrozenPart` (n_states <= v <
+    n_ids): (-1, -1) for none, (CORRUPT, CORRUPT) when damaged."""
+    if fp.tok16.shape[0]:
+        return implicit_edge(fp.tok16, fp.plink, fp.n_states, v)
+    return implicit_edge(fp.tok32, fp.plink, fp.n_states, v)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -116,10 +153,20 @@ def gather_frozen(fp, v, width, min_row, kids):
     """The children of state v of a `FrozenPart` into `kids`: returns (k, total, top). `width`:
     the top table's row width (max_children + 1); `min_row`: states with no more children have
     no top row (`frozen.top_min_children`)."""
-    offsets, counts, rec, row_of, top_edges, top_totals, n_states, n_edges = fp  # unpacked once
+    offsets, rec, row_of, top_edges, top_totals, n_states, n_edges, _plink, _t16, _t32, n_ids, _f, _s = fp  # unpacked once
     k = 0
     total = 0.0
     top = -1
+    if n_states <= v < n_ids:
+        # an implicit state: one child (the next position's), count 1, last end its position
+        tok, w = implicit_child(fp, v)
+        if tok < 0:
+            return k, total, top
+        kids[0, K_TOK] = tok
+        kids[0, K_STATE] = w
+        kids[0, K_COUNT] = 1
+        kids[0, K_LAST] = w - n_states
+        return 1, 1.0, w - n_states
     if not 0 <= v < n_states:
         return k, total, top
     lo = offsets[v]
@@ -135,7 +182,7 @@ def gather_frozen(fp, v, width, min_row, kids):
             if e < 0:
                 break
             w = rec[REC_COLS * e + REC_TO] if lo <= e < hi else -1
-            if w < 0 or w >= n_states:
+            if w < 0 or w >= n_ids:
                 k = 0  # damaged arrays: draft nothing from here
                 break
             lst = rec[REC_COLS * e + REC_LAST]
@@ -149,7 +196,7 @@ def gather_frozen(fp, v, width, min_row, kids):
         return k, float(top_totals[r]), top
     for e in range(lo, min(hi, lo + CHILD_BUF)):
         w = rec[REC_COLS * e + REC_TO]
-        if w < 0 or w >= n_states:
+        if w < 0 or w >= n_ids:
             k = 0  # damaged arrays: draft nothing from here
             break
         cnt = rec[REC_COLS * e + REC_COUNT]
@@ -162,8 +209,10 @@ def gather_frozen(fp, v, width, min_row, kids):
         if k == 0 or lst > top:
             top = lst
         k += 1
-    if hi - lo > CHILD_BUF and counts[v] > total:
-        total = float(counts[v])  # children past the bound still hold their share
+    if hi - lo > CHILD_BUF:
+        own = source_count(fp.frozen, fp.src, v)
+        if own > total:
+            total = float(own)  # children past the bound still hold their share
     return k, total, top
 
 

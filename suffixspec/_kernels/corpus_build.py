@@ -23,6 +23,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .address import borrowed
 from .frozen import CORRUPT, transition
 from .sam import LEN, LINK, N_STATES
 
@@ -69,19 +70,21 @@ def link_target_max_len(S, M):
 
 
 @njit(cache=True, nogil=True)
-def prefix_states(offsets, etok, eto, tokens, doc_starts):
-    """State of each position's whole document prefix (-2 for a damaged automaton)."""
+def prefix_states(offsets, etok, eto, tokens, plink, doc_starts):
+    """State of each position's whole document prefix (-2 for a damaged automaton); `plink`: the
+    implicit states' links (frozen.py), empty for none."""
     n = tokens.shape[0]
     out = np.empty(n, np.int32)
     d = 0
     n_docs = doc_starts.shape[0]
     state = 0
+    o, et, ed, tx, pl = borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(tokens), borrowed(plink)
     for p in range(n):
         if d < n_docs and doc_starts[d] == p:
             state = 0
             while d < n_docs and doc_starts[d] == p:
                 d += 1
-        state = transition(offsets, etok, eto, state, tokens[p])
+        state = transition(o, et, ed, tx, pl, state, tokens[p])
         if state < 0:
             out[0] = CORRUPT
             return out

@@ -17,7 +17,7 @@ range-checked first and the kernels return CORRUPT (-2) instead of reading out o
 import numpy as np
 from numba import njit
 
-from .frozen import CORRUPT
+from .frozen import CORRUPT, count_of, link_of
 
 SAMPLE_SCAN_FACTOR = 8  # a range up to SAMPLE_SCAN_FACTOR * K long is searched for its K most recent positions
 
@@ -66,12 +66,13 @@ def selected_runs(doc_starts, n_tokens, selected):
 
 
 @njit(cache=True)
-def _range(occ, occ_start, counts, state):
-    """(lo, hi) of a state's positions in occ, or (-2, 0) when the arrays are damaged."""
-    if state < 0 or state >= occ_start.shape[0] or state >= counts.shape[0]:
+def _range(occ, occ_start, counts, big, state):
+    """(lo, hi) of a state's positions in occ, or (-2, 0) when the arrays are damaged (an id past
+    the stored states' counts is an implicit state's: one position)."""
+    if state < 0 or state >= occ_start.shape[0]:
         return CORRUPT, 0
     lo = np.int64(occ_start[state])
-    c = np.int64(counts[state])
+    c = count_of(counts, big, state)
     if lo < 0 or c < 0 or lo + c > occ.shape[0]:
         return CORRUPT, 0
     return lo, lo + c
@@ -95,14 +96,14 @@ def _sample(occ, lo, hi, k):
 
 
 @njit(cache=True)
-def subset_sample(occ, occ_start, counts, doc_starts, tokens, run_lo, run_hi, state, k):
+def subset_sample(occ, occ_start, counts, big, doc_starts, tokens, run_lo, run_hi, state, k):
     """(hits, sampled, next_tokens, next_ends, ok) over the `_sample` of `state`'s end positions
     (all of them when counts[state] <= k): `hits` of the `sampled` positions lie in the runs;
     for each such position p not at its document's end, the token at p + 1 and p + 1. The root
     (the empty string) is followed by every token: there p itself. ok is False on damaged
     arrays."""
     shift = 0 if state == 0 else 1
-    lo, hi = _range(occ, occ_start, counts, state)
+    lo, hi = _range(occ, occ_start, counts, big, state)
     if lo == CORRUPT or doc_starts.shape[0] == 0:
         return 0, 0, np.empty(0, np.int32), np.empty(0, np.int64), False
     sample = _sample(occ, lo, hi, k)
@@ -144,7 +145,7 @@ def _any_in(occ, lo, hi, run_lo, run_hi):
 
 
 @njit(cache=True)
-def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo, run_hi, state, length, k):
+def subset_match(links, lens, plink, occ, occ_start, counts, big, run_lo, run_hi, state, length, k):
     """(state, length, exact): walk up the suffix links from (state, length) to the longest
     suffix with an end position in the runs (all strings of a state share their end
     positions), reading O(k) positions of `occ` whatever the context.
@@ -165,7 +166,7 @@ def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo
     seen_lo = np.int64(0)
     seen_hi = np.int64(0)
     while state != 0:
-        lo, hi = _range(occ, occ_start, counts, state)
+        lo, hi = _range(occ, occ_start, counts, big, state)
         if lo == CORRUPT:
             return CORRUPT, 0, False
         nested = seen_hi > seen_lo and lo <= seen_lo and seen_hi <= hi
@@ -195,7 +196,7 @@ def subset_match(offsets, etok, eto, links, lens, occ, occ_start, counts, run_lo
                     exact = False
         if r == 1:
             return state, length, exact
-        p = links[state]
+        p = link_of(links, plink, state)
         steps += 1
         if p < 0 or p >= n or steps > n:
             return CORRUPT, 0, False

@@ -50,6 +50,7 @@ from .children import (
     frozen_part,
     gather_frozen,
     gather_live,
+    implicit_child,
     no_frozen_part,
 )
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
@@ -332,18 +333,25 @@ def _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _lone_frozen(offsets, records, n_states, n_edges, v):
-    """(token, state, count) of the only child of state v of a frozen part (`FrozenPart`'s
-    arrays), count 0 when v has not exactly one (or the arrays are damaged)."""
+def _lone_frozen(fp, v):
+    """(token, state, count) of the only child of state v of a frozen part (a `FrozenPart`),
+    count 0 when v has not exactly one (or the arrays are damaged); an implicit state's child
+    is read from the text."""
+    if fp.n_states <= v < fp.n_ids:
+        tok, w = implicit_child(fp, v)
+        if tok < 0:
+            return np.int64(0), np.int64(0), np.int64(0)
+        return np.int64(tok), np.int64(w), np.int64(1)
+    offsets, records, n_states, n_edges = fp.offsets, fp.records, fp.n_states, fp.n_edges
     if not 0 <= v < n_states:
-        return 0, 0, 0
+        return np.int64(0), np.int64(0), np.int64(0)
     lo = offsets[v]
     if offsets[v + 1] != lo + 1 or not 0 <= lo < n_edges:
-        return 0, 0, 0
+        return np.int64(0), np.int64(0), np.int64(0)
     w = records[REC_COLS * lo + REC_TO]
-    if w < 0 or w >= n_states:
-        return 0, 0, 0
-    return records[REC_COLS * lo + REC_TOK], w, records[REC_COLS * lo + REC_COUNT]
+    if w < 0 or w >= fp.n_ids:
+        return np.int64(0), np.int64(0), np.int64(0)
+    return np.int64(records[REC_COLS * lo + REC_TOK]), np.int64(w), np.int64(records[REC_COLS * lo + REC_COUNT])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -376,7 +384,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     width = k.max_children + 1
     min_row = top_min_children(width)  # states with no more children have no top row
     fp = no_frozen_part()  # the arrays of the frozen part at hand
-    f_offsets, f_records = fp.offsets, fp.records  # the two the chain and the children read
+    f_offsets = fp.offsets  # the children's states are prefetched in it
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     n_cand = 0
     n_heap = 0
@@ -434,7 +442,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         gf = learn.group_factor(gcal, learn.group(cls, 0), k.cal_strength)  # inner nodes' group factor
         if not live:
             fp = frozen_part(shared.frozen, shared.tops, src)
-            f_offsets, f_records = fp.offsets, fp.records
+            f_offsets = fp.offsets
         ready = seeded >= n_parts and rooted  # the heap holds every waiting candidate
         # -- a chain: a lone child more probable than every waiting candidate is the next pop
         # whatever happens: taken at once, no candidate or heap (the usual case along a copy)
@@ -446,7 +454,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
                     break
                 tok, w, cnt = E[e, sk.TOK], E[e, sk.TO], 1  # a lone child's share is 1: no count read
             else:
-                tok, w, cnt = _lone_frozen(f_offsets, f_records, fp.n_states, fp.n_edges, v)
+                tok, w, cnt = _lone_frozen(fp, v)
             if cnt <= 0:
                 break
             total = float(cnt)

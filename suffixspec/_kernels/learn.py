@@ -28,6 +28,7 @@ from numba import njit
 
 from . import frozen as fk
 from . import sam as sk
+from .address import borrowed
 from .follow import follow
 
 CLS_OWN, CLS_CACHE, CLS_CORPUS = 0, 1, 2
@@ -83,19 +84,20 @@ def _add(local, glob, cls, length, hit):
 
 
 @njit(cache=True, nogil=True)
-def count_frozen(offsets, etok, eto, links, lens, state, length, tokens, min_match, cls, local, glob):
-    """`frozen.advance` of (state, length) over `tokens`, counting each token's event."""
+def count_frozen(offsets, etok, eto, links, lens, text, plink, state, length, tokens, min_match, cls, local, glob):
+    """`frozen.advance` of (state, length) over `tokens`, counting each token's event (`text` and
+    `plink`: the automaton's implicit states, frozen.py)."""
     n = offsets.shape[0] - 1
     guard = 0
     while state > 0 and guard <= n:
-        p = links[state]
+        p = fk.link_of(links, plink, state)
         if p < 0 or p >= n:
             return fk.CORRUPT, 0
         if lens[p] < length:
             break
         state = p
         guard += 1
-    g = (offsets, etok, eto, links, lens)
+    g = (borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(links), borrowed(lens), borrowed(text), borrowed(plink))
     for j in range(tokens.shape[0]):
         before = length
         state, length, first = follow(fk.edge_to, fk.link_up, g, state, length, tokens[j])

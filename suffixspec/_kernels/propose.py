@@ -32,7 +32,7 @@ from . import draft as dk
 from . import learn
 from . import sam as sk
 from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
-from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, source_arrays, source_len
+from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, link_of, source_arrays, source_len, source_plink
 
 # A session frame (int64, see address.py): everything one proposal reads besides its workspace.
 # a cursor row (int64): state (-1: the session does not use that source), matched length, anchor
@@ -103,7 +103,8 @@ def _set_parts(session, shared, ws):
         length = cur[j, CUR_LEN]
         if state < 0:
             continue
-        offsets, _counts, _lasts, links, _rec = source_arrays(frozen, j)
+        offsets, _lasts, links, _rec = source_arrays(frozen, j)
+        plink = source_plink(frozen, j)
         for level in range(levels):
             if length < min_match or n_parts >= part_src.shape[0]:
                 break
@@ -112,9 +113,9 @@ def _set_parts(session, shared, ws):
             part_len[n_parts] = length
             n_parts += 1
             prefetch(offsets, state)
-            if not 0 <= state < links.shape[0]:
+            state = link_of(links, plink, state)  # a stored state (an implicit one is no link)
+            if state < 0:
                 break
-            state = links[state]
             length = source_len(frozen, j, state)
             if length < 0:
                 break  # damaged arrays: no shorter match
@@ -122,7 +123,7 @@ def _set_parts(session, shared, ws):
                 length = 0
     for i in range(n_parts):
         if part_src[i] >= 0:
-            offsets, _counts, _lasts, _links, rec = source_arrays(frozen, part_src[i])
+            offsets, _lasts, _links, rec = source_arrays(frozen, part_src[i])
             v = part_state[i]
             if 0 <= v < offsets.shape[0]:
                 prefetch(rec, REC_COLS * offsets[v])

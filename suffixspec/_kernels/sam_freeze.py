@@ -4,14 +4,19 @@
   state; `state_columns` / `state_columns_into`: the LINK, LEN, CNT and LAST columns;
   `freeze_into`: the offsets, edges, LINK and LEN in one pass. The `_into` forms write into
   given arrays (e.g. views of a mapped shard file).
-- `thaw`: the bulk-mode arrays (S, E, H, M) of the automaton a frozen layout holds, with room to
-  `extend` it by more documents; the caller checks the layout first (`build.layout_ok`).
-Freezing reads the arrays only; thawing builds new ones.
+- `implicit_ids` / `freeze_implicit_into`: a corpus shard's layout with implicit states (frozen.py):
+  which states end at one position only (ids n_stored + p), then the stored states' columns and
+  edges (renumbered, in their order) and each position's `plink`.
+- `thaw`: the bulk-mode arrays (S, E, H, M) of the automaton a frozen layout holds (without implicit
+  states), with room to `extend` it by more documents; the caller checks the layout first
+  (`build.layout_ok`).
+Freezing reads the arrays only (`implicit_ids` writes its own outputs); thawing builds new ones.
 """
 
 import numpy as np
 from numba import njit
 
+from .frozen import HOLE
 from .sam import (
     CNT,
     DEG,
@@ -92,6 +97,12 @@ def _place_edges(S, E, M, offsets, etok, eto):
         etok[k] = E[e, TOK]
         eto[k] = E[e, TO]
         fill[v] = k + 1
+    _sort_rows(offsets, etok, eto, n)
+
+
+@njit(cache=True, inline="always")
+def _sort_rows(offsets, etok, eto, n):
+    """Sort each of the n states' CSR rows by token."""
     for v in range(n):
         lo = offsets[v]
         hi = offsets[v + 1]
@@ -112,6 +123,122 @@ def _place_edges(S, E, M, offsets, etok, eto):
                 order = np.argsort(etok[lo:hi], kind="mergesort")
                 etok[lo:hi] = etok[lo:hi][order]
                 eto[lo:hi] = eto[lo:hi][order]
+
+
+@njit(cache=True)
+def implicit_ids(S, E, M, tokens, pstate, doc_starts, newid, haskid, count_cap):
+    """Which states are implicit (frozen.py) and every state's id in the frozen layout, into
+    `newid` int32[>= N_STATES] (`haskid` uint8[>= N_STATES] is scratch). S's CNT and LAST columns
+    must hold the counts and last ends (`corpus_build.count_ends`), `pstate` each position's prefix
+    state. A state is implicit when it is the prefix state of a position p with count 1, no
+    suffix-link children and, in its document, no edge after the last position, else exactly the
+    edge tokens[p + 1] -> prefix state of p + 1, itself implicit (so a document's implicit
+    positions are its last ones). Stored states keep their order as ids 0..n_stored-1; implicit
+    ones get n_stored + p. Returns (n_stored, stored edges, stored states counted `count_cap` times or
+    more: those whose counts go to the escapes)."""
+    ns = M[N_STATES]
+    n = pstate.shape[0]
+    for v in range(ns):
+        haskid[v] = 0
+        newid[v] = 0
+    for v in range(1, ns):
+        haskid[S[v, LINK]] = 1
+    n_imp = 0
+    imp_edges = 0
+    n_docs = doc_starts.shape[0]
+    for d in range(n_docs):
+        lo = doc_starts[d]
+        hi = doc_starts[d + 1] if d + 1 < n_docs else n
+        for p in range(hi - 1, lo - 1, -1):
+            v = pstate[p]
+            ok = v > 0 and S[v, CNT] == 1 and haskid[v] == 0 and newid[v] == 0
+            if ok:
+                if p == hi - 1:
+                    ok = S[v, DEG] == 0
+                else:
+                    e = S[v, HEAD]
+                    ok = S[v, DEG] == 1 and e >= 0 and E[e, TOK] == tokens[p + 1] and E[e, TO] == pstate[p + 1]
+            if not ok:
+                break  # an earlier position's edge leads here: stored too
+            newid[v] = -1 - p
+            n_imp += 1
+            imp_edges += S[v, DEG]
+    n_stored = ns - n_imp
+    k = 0
+    n_big = 0
+    for v in range(ns):
+        if newid[v] >= 0:
+            newid[v] = k
+            k += 1
+            if S[v, CNT] >= count_cap:
+                n_big += 1
+        else:
+            newid[v] = n_stored + (-1 - newid[v])
+    return n_stored, M[N_EDGES] - imp_edges, n_big
+
+
+@njit(cache=True)
+def freeze_implicit_into(S, E, M, newid, n_stored, pstate, doc_starts, offsets, etok, eto, links, lens, counts, lasts,
+                         plink, big, len_cap, count_cap):
+    """The frozen layout with implicit states (`implicit_ids` gave `newid` and n_stored) into given
+    arrays: the stored states' LINK, LEN (capped at `len_cap`), CNT (from `count_cap` on: count_cap,
+    the count in the escapes `big`, (state, count) pairs in state order) and LAST columns and CSR
+    edges (sorted by token, targets renumbered), and `plink` int32[n_tokens] (frozen.py). False when
+    a stored state's suffix link or an implicit state's is not a stored state, or the escapes do not
+    fill `big` (not an automaton `implicit_ids` planned)."""
+    ns = M[N_STATES]
+    m = M[N_EDGES]
+    n = pstate.shape[0]
+    n_big = 0
+    offsets[0] = 0
+    for v in range(ns):
+        nv = newid[v]
+        if nv >= n_stored:
+            continue
+        lk = S[v, LINK]
+        if lk >= 0 and newid[lk] >= n_stored:
+            return False
+        links[nv] = newid[lk] if lk >= 0 else -1
+        ln = S[v, LEN]
+        lens[nv] = ln if ln < len_cap else len_cap
+        c = S[v, CNT]
+        if c >= count_cap:
+            if 2 * n_big + 2 > big.shape[0]:
+                return False
+            big[2 * n_big] = nv
+            big[2 * n_big + 1] = c
+            n_big += 1
+            c = count_cap
+        counts[nv] = c
+        lasts[nv] = S[v, LAST]
+        offsets[nv + 1] = offsets[nv] + S[v, DEG]
+    fill = offsets[:n_stored].copy()
+    for e in range(m):
+        v = newid[E[e, SRC]]
+        if v >= n_stored:
+            continue
+        k = fill[v]
+        etok[k] = E[e, TOK]
+        eto[k] = newid[E[e, TO]]
+        fill[v] = k + 1
+    _sort_rows(offsets, etok, eto, n_stored)
+    if 2 * n_big != big.shape[0]:
+        return False
+    n_docs = doc_starts.shape[0]
+    d = 0
+    for p in range(n):
+        while d + 1 < n_docs and doc_starts[d + 1] <= p:
+            d += 1
+        v = pstate[p]
+        if newid[v] < n_stored:
+            plink[p] = HOLE
+            continue
+        lk = newid[S[v, LINK]]
+        if lk >= n_stored:
+            return False
+        end = doc_starts[d + 1] if d + 1 < n_docs else n
+        plink[p] = ~lk if p + 1 == end else lk
+    return True
 
 
 @njit(cache=True, nogil=True)

@@ -8,6 +8,7 @@ from numba import njit
 
 from . import frozen as fk
 from . import sam as sk
+from .address import borrowed
 
 
 @njit(cache=True, nogil=True)
@@ -21,10 +22,11 @@ def prefix_live(S, E, H, pattern):
 
 
 @njit(cache=True, nogil=True)
-def prefix_frozen(offsets, etok, eto, pattern):
+def prefix_frozen(offsets, etok, eto, tokens, plink, pattern):
     state = 0
+    o, et, ed, tx, pl = borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(tokens), borrowed(plink)
     for j in range(pattern.shape[0]):
-        state = fk.transition(offsets, etok, eto, state, pattern[j])
+        state = fk.transition(o, et, ed, tx, pl, state, pattern[j])
         if state < 0:
             return j
     return pattern.shape[0]

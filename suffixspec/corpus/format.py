@@ -38,8 +38,9 @@ __all__ = ["MAGIC", "FORMAT_VERSION", "KIND_MANIFEST", "KIND_SHARD", "KIND_DELET
 
 MAGIC = b"SFXSPIDX"
 # 1: before the compact shards (occurrence layout stored, int32 token ids and lengths); 2: before the
-# saturated uint16 state lengths (uint16 only when every length fit)
-FORMAT_VERSION = 3
+# saturated uint16 state lengths (uint16 only when every length fit); 3: before the implicit states
+# (every state stored, frozen.py)
+FORMAT_VERSION = 4
 KIND_MANIFEST, KIND_SHARD, KIND_DELETED = 1, 2, 3
 KIND_NAMES = {KIND_MANIFEST: "manifest", KIND_SHARD: "shard", KIND_DELETED: "deleted-documents"}
 MANIFEST = "manifest.ssx"
@@ -52,11 +53,13 @@ if HEADER.size != 64 or ENTRY.size != 64:
     raise InternalError("container header and entry must be 64 bytes")
 DTYPES = {"<i4", "<i8", "<u2", "|u1", "|b1"}
 # the arrays of a shard file, in file order, and the dtypes each may have
-SHARD_ARRAYS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts", "doc_info")
+SHARD_ARRAYS = ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto", "tokens", "plink", "doc_starts",
+                "doc_info")
 SHARD_DTYPES = {name: ("<i4",) for name in SHARD_ARRAYS}
 # token ids are uint16 in a shard whose ids all fit, state lengths in one whose suffix links' lengths
-# fit below LEN_SATURATED (the longer lengths of other states stored as LEN_SATURATED)
-SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"),
+# fit below LEN_SATURATED (the longer lengths of other states stored as LEN_SATURATED); counts are
+# uint16, those from frozen.COUNT_ESCAPED on found in count_escapes
+SHARD_DTYPES.update(offsets=("<i4", "<i8"), etok=("<u2", "<i4"), tokens=("<u2", "<i4"), lens=("<u2", "<i4"), counts=("<u2",),
                     doc_starts=("<i8",), doc_info=("|u1",))
 DELETED_DTYPES = {"bitmap": ("|u1",)}
 MAX_ARRAYS = 64
@@ -66,7 +69,7 @@ def version_problem(version) -> str:
     """Why a file of format `version` is refused, and what to do about it."""
     if isinstance(version, int) and 0 < version < FORMAT_VERSION:
         return (f"format version {version}, from an older suffixspec; this suffixspec reads version {FORMAT_VERSION} "
-                "(compact shards, saturated state lengths): rebuild the index from its sources with "
+                "(implicit states): rebuild the index from its sources with "
                 "`suffixspec index` (or list its documents with the suffixspec that built it and index them again)")
     return f"format version {version}, this suffixspec reads version {FORMAT_VERSION} (a newer suffixspec wrote it)"
 

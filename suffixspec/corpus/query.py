@@ -292,15 +292,15 @@ class CorpusIndex:
         fa = s.fa
         if sub is not None and not sub.shard_live[s.number]:
             return 0, 0, True  # no selected document in this shard
-        st, ln = fk.advance(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, 0, 0, toks)
+        st, ln = fk.advance(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, fa.tokens, fa.plink, 0, 0, toks)
         if st == fk.CORRUPT:
             s.corrupt("while matching")
         exact = True
         if sub is not None and st != 0:
             run_lo, run_hi = sub.runs[s.number]
             occ, occ_start = s.layout()
-            st, ln, exact = cqk.subset_match(fa.offsets, fa.etok, fa.eto, fa.links, fa.lens, occ, occ_start, fa.counts,
-                                            run_lo, run_hi, st, ln, k)
+            st, ln, exact = cqk.subset_match(fa.links, fa.lens, fa.plink, occ, occ_start, fa.counts, fa.count_escapes, run_lo, run_hi, st,
+                                             ln, k)
             if st == fk.CORRUPT:
                 s.corrupt("while matching in a subset")
         return int(st), int(ln), bool(exact)
@@ -346,7 +346,7 @@ class CorpusIndex:
         check_k(k)
         hits = []
         for s in self.shards:
-            st = int(fk.locate(s.fa.offsets, s.fa.etok, s.fa.eto, toks))
+            st = int(fk.locate(s.fa.offsets, s.fa.etok, s.fa.eto, s.fa.tokens, s.fa.plink, toks))
             if st == fk.CORRUPT:
                 s.corrupt("while locating")
             if st >= 0 and (sub is None or sub.shard_live[s.number]):
@@ -370,21 +370,22 @@ class CorpusIndex:
             if sub is None:
                 if not 0 <= st < fa.n_states:
                     s.corrupt("state out of range")
-                total += int(fa.counts[st])
-                toks, dsts, ok = fk.out_edges(fa.offsets, fa.etok, fa.eto, st)
+                total += fa.count_at(st)
+                toks, dsts, ok = fk.out_edges(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, st)
                 if not ok:
                     s.corrupt(f"edges of state {st}")
+                cnts, lasts = fk.target_values(fa.counts, fa.count_escapes, fa.lasts, fa.n_states, dsts)
                 tok_parts.append(toks)
-                cnt_parts.append(fa.counts[dsts].astype(np.int64))
-                end_parts.append(fa.lasts[dsts].astype(np.int64) + s.token_base)
+                cnt_parts.append(cnts)
+                end_parts.append(lasts + s.token_base)
                 continue
             run_lo, run_hi = sub.runs[s.number]
             occ, occ_start = s.layout()
-            h, sampled, ntoks, nends, ok = cqk.subset_sample(occ, occ_start, fa.counts, fa.doc_starts, fa.tokens,
+            h, sampled, ntoks, nends, ok = cqk.subset_sample(occ, occ_start, fa.counts, fa.count_escapes, fa.doc_starts, fa.tokens,
                                                             run_lo, run_hi, st, k)
             if not ok:
                 s.corrupt("while sampling in a subset")
-            c = int(fa.counts[st])
+            c = fa.count_at(st)
             if st == 0:  # the empty string: exact from document lengths
                 total += self._subset_tokens(s, sub)
             else:
@@ -400,7 +401,7 @@ class CorpusIndex:
             tok_parts.append(uniq)
             cnt_parts.append(cnt)
             end_parts.append(last + s.token_base)
-        if sub is not None and any(int(s.fa.counts[st]) > k for s, st in hits if st != 0):
+        if sub is not None and any(s.fa.count_at(st) > k for s, st in hits if st != 0):
             estimated = True
         if not tok_parts:
             e = np.empty(0, np.int64)
@@ -444,7 +445,8 @@ class CorpusIndex:
                 "n_tokens": self.n_tokens, "n_documents": self.n_documents, "n_shards": self.n_shards,
                 "n_deleted": len(self.deleted), "bytes_on_disk": self.bytes_on_disk,
                 "bytes_per_token": round(self.bytes_on_disk / max(self.n_tokens, 1), 2),
-                "n_states": sum(s.fa.n_states for s in self.shards), "n_edges": sum(s.fa.n_edges for s in self.shards)}
+                "n_states": sum(s.fa.n_stored + s.n_implicit for s in self.shards),
+                "n_implicit": sum(s.n_implicit for s in self.shards), "n_edges": sum(s.fa.n_edges for s in self.shards)}
 
     def __repr__(self):
         return f"CorpusIndex({str(self.path)!r}, tokens={self.n_tokens}, documents={self.n_documents}, shards={self.n_shards})"

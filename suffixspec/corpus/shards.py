@@ -3,10 +3,11 @@
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
 (format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
 automaton's own construction, `_kernels/build.documents_automaton`, which also records each
-position's prefix state), its frozen arrays with the counts and last ends (`_kernels/corpus_build.py`,
-from the prefix states; token ids as uint16 when they all fit, `token_dtype`, and state lengths
-when every suffix link's length fits, the others saturated: format.LEN_SATURATED), and the
-document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
+position's prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix
+states), then its frozen arrays with implicit states (`_kernels/sam_freeze.implicit_ids`: states
+ending at one position only are not stored; token ids as uint16 when they all fit, `token_dtype`,
+and state lengths when every suffix link's length fits, the others saturated:
+format.LEN_SATURATED), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
 invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
@@ -25,6 +26,7 @@ from .._kernels import build as bk
 from .._kernels import corpus_build as cbk
 from .._kernels import sam as sk
 from .._kernels import sam_freeze as sfk
+from .._kernels.frozen import COUNT_ESCAPED
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
 from ..tokenids import as_tokens
@@ -34,7 +36,8 @@ from .manifest import shard_name
 
 __all__ = ["FROZEN_FIELDS", "build_shard_file", "ShardWriter", "sum_phases", "positive_count", "token_dtype"]
 
-FROZEN_FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts")
+FROZEN_FIELDS = ("links", "lens", "counts", "count_escapes", "lasts", "offsets", "etok", "eto", "tokens", "plink",
+                 "doc_starts")
 
 
 def positive_count(name: str, value) -> int:
@@ -71,41 +74,51 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
         raise InternalError("document lengths disagree with the shard's tokens")
     pstate = np.empty(n_tokens, np.int32)  # each position's prefix state, recorded by the build
     S, E, M = bk.documents_automaton(tokens, doc_starts, pstate)
-    n_states, n_edges = int(M[sk.N_STATES]), int(M[sk.N_EDGES])
+    n_states = int(M[sk.N_STATES])
     if int(M[sk.N_TOKENS]) != n_tokens:
         raise InternalError("automaton token count disagrees with the document lengths")
     clock.lap("automaton")
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
-    meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_states, "n_edges": n_edges}
+    # counts and last ends into S's own CNT and LAST columns (spent by the build), from the prefix
+    # states (the occurrence layout is the reader's, see snapshot.Shard.layout); `ids` is scratch,
+    # then every state's id in the frozen layout (implicit states: frozen.py)
+    cols = S[:n_states]
+    ids_ = np.empty(n_states, np.int32)
+    if not cbk.count_ends(cols[:, sk.LINK], cols[:, sk.LEN], pstate, cols[:, sk.CNT], cols[:, sk.LAST],
+                          cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids_):
+        raise InternalError("counts disagree with the automaton's suffix links")
+    clock.lap("counts")
+    n_stored, n_stored_edges, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, pstate, doc_starts, ids_,
+                                                                          np.empty(n_states, np.uint8), COUNT_ESCAPED))
+    meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,
+            "n_implicit": n_states - n_stored}
     i4 = np.int32
     tok_dtype = token_dtype(tokens)
     # uint16 lengths when every length a query reads (a suffix link's) fits below LEN_SATURATED;
     # the others (leaves of the suffix-link tree in long documents) are stored saturated
     len_dtype = np.uint16 if int(cbk.link_target_max_len(S, M)) < LEN_SATURATED else i4
     len_cap = LEN_SATURATED if len_dtype is np.uint16 else np.iinfo(np.int32).max
-    specs = [("links", i4, n_states), ("lens", len_dtype, n_states), ("counts", i4, n_states), ("lasts", i4, n_states),
-             ("offsets", i4 if n_edges < 2**31 else np.int64, n_states + 1),  # int32 halves the edge offsets
-             ("etok", tok_dtype, n_edges), ("eto", i4, n_edges), ("tokens", tok_dtype, n_tokens),
-             ("doc_starts", np.int64, n_docs), ("doc_info", np.uint8, len(doc_info))]
+    specs = [("links", i4, n_stored), ("lens", len_dtype, n_stored), ("counts", np.uint16, n_stored),
+             ("count_escapes", i4, 2 * n_big), ("lasts", i4, n_stored),
+             ("offsets", i4 if n_stored_edges < 2**31 else np.int64, n_stored + 1),  # int32 halves the edge offsets
+             ("etok", tok_dtype, n_stored_edges), ("eto", i4, n_stored_edges), ("tokens", tok_dtype, n_tokens),
+             ("plink", i4, n_tokens), ("doc_starts", np.int64, n_docs), ("doc_info", np.uint8, len(doc_info))]
     if tuple(name for name, _, _ in specs) != SHARD_ARRAYS:
         raise InternalError("shard arrays out of order")
+    if n_stored + n_tokens >= 2**31:
+        raise InternalError("shard too large for int32 state ids")
     out = MappedContainer(Path(path), KIND_SHARD, meta, specs)
     try:
         a = out.arrays
-        sfk.freeze_into(S, E, M, a["offsets"], a["etok"], a["eto"], a["links"], a["lens"], len_cap)
+        if not sfk.freeze_implicit_into(S, E, M, ids_, n_stored, pstate, doc_starts, a["offsets"], a["etok"], a["eto"],
+                                        a["links"], a["lens"], a["counts"], a["lasts"], a["plink"], a["count_escapes"],
+                                        len_cap, COUNT_ESCAPED):
+            raise InternalError("implicit states with stored suffix-link children")
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts
-        clock.lap("freeze")
-        # counts and last ends from the prefix states (the occurrence layout is the reader's, see
-        # snapshot.Shard.layout); scratch in the spent automaton's arrays: S holds 24 bytes per state
-        scratch_w = S.reshape(-1)[: cbk.W_COLS * n_states].reshape(n_states, cbk.W_COLS)
-        scratch_order = E.reshape(-1)[:n_states]
-        if not cbk.count_ends(a["links"], a["lens"], pstate, a["counts"], a["lasts"], scratch_w, scratch_order):
-            raise InternalError("counts disagree with the automaton's suffix links")
-        del S, E, scratch_w, scratch_order
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
-        del a, pstate
-        clock.lap("counts")
+        del S, E, cols, ids_, a, pstate
+        clock.lap("freeze")
         result = out.finish(phases)
     finally:
         out.close()

@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from .._kernels import corpus_build as cbk
+from .._kernels import frozen as fk
 from .._kernels.frozen import CORRUPT
 from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
@@ -46,7 +47,7 @@ from .shards import FROZEN_FIELDS
 __all__ = ["Shard", "Snapshot", "open_snapshot", "SWAP_RETRIES", "SMALL_ARRAYS"]
 
 SWAP_RETRIES = 8  # manifest replacements a single open rides out before giving up
-SMALL_ARRAYS = ("doc_starts", "doc_info")  # O(documents) arrays: checksummed on every open
+SMALL_ARRAYS = ("doc_starts", "doc_info", "count_escapes")  # small arrays: checksummed on every open
 # shard files whose token ranges this process checked: (dev, inode, size, mtime, ctime, payload crc,
 # vocabulary) -> True. Any write to a file changes its ctime, so a changed file is checked again.
 TOKENS_CHECKED: dict = {}
@@ -64,7 +65,7 @@ class Shard:
         self.number = number
         self.file = f = Container(path, KIND_SHARD, SHARD_DTYPES)
         m = f.meta
-        for key in ("n_tokens", "n_documents", "n_states", "n_edges"):
+        for key in ("n_tokens", "n_documents", "n_states", "n_edges", "n_implicit"):
             if not _count(m.get(key)):
                 f.fail(f"meta {key}: expected a count, got {m.get(key)!r}")
         for key in ("n_tokens", "n_documents"):
@@ -82,18 +83,23 @@ class Shard:
         self._layout_lock = threading.Lock()
         self.token_base, self.doc_base = record["token_base"], record["doc_base"]
         self.n_tokens, self.n_documents = record["n_tokens"], record["n_documents"]
+        self.n_implicit = m["n_implicit"]
         fa = self.fa
+        f.check_arrays(SMALL_ARRAYS)  # first: the root's count may be among the escapes
         checks = [
-            (lambda: fa.tokens.shape[0] == self.n_tokens, "token array length"),
+            (lambda: fa.tokens.shape[0] == self.n_tokens and fa.plink.shape[0] == self.n_tokens, "token array length"),
             (lambda: fa.doc_starts.shape[0] == self.n_documents, "document table length"),
-            (lambda: fa.n_states == m["n_states"] and fa.n_edges == m["n_edges"], "state/edge counts"),
+            (lambda: fa.n_stored == m["n_states"] and fa.n_edges == m["n_edges"] and m["n_implicit"] <= self.n_tokens,
+             "state/edge counts"),
             (lambda: int(fa.offsets[0]) == 0 and int(fa.offsets[-1]) == fa.n_edges, "edge offsets"),
-            (lambda: int(fa.counts[0]) == self.n_tokens and int(fa.links[0]) == -1 and int(fa.lens[0]) == 0, "root state"),
+            (lambda: fa.count_at(0) == self.n_tokens and int(fa.links[0]) == -1 and int(fa.lens[0]) == 0, "root state"),
         ]
         for ok, what in checks:
             if not ok():
                 f.fail(f"inconsistent {what}")
-        f.check_arrays(SMALL_ARRAYS)
+        esc = fa.count_escapes  # checksummed (small): every escape names a stored state, in order
+        if esc.shape[0] and not (bool(np.all(esc[2::2] > esc[:-2:2])) and 0 <= int(esc[0]) and int(esc[-2]) < fa.n_stored):
+            f.fail("inconsistent count escapes")
         ds = fa.doc_starts
         if not (int(ds[0]) == 0 and bool(np.all(ds[1:] > ds[:-1])) and int(ds[-1]) < self.n_tokens):
             f.fail("inconsistent document starts")
@@ -123,12 +129,14 @@ class Shard:
 
     def _compute_layout(self) -> tuple[np.ndarray, np.ndarray]:
         fa = self.fa
-        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.doc_starts)
+        pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
         if pstate.shape[0] and pstate[0] == CORRUPT:
             self.corrupt("while walking the text")
-        ns = fa.n_states
+        # over every state id: an implicit state's link from plink and count 1 (a hole: count 0)
+        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, fa.plink)
+        ns = links.shape[0]
         occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns, np.int32)
-        if not cbk.place_occurrences(fa.links, fa.counts, pstate, occ, occ_start, np.empty((ns, cbk.P_COLS), np.int32)):
+        if not cbk.place_occurrences(links, counts, pstate, occ, occ_start, np.empty((ns, cbk.P_COLS), np.int32)):
             self.corrupt("the counts disagree with the suffix links and the text")
         occ.flags.writeable = False
         occ_start.flags.writeable = False

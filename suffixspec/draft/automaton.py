@@ -335,12 +335,17 @@ class SuffixAutomaton(_Queries):
 class FrozenAutomaton(_Queries):
     """Read-only automaton over flat arrays (possibly memory-mapped); see the module docstring."""
 
-    _FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "doc_starts")
+    _FIELDS = ("links", "lens", "counts", "lasts", "offsets", "etok", "eto", "tokens", "plink", "count_escapes", "doc_starts")
 
-    def __init__(self, *, links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts):
+    def __init__(self, *, links, lens, counts, lasts, offsets, etok, eto, tokens, doc_starts, plink=None,
+                 count_escapes=None):
         self.links, self.lens, self.counts, self.lasts = links, lens, counts, lasts
         self.offsets, self.etok, self.eto = offsets, etok, eto
         self.tokens, self.doc_starts = tokens, doc_starts
+        # the implicit states' suffix links (`_kernels/frozen.py`; a corpus shard's), empty for none
+        self.plink = np.empty(0, np.int32) if plink is None else plink
+        # uint16 counts' escapes (`_kernels/frozen.py`: (state, count) pairs), empty for none
+        self.count_escapes = np.empty(0, np.int32) if count_escapes is None else count_escapes
         n = links.shape[0]
         for name in ("lens", "counts", "lasts"):
             if getattr(self, name).shape[0] != n:
@@ -349,7 +354,12 @@ class FrozenAutomaton(_Queries):
             raise IndexFormatError("frozen automaton: edge arrays do not match the state count")
         if n == 0 or doc_starts.shape[0] == 0:
             raise IndexFormatError("frozen automaton: no root state or no document table")
-        for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens):
+        if self.plink.dtype != np.int32 or self.plink.shape[0] not in (0, tokens.shape[0]):
+            raise IndexFormatError(f"frozen automaton: plink has {self.plink.shape[0]} rows, expected 0 or {tokens.shape[0]}")
+        if self.count_escapes.dtype != np.int32 or self.count_escapes.shape[0] % 2:
+            raise IndexFormatError("frozen automaton: count escapes are not (state, count) int32 pairs")
+        for a in (self.links, self.lens, self.counts, self.lasts, self.offsets, self.etok, self.eto, self.tokens, self.plink,
+                  self.count_escapes):
             if a.flags.writeable:
                 a.flags.writeable = False
 
@@ -408,6 +418,8 @@ class FrozenAutomaton(_Queries):
         """The arrays `_kernels.build.extend_frozen` thaws, once this automaton is checked to be
         over the first documents of (tokens, starts) (`from_documents`) with a layout it can follow."""
         k, first = len(self), int(self.doc_starts.shape[0])
+        if self.plink.shape[0]:
+            raise BadInputError("extending: expected an automaton without implicit states (a corpus shard's has them)")
         if not (first <= starts.shape[0] and (starts[first] == k if first < starts.shape[0] else k == tokens.shape[0])
                 and np.array_equal(starts[:first], self.doc_starts) and np.array_equal(tokens[:k], self.tokens)):
             raise BadInputError("extending: expected the automaton over the first documents of tokens")
@@ -420,33 +432,62 @@ class FrozenAutomaton(_Queries):
     def _corrupt(self, what):
         raise IndexFormatError(f"frozen automaton: damaged arrays ({what})")
 
+    def _check_state(self, state) -> int:
+        v = super()._check_state(state)
+        if v >= self.n_stored and int(self.plink[v - self.n_stored]) == fk.HOLE:
+            # the id of a position whose prefix state is stored: no state
+            raise BadInputError(f"state: {state} is no state of this automaton (no implicit state at position "
+                                f"{v - self.n_stored})")
+        return v
+
     def _advance(self, state, length, toks):
         if not 0 <= state < self.n_states:
             raise BadInputError(f"cursor state {state} does not belong to this automaton")
-        s, ln = fk.advance(self.offsets, self.etok, self.eto, self.links, self.lens, state, length, toks)
+        s, ln = fk.advance(self.offsets, self.etok, self.eto, self.links, self.lens, self.tokens, self.plink, state,
+                           length, toks)
         if s == fk.CORRUPT:
             self._corrupt("while matching")
         return int(s), int(ln)
 
     def locate(self, pattern) -> int:
-        s = int(fk.locate(self.offsets, self.etok, self.eto, as_tokens(pattern, "pattern")))
+        s = int(fk.locate(self.offsets, self.etok, self.eto, self.tokens, self.plink, as_tokens(pattern, "pattern")))
         if s == fk.CORRUPT:
             self._corrupt("while locating")
         return s
 
     def prefix_length(self, pattern) -> int:
         """Length of the longest prefix of `pattern` that occurs in the text."""
-        n = int(wk.prefix_frozen(self.offsets, self.etok, self.eto, as_tokens(pattern, "pattern")))
+        n = int(wk.prefix_frozen(self.offsets, self.etok, self.eto, self.tokens, self.plink, as_tokens(pattern, "pattern")))
         return n
 
+    def count_at(self, v: int) -> int:
+        """Count of state id v (in range: stored, or implicit: 1); `fk.count_of` without a kernel
+        call (this is read per committed token and per restricted query)."""
+        if v >= self.n_stored:
+            return 1
+        c = int(self.counts[v])
+        if c == fk.COUNT_ESCAPED and self.count_escapes.shape[0]:
+            ids = self.count_escapes[0::2]
+            i = int(np.searchsorted(ids, v))
+            if i < ids.shape[0] and int(ids[i]) == v:
+                return int(self.count_escapes[2 * i + 1])
+        return c
+
+    def last_at(self, v: int) -> int:
+        """Last end of state id v (in range: stored, or implicit: its position)."""
+        return int(self.lasts[v]) if v < self.n_stored else v - self.n_stored
+
     def state_count(self, state) -> int:
-        return int(self.counts[self._check_state(state)])
+        return self.count_at(self._check_state(state))
 
     def state_last_end(self, state) -> int:
-        return int(self.lasts[self._check_state(state)])
+        return self.last_at(self._check_state(state))
 
     def state_length(self, state) -> int:
         v = self._check_state(state)
+        if v >= self.n_stored:  # an implicit state: its document's prefix up to its position
+            p = v - self.n_stored
+            return p - int(self.doc_starts[int(np.searchsorted(self.doc_starts, p, side="right")) - 1]) + 1
         length = int(self.lens[v])
         if length == fk.LEN_SATURATED and self.lens.dtype == np.uint16:
             # saturated (a corpus shard's leaf of a long document): its document's prefix up to its last end
@@ -458,13 +499,17 @@ class FrozenAutomaton(_Queries):
         return length
 
     def state_link(self, state) -> int:
-        return int(self.links[self._check_state(state)])
+        w = int(fk.link_of(self.links, self.plink, self._check_state(state)))
+        if w == fk.CORRUPT:
+            self._corrupt(f"suffix link of state {state}")
+        return w
 
     def continuations(self, state) -> Continuations:
-        toks, dsts, ok = fk.out_edges(self.offsets, self.etok, self.eto, self._check_state(state))
+        toks, dsts, ok = fk.out_edges(self.offsets, self.etok, self.eto, self.tokens, self.plink, self._check_state(state))
         if not ok:
             self._corrupt(f"edges of state {state}")
-        return Continuations(toks, self.counts[dsts].astype(np.int64), self.lasts[dsts].astype(np.int64), dsts)
+        counts, lasts = fk.target_values(self.counts, self.count_escapes, self.lasts, self.n_states, dsts)
+        return Continuations(toks, counts, lasts, dsts)
 
     def _doc_starts(self):
         return self.doc_starts
@@ -477,6 +522,12 @@ class FrozenAutomaton(_Queries):
 
     @property
     def n_states(self) -> int:
+        """The state ids: the stored states, then one per position when there are implicit states
+        (ids n_stored + p; a position whose prefix state is stored has none)."""
+        return int(self.links.shape[0] + self.plink.shape[0])
+
+    @property
+    def n_stored(self) -> int:
         return int(self.links.shape[0])
 
     @property
@@ -505,7 +556,8 @@ class FrozenAutomaton(_Queries):
         return got
 
     KERNEL_FIELDS = ("offsets", "etok", "eto", "counts", "lasts", "links", "lens")
-    NARROW_FIELDS = ("etok", "lens")  # kept uint16 when they are (see kernel_arrays)
+    IMPLICIT_FIELDS = ("tokens", "plink", "count_escapes")  # read by the kernels that meet implicit states
+    NARROW_FIELDS = ("etok", "lens", "counts")  # kept uint16 when they are (see kernel_arrays)
 
     def kernel_arrays(self) -> tuple:
         """`KERNEL_FIELDS` as read-only C arrays (a row of `_kernels.frozen.source_table`): int32, but
@@ -530,6 +582,23 @@ class FrozenAutomaton(_Queries):
             got = self.__dict__["_kernel_arrays"] = tuple(out)
         return got
 
+    def implicit_arrays(self) -> tuple:
+        """`IMPLICIT_FIELDS` as read-only C arrays for the kernels (tokens int32 or uint16; each as
+        it is when it already is, else a copy made once and kept)."""
+        got = self.__dict__.get("_implicit_arrays")
+        if got is None:
+            toks = self.tokens
+            if toks.dtype not in (np.int32, np.uint16) or not toks.flags.c_contiguous:
+                toks = np.ascontiguousarray(toks, np.int32)
+            out = []
+            for a in (toks, np.ascontiguousarray(self.plink), np.ascontiguousarray(self.count_escapes)):
+                if a.flags.writeable:
+                    a = a.view()
+                    a.flags.writeable = False
+                out.append(a)
+            got = self.__dict__["_implicit_arrays"] = tuple(out)
+        return got
+
     def edge_records(self) -> np.ndarray:
         """`_kernels.frozen.edge_records` of the kernel arrays (the drafting kernel's children: an
         edge's token, target and the target's count and last end, side by side), read-only; built
@@ -537,7 +606,7 @@ class FrozenAutomaton(_Queries):
         got = self.__dict__.get("_edge_records")
         if got is None:
             offsets, etok, eto, counts, lasts, _links, _lens = self.kernel_arrays()
-            got = fk.edge_records(etok, eto, counts, lasts)
+            got = fk.edge_records(etok, eto, counts, self.count_escapes, lasts, self.plink.shape[0])
             got.flags.writeable = False
             self.__dict__["_edge_records"] = got
         return got

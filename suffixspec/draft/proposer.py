@@ -293,7 +293,7 @@ class Proposer:
         width = int(self.params[dk.P_MAX_CHILDREN]) + 1
         tops = None
         if width <= dk.CHILD_BUF:
-            tops = fk.top_children(offsets, etok, eto, counts, lasts, width, fk.top_min_children(width))
+            tops = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, fa.plink.shape[0], width, fk.top_min_children(width))
         self._tops[id(fa)] = (fa, tops)
         return tops
 

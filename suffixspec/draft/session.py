@@ -76,8 +76,8 @@ def _anchor(fa: FrozenAutomaton, state: int, length: int, moved: int) -> int:
     NEAR_BACK of `moved` (the previous anchor moved on by the tokens committed since, -1: none);
     else `moved` (past the end of the text, an anchor is near no continuation: harmless)."""
     if state > 0 and length >= ANCHOR_MIN:
-        last = int(fa.lasts[state])
-        if int(fa.counts[state]) == 1 or (moved >= 0 and abs(last - moved) <= dk.NEAR_BACK):
+        last = fa.last_at(state)
+        if fa.count_at(state) == 1 or (moved >= 0 and abs(last - moved) <= dk.NEAR_BACK):
             return last
     return moved
 
@@ -194,7 +194,8 @@ class Session:
                     state, length = fa._advance(int(cur[j, _CUR_STATE]), int(cur[j, _CUR_LEN]), toks)
                 else:
                     offsets, etok, eto, _counts, _lasts, links, lens = fa.kernel_arrays()
-                    state, length = lk.count_frozen(offsets, etok, eto, links, lens, int(cur[j, _CUR_STATE]),
+                    text, plink, _big = fa.implicit_arrays()
+                    state, length = lk.count_frozen(offsets, etok, eto, links, lens, text, plink, int(cur[j, _CUR_STATE]),
                                                     int(cur[j, _CUR_LEN]), toks, p.min_match, int(self._cls[j]),
                                                     self._stats, p._learned)
                     if state == fk.CORRUPT:

@@ -99,7 +99,7 @@ class Sources:
         # each row's source class (lk.CLS_*), as the kernels read it
         self.classes = np.array([lk.CLS_CORPUS] * len(static) + [lk.CLS_CACHE] * len(cached), np.int64)
         # the kernels read the sources through raw addresses: self.held keeps their arrays alive
-        self.held = [fa.kernel_arrays() + (fa.edge_records(),) for fa in self.automata]
+        self.held = [fa.kernel_arrays() + (fa.edge_records(),) + fa.implicit_arrays() for fa in self.automata]
         self.table = fk.source_table(self.held)
         # each source's best children of its states with many (fk.top_children), or None
         self.held_tops = [tops_of(fa) for fa in self.automata]
