@@ -15,7 +15,8 @@ as in the library); the pair of lowest merge rank is merged
 first, the leftmost of equal ranks, until no adjacent pair has a merge: the library's heap order
 (rank, then position), with stale heap entries skipped the same way. Merges are an open-addressing
 table keyed by (left id << 32 | right id). Words of 2..CACHE_MAX_WORD bytes are cached (bytes ->
-ids) in arrays the caller owns; a full cache stops taking entries (results never depend on it).
+ids; short keys and results inline in a 32-byte slot) in arrays the caller owns (`SLOT_COLS`); a
+full cache stops taking entries (results never depend on it).
 """
 
 import numpy as np
@@ -23,9 +24,14 @@ from numba import njit
 
 CLS_SPACE, CLS_LETTER, CLS_DIGIT, CLS_OTHER = 0, 1, 2, 3
 CACHE_MAX_WORD = 48
-# cache slot columns (int64[slots, SLOT_COLS]); an empty slot has S_KOFF -1
-S_HASH, S_KOFF, S_KLEN, S_VOFF, S_VLEN = 0, 1, 2, 3, 4
-SLOT_COLS = 5
+INLINE_KEY = 16
+CACHE_LOAD_NUM, CACHE_LOAD_DEN = 3, 5
+# cache slot columns (int64[slots, SLOT_COLS], 32 bytes a slot, all zero when empty): the key's first
+# and next 8 bytes when it has at most INLINE_KEY bytes, else its hash and its offset in the key
+# arena; up to two ids packed; META = key length | id count << 8 | offset of the ids in the value
+# arena (more than two) << 16
+C_K0, C_K1, C_IDS, C_META = 0, 1, 2, 3
+SLOT_COLS = 4
 # cache meta (int64[META_COLS]): entries, key bytes used, value ids used
 M_ENTRIES, M_KEYS, M_VALS = 0, 1, 2
 META_COLS = 3
@@ -187,61 +193,74 @@ def _bpe(data, a, b, byte_ids, mkeys, mranks, mnew, out, o):
 
 
 @njit(cache=True, inline="always")
-def _word_hash(data, a, b):
+def _word_key(data, a, b):
+    """(first 8 bytes, next 8 bytes, hash) of the word data[a:b]: the bytes packed little-endian
+    when it has at most INLINE_KEY bytes (then they are its key), else an FNV-1a hash of all."""
+    n = b - a
+    if n <= INLINE_KEY:
+        w0 = np.uint64(0)
+        w1 = np.uint64(0)
+        for j in range(min(n, 8)):
+            w0 |= np.uint64(data[a + j]) << np.uint64(8 * j)
+        for j in range(8, n):
+            w1 |= np.uint64(data[a + j]) << np.uint64(8 * (j - 8))
+        h = w0 * np.uint64(0x9E3779B97F4A7C15) + w1 * np.uint64(0xC2B2AE3D27D4EB4F) + np.uint64(n)
+        h = (h ^ (h >> np.uint64(32))) * np.uint64(0xD6E8FEB86659FD93)
+        return np.int64(w0), np.int64(w1), h ^ (h >> np.uint64(32))
     h = np.uint64(14695981039346656037)
     for i in range(a, b):
         h = (h ^ np.uint64(data[i])) * np.uint64(1099511628211)
-    return h
+    return np.int64(h), np.int64(0), h ^ (h >> np.uint64(31))
+
+
+@njit(cache=True, inline="always")
+def _same_key(slots, i, data, a, n, k0, k1, ckeys):
+    if (slots[i, C_META] & 0xFF) != n or slots[i, C_K0] != k0:
+        return False
+    if n <= INLINE_KEY:
+        return slots[i, C_K1] == k1
+    k = slots[i, C_K1]
+    for j in range(n):
+        if ckeys[k + j] != data[a + j]:
+            return False
+    return True
 
 
 @njit(cache=True)
-def _encode_word(data, a, b, byte_ids, mkeys, mranks, mnew, slots, ckeys, cvals, cmeta, out, o):
-    """The ids of the pretoken data[a:b] at out[o:], through the cache; returns the end in `out`."""
+def _miss(data, a, b, k0, k1, i, byte_ids, mkeys, mranks, mnew, slots, ckeys, cvals, cmeta, out, o):
+    """The ids of the pretoken data[a:b] (key k0, k1; not cached, its empty slot i) at out[o:] by
+    BPE, kept in the cache when there is room; returns the end in `out`."""
     n = b - a
-    if n == 1:
-        t = byte_ids[data[a]]
-        if t < 0:
-            return o
-        out[o] = t
-        return o + 1
-    if n > CACHE_MAX_WORD:
-        return _bpe(data, a, b, byte_ids, mkeys, mranks, mnew, out, o)
-    h = _word_hash(data, a, b)
-    mask = slots.shape[0] - 1
-    i = np.int64((h ^ (h >> np.uint64(31))) & np.uint64(mask))
-    hs = np.int64(h)
-    while slots[i, S_KOFF] >= 0:
-        if slots[i, S_HASH] == hs and slots[i, S_KLEN] == n:
-            k = slots[i, S_KOFF]
-            same = True
-            for j in range(n):
-                if ckeys[k + j] != data[a + j]:
-                    same = False
-                    break
-            if same:
-                v = slots[i, S_VOFF]
-                for j in range(slots[i, S_VLEN]):
-                    out[o + j] = cvals[v + j]
-                return o + slots[i, S_VLEN]
-        i = (i + 1) & mask
     end = _bpe(data, a, b, byte_ids, mkeys, mranks, mnew, out, o)
-    # keep it when there is room (the table at most half full, both arenas with space)
-    if (2 * (cmeta[M_ENTRIES] + 1) <= slots.shape[0] and cmeta[M_KEYS] + n <= ckeys.shape[0]
-            and cmeta[M_VALS] + (end - o) <= cvals.shape[0]):
-        k = cmeta[M_KEYS]
-        v = cmeta[M_VALS]
+    m = end - o
+    # kept when there is room: the table at most CACHE_LOAD full, the arenas with space
+    if (cmeta[M_ENTRIES] + 1) * CACHE_LOAD_DEN > slots.shape[0] * CACHE_LOAD_NUM:
+        return end
+    if (n > INLINE_KEY and cmeta[M_KEYS] + n > ckeys.shape[0]) or (m > 2 and cmeta[M_VALS] + m > cvals.shape[0]):
+        return end
+    k1s = k1
+    if n > INLINE_KEY:
+        k1s = cmeta[M_KEYS]
         for j in range(n):
-            ckeys[k + j] = data[a + j]
-        for j in range(end - o):
-            cvals[v + j] = out[o + j]
-        slots[i, S_HASH] = hs
-        slots[i, S_KOFF] = k
-        slots[i, S_KLEN] = n
-        slots[i, S_VOFF] = v
-        slots[i, S_VLEN] = end - o
-        cmeta[M_ENTRIES] += 1
-        cmeta[M_KEYS] = k + n
-        cmeta[M_VALS] = v + (end - o)
+            ckeys[k1s + j] = data[a + j]
+        cmeta[M_KEYS] = k1s + n
+    voff = 0
+    ids = np.int64(0)
+    if m <= 2:
+        if m >= 1:
+            ids = np.int64(np.uint32(out[o]))
+        if m == 2:
+            ids |= np.int64(out[o + 1]) << 32
+    else:
+        voff = cmeta[M_VALS]
+        for j in range(m):
+            cvals[voff + j] = out[o + j]
+        cmeta[M_VALS] = voff + m
+    slots[i, C_K0] = k0
+    slots[i, C_K1] = k1s
+    slots[i, C_IDS] = ids
+    slots[i, C_META] = n | (m << 8) | (voff << 16)
+    cmeta[M_ENTRIES] += 1
     return end
 
 
@@ -313,10 +332,45 @@ def _safe(data, ds, de, p, cls):
 
 @njit(cache=True)
 def _encode_stretch(data, a, b, cls, split_digits, byte_ids, mkeys, mranks, mnew, slots, ckeys, cvals, cmeta, out, o):
+    """The ids of the ASCII stretch data[a:b] at out[o:], pretoken by pretoken through the cache
+    (one flat loop: the hit path inline, a miss in `_miss`); returns the end in `out`."""
+    mask = slots.shape[0] - 1
     i = a
     while i < b:
         j = _pretoken_end(data, i, b, cls, split_digits)
-        o = _encode_word(data, i, j, byte_ids, mkeys, mranks, mnew, slots, ckeys, cvals, cmeta, out, o)
+        n = j - i
+        if n == 1:
+            t = byte_ids[data[i]]
+            if t >= 0:  # (a byte the vocabulary lacks gives nothing)
+                out[o] = t
+                o += 1
+        elif n > CACHE_MAX_WORD:
+            o = _bpe(data, i, j, byte_ids, mkeys, mranks, mnew, out, o)
+        else:
+            k0, k1, h = _word_key(data, i, j)
+            s = np.int64(h & np.uint64(mask))
+            hit = False
+            while slots[s, C_META] != 0:
+                if _same_key(slots, s, data, i, n, k0, k1, ckeys):
+                    hit = True
+                    break
+                s = (s + 1) & mask
+            if hit:
+                meta = slots[s, C_META]
+                m = (meta >> 8) & 0xFF
+                if m <= 2:
+                    ids = slots[s, C_IDS]
+                    if m >= 1:
+                        out[o] = np.int32(ids & 0xFFFFFFFF)
+                    if m == 2:
+                        out[o + 1] = np.int32(ids >> 32)
+                else:
+                    v = meta >> 16
+                    for q in range(m):
+                        out[o + q] = cvals[v + q]
+                o += m
+            else:
+                o = _miss(data, i, j, k0, k1, s, byte_ids, mkeys, mranks, mnew, slots, ckeys, cvals, cmeta, out, o)
         i = j
     return o
 
