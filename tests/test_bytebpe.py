@@ -109,3 +109,13 @@ def test_unsupported_pipelines_are_refused(default_tok):
     word = Tokenizer(models.WordLevel({"[UNK]": 0, "a": 1}, unk_token="[UNK]"))
     word.pre_tokenizer = pre_tokenizers.Whitespace()
     assert ByteLevelEncoder.of(tk.Tokenizer(word, "word")) is None
+
+
+def test_index_encodes_through_it(default_tok):
+    """`suffixspec index` takes the kernels' path for the default tokenizer: the library's ids."""
+    from suffixspec._commands.index import batch_encoder
+
+    encode = batch_encoder(default_tok)
+    assert isinstance(getattr(encode, "__self__", None), ByteLevelEncoder)
+    texts = random_texts(np.random.default_rng(3), 200) + ["def f(x):\n    return x  # é\n"]
+    assert [a.tolist() for a in encode(texts)] == library_ids(default_tok, texts)
