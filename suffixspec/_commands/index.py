@@ -48,9 +48,15 @@ def parse_tags(items, what="--tag") -> dict:
 
 
 def batch_encoder(tok):
-    """texts -> token id arrays, as `tok.encode_batch` gives them: through the HF backend's
+    """texts -> token id arrays, as `tok.encode_batch` gives them: through `bytebpe.ByteLevelEncoder`
+    for the byte-level BPE tokenizers it implements (the same ids), else the HF backend's
     `encode_batch_fast` when it has one (the same ids without the character offsets, which an index
     never reads), else `encode_batch`."""
+    from ..bytebpe import ByteLevelEncoder
+
+    own = ByteLevelEncoder.of(tok)
+    if own is not None:
+        return own.encode_batch
     fast = getattr(getattr(tok, "backend", None), "encode_batch_fast", None)
     if fast is None:
         return tok.encode_batch

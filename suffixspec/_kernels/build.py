@@ -111,14 +111,18 @@ def _frozen(S, E, H, M, tokens, starts, first):
 def _empty(n):
     """(S, E, H, M): the bulk-mode automaton with the root only, with room for n tokens."""
     # a generalized automaton over n tokens has at most 2n states and about 3n edges
-    S = np.empty((2 * n + 2, sk.STATE_COLS), np.int32)
+    return _root(np.empty((2 * n + 2, sk.STATE_COLS), np.int32), np.empty((3 * n + 16, sk.E_COLS), np.int32))
+
+
+@njit(cache=True, nogil=True)
+def _root(S, E):
+    """(S, E, H, M): the bulk-mode automaton with the root only, in the given S and E."""
     S[0, sk.LINK] = -1
     S[0, sk.LEN] = 0
     S[0, sk.HEAD] = -1
     S[0, sk.CNT] = 0
     S[0, sk.LAST] = -1
     S[0, sk.DEG] = 0
-    E = np.empty((3 * n + 16, sk.E_COLS), np.int32)
     H = np.full(32, -1, np.int32)
     M = np.zeros(sk.META, np.int64)
     M[sk.N_STATES] = 1
@@ -135,15 +139,24 @@ def build_frozen(tokens, starts):
     return _frozen(S, E, H, M, tokens, starts, 0)
 
 
-@njit(cache=True, nogil=True)
 def documents_automaton(tokens, starts, P):
     """(S, E, M): the automaton `build_frozen` freezes (MODE_BULK layout, see sam.py), for a caller
     that freezes it into arrays of its own (`sam_freeze.freeze_into`: a corpus shard's mapped
     file), with P int32[len(tokens)] filled with each position's prefix state (the state of its
     whole document prefix). CNT and LAST are not accumulated: they hold each state's own
     positions (the counts follow from P, `corpus_build.build_occurrences`). The inputs must pass
-    `check_documents`."""
-    S, E, H, M = _empty(tokens.shape[0])
+    `check_documents`. S and E are numpy's: numpy marks large allocations for transparent huge
+    pages (numba's allocator does not), and the construction's random accesses over them then
+    miss the TLB far less."""
+    n = tokens.shape[0]
+    S = np.empty((2 * n + 2, sk.STATE_COLS), np.int32)
+    E = np.empty((3 * n + 16, sk.E_COLS), np.int32)
+    return _documents_automaton(S, E, tokens, starts, P)
+
+
+@njit(cache=True, nogil=True)
+def _documents_automaton(S, E, tokens, starts, P):
+    S, E, H, M = _root(S, E)
     S, E, H, T, M = _add_documents(S, E, H, M, tokens, starts, 0, P)
     return S, E, M
 
