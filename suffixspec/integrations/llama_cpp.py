@@ -31,6 +31,8 @@ Contract:
 from __future__ import annotations
 
 import collections
+import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -38,7 +40,7 @@ import numpy as np
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
 from ..draft.config import ProposerConfig
 from ..engine.warmup import warm_kernels
-from .vllm_drafting import PRIOR_STEP_SECONDS, StepCost, path_values, write_paths
+from .vllm_drafting import PRIOR_STEP_SECONDS, StepCost, path_values
 
 # SuffixSpecDraftModel is built by __getattr__ on first access
 __all__ = ["SuffixSpecDraftModel", "LlamaDrafter", "RecentStepCost", "draft_model_class", "DEFAULT_MAX_DRAFT"]  # noqa: F822
@@ -51,6 +53,22 @@ EXPLORE = 16  # steps between tries of a long draft the cost line refuses (doubl
 EXPLORE_MAX = 256
 _NO_VOCAB = np.iinfo(np.intc).max  # the tree's tokens come from the context and corpora: no cut
 _EMPTY = np.zeros(0, np.intc)
+
+
+@dataclasses.dataclass(frozen=True)
+class _DraftBuffers:
+    """One row's arrays for `path_values` (`_draft_of`), allocated once."""
+
+    values: np.ndarray  # (1, k + 1) float64: the best path's expected tokens per length
+    nodes: np.ndarray  # (1, k + 1) int64: that path's last node
+    starts: np.ndarray  # (1,) int64: the row's first node (always 0: one tree)
+    counts: np.ndarray  # (1,) int64: the tree's nodes
+    limits: np.ndarray  # (1,) int64: the longest path offered
+
+    @classmethod
+    def of(cls, k: int) -> _DraftBuffers:
+        one = functools.partial(np.zeros, 1, np.int64)
+        return cls(np.empty((1, k + 1), np.float64), np.empty((1, k + 1), np.int64), one(), one(), one())
 
 
 class RecentStepCost:
@@ -132,6 +150,7 @@ class LlamaDrafter:
         self.config = ProposerConfig.of(None, knobs)
         self.cost = RecentStepCost(self.k) if step_cost is None else StepCost(step_cost)
         self._evaluated = np.arange(1, self.k + 2)  # an evaluation's tokens at each draft length
+        self._buf = _DraftBuffers.of(self.k)
         self._explore = EXPLORE if step_cost is None else 0  # steps between tries of a refused long draft
         self._since_long = 0  # steps since a draft of the longest length offered was measured
         warm_kernels(self.corpora or None, filter=filter, config=self.config)
@@ -184,7 +203,11 @@ class LlamaDrafter:
 
     def _extends(self, ids: np.ndarray, n: int) -> bool:
         L = self._length
-        return self._session is not None and n >= L and np.array_equal(ids[:L], self._ids[:L])
+        if self._session is None or n < L:
+            return False
+        if ids.dtype == np.intc:  # llama-cpp-python's own arrays: one memcmp (cold caches: see _draft_of)
+            return ids[:L].tobytes() == self._ids[:L].tobytes()
+        return np.array_equal(ids[:L], self._ids[:L])
 
     def _store(self, ids: np.ndarray, start: int, n: int) -> None:
         if self._ids.shape[0] < n:
@@ -198,7 +221,7 @@ class LlamaDrafter:
         """A new sequence: the prompt is every token but the one just sampled, then that token."""
         self.finish()
         cut = n - 1 if n > 1 else n
-        self._session = self.proposer.start(np.asarray(ids[:cut], np.int64), filter=self.filter)
+        self._session = self.proposer.start(ids[:cut], filter=self.filter)
         self._store(ids, 0, cut)
         self.stats["sessions"] += 1
         if n > cut:
@@ -206,25 +229,33 @@ class LlamaDrafter:
 
     def _feed(self, ids: np.ndarray, n: int) -> None:
         L = self._length
-        self._session.extend(np.asarray(ids[L:n], np.int64))
+        self._session.extend(ids[L:n])  # validated there (as_tokens: int32, in range)
         self._store(ids, L, n)
 
     def _draft_of(self, tree: DraftTree, limit: int) -> np.ndarray:
-        """The best root path of `tree` of the length that pays most for one evaluation's cost."""
+        """The best root path of `tree` of the length that pays most for one evaluation's cost.
+        Every call runs right after llama.cpp's evaluation has flushed the caches, where each numpy
+        call costs tens of microseconds: the buffers are the drafter's own, reused across calls."""
         count = len(tree)
         if count == 0 or limit <= 0:
             return _EMPTY.copy()
-        values = np.empty((1, self.k + 1), np.float64)
-        nodes = np.empty((1, self.k + 1), np.int64)
-        starts = np.zeros(1, np.int64)
-        path_values(tree.tokens, tree.parents, tree.depths, tree.scores, starts, np.array([count], np.int64),
-                    np.array([limit], np.int64), _NO_VOCAB, values, nodes)
-        length = self._best_length(values[0].tolist())
+        buf = self._buf
+        buf.counts[0] = count
+        buf.limits[0] = limit
+        path_values(tree.tokens, tree.parents, tree.depths, tree.scores, buf.starts, buf.counts, buf.limits,
+                    _NO_VOCAB, buf.values, buf.nodes)
+        values = buf.values[0].tolist()
+        length = self._best_length(values)
         if self._explore:
-            length = self._explored(values[0], length)
-        out = np.zeros((1, self.k), np.int64)
-        write_paths(tree.tokens, tree.parents, starts, nodes, np.array([length], np.int64), out)
-        return out[0, :length].astype(np.intc)
+            length = self._explored(values, length)
+        if length == 0:
+            return _EMPTY.copy()
+        draft = np.empty(length, np.intc)  # the root path ending at its best node, walked backwards
+        node, tokens, parents = int(buf.nodes[0, length]), tree.tokens, tree.parents
+        for j in range(length - 1, -1, -1):
+            draft[j] = tokens[node]
+            node = parents[node]
+        return draft
 
     def _best_length(self, values: list[float]) -> int:
         """`plan_lengths` for one row: the first length maximising (1 + expected tokens) / the cost
@@ -238,11 +269,13 @@ class LlamaDrafter:
                     best, length = gain, L
         return length
 
-    def _explored(self, values: np.ndarray, chosen: int) -> int:
+    def _explored(self, values: list[float], chosen: int) -> int:
         """`chosen`, or now and then the longest path expected to yield a token when the line refuses
         it: every `_explore` such steps, the interval doubling while long drafts keep not paying."""
-        offered = np.flatnonzero(np.isfinite(values) & (values >= 1.0))
-        longest = int(offered[-1]) if offered.shape[0] else 0
+        longest = 0
+        for L, v in enumerate(values):  # -inf and nan compare false
+            if v >= 1.0:
+                longest = L
         if longest <= chosen:
             self._since_long = 0
             if chosen > 0:
