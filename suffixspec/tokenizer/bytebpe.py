@@ -19,7 +19,7 @@ import json
 
 import numpy as np
 
-from ._kernels import bytebpe as bk
+from .._kernels import bytebpe as bk
 
 __all__ = ["ByteLevelEncoder"]
 
