@@ -1,4 +1,4 @@
-"""`bytebpe.ByteLevelEncoder` against the tokenizers library: the same ids on random text built from
+"""`tokenizer.bytebpe.ByteLevelEncoder` against the tokenizers library: the same ids on random text built from
 the characters and fragments the GPT-2 split treats specially (every ASCII byte, contractions,
 whitespace runs before letters, digits and punctuation, non-ASCII letters, digits and spaces, added
 tokens), on real source files, with the digit split and without, and with a cache too small to
@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from suffixspec import bytebpe
 from suffixspec import tokenizer as tk
-from suffixspec.bytebpe import ByteLevelEncoder
+from suffixspec.tokenizer import bytebpe
+from suffixspec.tokenizer.bytebpe import ByteLevelEncoder
 
 FRAGMENTS = ([chr(c) for c in range(128)]
              + ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'x", "  ", "   ", "\n    ", "\n\n", " \n", "\t\t",

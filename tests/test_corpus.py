@@ -573,6 +573,62 @@ def test_reader_layout_equals_reference(tmp_path):
         assert fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, bad_plink)[0].min() == -1
 
 
+def test_frozen_layout_kernel_equals_the_one_over_every_id(tmp_path):
+    """`place_occurrences_frozen` (scratch rows for stored states only, the layout the reader keeps)
+    gives exactly what `place_occurrences` gives over every state id (`all_ids_columns`: implicit
+    states and holes as rows), on random corpora, documents of one token and escaped counts; the
+    damage either refuses, it refuses too (and a prefix state that is not its position's own)."""
+    from suffixspec._kernels import corpus_build as cbk
+
+    rng = np.random.default_rng(5)
+    cases = [random_docs(s, n_docs=int(rng.integers(1, 40)), max_len=int(rng.integers(2, 300)), alphabet=a)
+             for s, a in zip(range(8), (2, 3, 5, 9, 40, 2, 300, 4))]
+    cases.append([[7], [7], [1, 7], [7, 7, 7]])
+    cases.append([np.zeros(66000, np.int64), rng.integers(1, 4, 500)])
+    for i, docs in enumerate(cases):
+        ix = build(tmp_path, [d for d in docs if len(d)], name=f"ix{i}", shard_tokens=2000)
+        for s in ix.shards:
+            fa = s.fa
+            n, ns = len(fa), fa.n_stored
+            pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
+            links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, fa.plink)
+            want = (np.empty(n, np.int32), np.empty(ns + n, np.int32))
+            assert cbk.place_occurrences(links, counts, pstate, *want, np.empty((ns + n, cbk.P_COLS), np.int32))
+
+            def frozen(links=fa.links, counts=fa.counts, plink=fa.plink, pstate=pstate, rows=ns, starts=ns + n):
+                got = (np.full(n, -7, np.int32), np.full(starts, -7, np.int32))
+                ok = cbk.place_occurrences_frozen(links, counts, fa.count_escapes, plink, pstate, *got,
+                                                  np.empty((rows, cbk.P_COLS), np.int32))
+                return ok, got
+
+            ok, got = frozen()
+            assert ok and np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+            assert np.array_equal(s.layout()[0], want[0]) and np.array_equal(s.layout()[1], want[1])
+            assert not frozen(rows=ns - 1)[0] and not frozen(starts=ns + n - 1)[0]
+            for v in range(1, min(ns, 12)):
+                bad = np.array(fa.counts)
+                bad[v] = int(bad[v]) + (1 if int(bad[v]) < 65534 else -1)
+                assert not frozen(counts=bad)[0]
+            if ns > 1:
+                bad_links = np.array(fa.links)
+                bad_links[1] = 1
+                assert not frozen(links=bad_links)[0]
+            implicit = np.flatnonzero(np.asarray(fa.plink) != fk.HOLE)
+            holes = np.flatnonzero(np.asarray(fa.plink) == fk.HOLE)
+            if implicit.shape[0] >= 2:
+                bad_plink = np.array(fa.plink)
+                bad_plink[implicit[0]] = ns + 3
+                assert not frozen(plink=bad_plink)[0]
+                swapped = np.array(pstate)
+                swapped[implicit[:2]] = swapped[implicit[:2][::-1]]
+                assert not frozen(pstate=swapped)[0]
+            if holes.shape[0] and implicit.shape[0]:
+                bad_p = np.array(pstate)
+                bad_p[holes[0]] = ns + implicit[0]
+                assert not frozen(pstate=bad_p)[0]
+        ix.close()
+
+
 # -- damage -----------------------------------------------------------------------------------
 
 

@@ -52,7 +52,7 @@ def batch_encoder(tok):
     for the byte-level BPE tokenizers it implements (the same ids), else the HF backend's
     `encode_batch_fast` when it has one (the same ids without the character offsets, which an index
     never reads), else `encode_batch`."""
-    from ..bytebpe import ByteLevelEncoder
+    from ..tokenizer.bytebpe import ByteLevelEncoder
 
     own = ByteLevelEncoder.of(tok)
     if own is not None:

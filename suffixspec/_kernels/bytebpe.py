@@ -1,4 +1,4 @@
-r"""Byte-level BPE over ASCII text: the GPT-2 split and the merges, in one pass (bytebpe.py's kernels).
+r"""Byte-level BPE over ASCII text: the GPT-2 split and the merges, in one pass (tokenizer/bytebpe.py's kernels).
 
 Contract. `encode_documents` tokenizes documents given as UTF-8 bytes exactly as a `tokenizers`
 pipeline [Digits(individual_digits) when `split_digits`] + ByteLevel(use_regex, no prefix space) +

@@ -14,8 +14,9 @@ not stored):
 `count_ends` turns the state of each position's whole document prefix (recorded by the build,
 `build.documents_automaton`, or found by `prefix_states`, a walk of a frozen automaton) into
 counts and last ends; `place_occurrences` lays the positions out from the counts, checking them
-against the suffix links; `build_occurrences` does both. The query kernels over the layout are
-in corpus_query.py."""
+against the suffix links; `build_occurrences` does both; `place_occurrences_frozen` is the same
+placement over a frozen shard's ids (implicit states too) with rows for its stored states only (what
+a reader runs). The query kernels over the layout are in corpus_query.py."""
 
 import numpy as np
 from llvmlite import ir
@@ -24,7 +25,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from .address import borrowed
-from .frozen import CORRUPT, transition
+from .frozen import CORRUPT, HOLE, count_of, implicit_link, transition
 from .sam import LEN, LINK, N_STATES
 
 PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
@@ -226,6 +227,103 @@ def place_occurrences(links, counts, pstate, occ, occ_start, W):
             return False
         occ[k] = p
         W[st, P_CURSOR] = k + 1
+    return True
+
+
+@njit(cache=True, nogil=True)
+def place_occurrences_frozen(links, counts, big, plink, pstate, occ, occ_start, W):
+    """`place_occurrences` over a frozen shard's ids (frozen.py: n stored states, then n + p for
+    every position p, implicit or a hole) without a row per implicit id: the same occ and occ_start
+    int32[n + n_tokens] (of a hole, its parent's cursor: no positions). An implicit state n + p is a
+    leaf holding p alone and outnumbers every stored state, so it follows its parent's own positions
+    and stored children's subtrees, implicit siblings in position order: the stored states are
+    placed as `place_occurrences` does, then one pass over the positions files each implicit state
+    and each hole's position. `W` int32[>= n, >= P_COLS] is scratch. False when the arrays disagree
+    (as `place_occurrences`; also a position whose prefix state is not its implicit state, or is
+    implicit where `plink` has a hole)."""
+    ns = links.shape[0]
+    n = pstate.shape[0]
+    ahead = PREFETCH_AHEAD
+    if (W.shape[0] < ns or W.shape[1] < P_COLS or counts.shape[0] < ns or plink.shape[0] != n or occ.shape[0] < n
+            or occ_start.shape[0] < ns + n):
+        return False
+    if not (ns > 0 and links[0] == -1 and count_of(counts, big, 0) == n):
+        return False
+    for v in range(ns):
+        W[v, P_CURSOR] = 0  # own positions (holes' only: implicit states own theirs)
+        W[v, P_START] = -1
+        c = count_of(counts, big, v)
+        if c < 0 or c > n or (v > 0 and (links[v] < 0 or links[v] >= ns)):
+            return False
+    for p in range(n):
+        st = pstate[p]
+        if plink[p] == HOLE:
+            if st < 0 or st >= ns:
+                return False
+            W[st, P_CURSOR] += 1
+        elif st != ns + p:
+            return False
+    chain = occ_start  # its first rows: the chain stack (written over below)
+    W[0, P_START] = 0
+    for v in range(1, ns):
+        if v + 2 * ahead < ns:
+            u = links[v + 2 * ahead]
+            _prefetch(W, u)
+            _prefetch(links, u)
+            g = links[links[v + ahead]]
+            if g >= 0:
+                _prefetch(W, g)
+        if W[v, P_START] >= 0:
+            continue
+        top = 0
+        u = v
+        while W[u, P_START] < 0:
+            if top >= ns:  # a cycle of suffix links
+                return False
+            chain[top] = u
+            top += 1
+            u = links[u]
+        while top > 0:
+            top -= 1
+            w = chain[top]
+            par = links[w]
+            start = W[par, P_CURSOR]
+            c = count_of(counts, big, w)
+            if np.int64(start) + c > n:
+                return False
+            W[w, P_START] = start
+            W[par, P_CURSOR] = start + c
+            W[w, P_CURSOR] = start + W[w, P_CURSOR]
+    # W[v, P_CURSOR]: where v's implicit children go; occ_start[v]: its own positions' cursor
+    for v in range(ns):
+        occ_start[v] = W[v, P_START]
+    for p in range(n):
+        if p + ahead < n:
+            w = plink[p + ahead]
+            if w != HOLE:
+                _prefetch(W, w if w >= 0 else ~w)
+        if plink[p] == HOLE:
+            st = pstate[p]
+            k = occ_start[st]
+            if k < 0 or k >= n:
+                return False
+            occ[k] = p
+            occ_start[st] = k + 1
+            occ_start[ns + p] = W[0, P_CURSOR]
+        else:
+            w = implicit_link(plink, ns, ns + p)
+            if w < 0:
+                return False
+            k = W[w, P_CURSOR]
+            if k < 0 or k >= n:
+                return False
+            occ[k] = p
+            occ_start[ns + p] = k
+            W[w, P_CURSOR] = k + 1
+    for v in range(ns):  # every subtree filled exactly
+        if np.int64(W[v, P_CURSOR]) != np.int64(W[v, P_START]) + count_of(counts, big, v):
+            return False
+        occ_start[v] = W[v, P_START]
     return True
 
 

@@ -27,7 +27,6 @@ from pathlib import Path
 import numpy as np
 
 from .._kernels import corpus_build as cbk
-from .._kernels import frozen as fk
 from .._kernels.frozen import CORRUPT
 from ..draft.automaton import FrozenAutomaton
 from ..errors import IndexFormatError
@@ -132,11 +131,11 @@ class Shard:
         pstate = cbk.prefix_states(fa.offsets, fa.etok, fa.eto, fa.tokens, fa.plink, fa.doc_starts)
         if pstate.shape[0] and pstate[0] == CORRUPT:
             self.corrupt("while walking the text")
-        # over every state id: an implicit state's link from plink and count 1 (a hole: count 0)
-        links, counts = fk.all_ids_columns(fa.links, fa.counts, fa.count_escapes, fa.plink)
-        ns = links.shape[0]
-        occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns, np.int32)
-        if not cbk.place_occurrences(links, counts, pstate, occ, occ_start, np.empty((ns, cbk.P_COLS), np.int32)):
+        # over every state id (implicit ones and holes too), scratch rows for the stored ones only
+        ns = fa.n_stored
+        occ, occ_start = np.empty(self.n_tokens, np.int32), np.empty(ns + self.n_tokens, np.int32)
+        if not cbk.place_occurrences_frozen(fa.links, fa.counts, fa.count_escapes, fa.plink, pstate, occ, occ_start,
+                                            np.empty((ns, cbk.P_COLS), np.int32)):
             self.corrupt("the counts disagree with the suffix links and the text")
         occ.flags.writeable = False
         occ_start.flags.writeable = False

@@ -14,6 +14,7 @@ Contract:
 * ``Tokenizer.fingerprint`` is a sha256 over every ``(id, raw token bytes)`` pair, so one vocabulary
   hashes the same whether it came from a ``tokenizer.json`` or from a GGUF.
 * Importing this module imports neither ``tokenizers`` nor ``transformers``.
+* ``bytebpe`` (a submodule): fast batch encoding of the byte-level BPE pipelines ``index`` uses.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ import struct
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
-from .errors import BadInputError, TokenizerError
-from .fileio import CACHE_ENV, atomic_write_bytes, cache_dir, cache_entry  # noqa: F401  (cache_dir is part of this module's public names)
+from ..errors import BadInputError, TokenizerError
+from ..fileio import CACHE_ENV, atomic_write_bytes, cache_dir, cache_entry  # noqa: F401  (cache_dir is part of this module's public names)
 
 if TYPE_CHECKING:
     import tokenizers

@@ -16,10 +16,11 @@ call for the islands uses its own pool (`TOKENIZERS_PARALLELISM` governs it).
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 
-from ._kernels import bytebpe as bk
+from .._kernels import bytebpe as bk
 
 __all__ = ["ByteLevelEncoder"]
 
@@ -81,6 +82,8 @@ class ByteLevelEncoder:
         self.byte_ids = byte_ids
         self.mkeys, self.mranks, self.mnew = merges
         self.added = added
+        # one scan of a text for any added token's content (not one `in` per added token)
+        self.added_re = re.compile("|".join(re.escape(a) for a in sorted(added, key=len, reverse=True))) if added else None
         self.cls = bk.ascii_classes()
         self.slots = _aligned_zeros(CACHE_SLOTS, bk.SLOT_COLS)
         self.ckeys = np.empty(CACHE_KEY_BYTES, np.uint8)
@@ -127,7 +130,7 @@ class ByteLevelEncoder:
                 bufs.append(b"")
                 whole[i] = True
                 continue
-            if any(a in t for a in self.added):
+            if self.added_re is not None and self.added_re.search(t):
                 whole[i] = True
         joined = b"".join(bufs)
         data = np.frombuffer(joined, np.uint8)
