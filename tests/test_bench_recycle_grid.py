@@ -27,7 +27,7 @@ def test_paired_throughput_ratios_pair_repeats_in_order():
             run("recycle", 2, 1, [8], 1.0),  # no pair: left out
             run("speculative", 4, 0, [8], 0.0), run("recycle", 4, 0, [8], 1.0)]  # a baseline of 0 pairs with nothing
     assert paired_throughput_ratios(runs, "recycle", "speculative") == {1: [2.0, 0.25], 2: [1.0]}
-    assert paired_throughput_ratios(runs, "speculative", "recycle") == {1: [0.5, 4.0], 2: [1.0]}
+    assert paired_throughput_ratios(runs, "speculative", "recycle") == {1: [0.5, 4.0], 2: [1.0], 4: [0.0]}
 
 
 def test_recycle_verdict_boundaries():
@@ -106,8 +106,8 @@ def test_grid_recycle_both_in_process(tmp_path):
     assert report["grid"]["mode"] == "speculative" and report["grid"]["recycle_arm"] == "recycle"
     assert report["settings"]["recycle"] is False  # the cells' own arm: recycling off
     (part,) = report["benchmarks"]
-    assert sorted({(r["mode"], r["concurrency"]) for r in part["runs"]}) == [
-        (m, c) for c in (1, 2) for m in ("plain", "recycle", "speculative")]
+    assert {(r["mode"], r["concurrency"]) for r in part["runs"]} == {
+        (m, c) for c in (1, 2) for m in ("plain", "recycle", "speculative")}
     assert part["settings"]["mode_runs"] == "interleaved"
     by = {(r["mode"], r["concurrency"]): r for r in part["records"]}
     assert all(rec["mismatches"] == 0 and rec["failures"] == 0 for rec in by.values())
