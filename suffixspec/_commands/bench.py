@@ -23,6 +23,7 @@ from .args import (
     parse_budget,
     parse_filters,
     recycle_default,
+    recycle_help,
 )
 
 
@@ -46,7 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="output limit per request (default 64)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per request and round (default auto)")
     p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
-                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
+                   help=recycle_help())
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: keep the smallest set of tokens whose probability reaches P (default: off)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
@@ -219,7 +220,7 @@ class LocalTarget:
                 "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
                 "plain_mode": "SpeculativeGenerator with budget=0 (same runtime, cache and sampler)",
                 "cost_curve": self.spec.cost_model.relative() if self.spec.cost_model is not None else None,
-                "recycle": self.spec.recycle,
+                "recycle": "by the cost curve" if self.spec.recycle is None else self.spec.recycle,
                 "environment": {**bench.environment(self.model, self.tokenizer), "allocator": self.allocator}}
 
     def extra_checks(self, prompts, settings) -> dict | None:
