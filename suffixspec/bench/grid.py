@@ -15,26 +15,18 @@ with a `verdict(...)`:
   endpoint that does not report them): drafting costs what it pays back.
 
 The TTFT ratio (speculative / plain, medians) is reported beside the verdict, not part of it, and so
-is `paired_ttft_ratios(runs)`: the median over requests of each request's speculative TTFT over its
-own plain TTFT in the same repeat. With a few closed-loop waves the median TTFT of a mode sits on the
-edge between a wave's prefill and the next wave's queue, so the paired ratio is the steadier measure.
-`paired_ratios(runs, "e2e_s")` pairs the requests' end-to-end latencies the same way (`suffixspec
-bench --grid` adds both to each cell as `ttft_ratio_paired` and `e2e_ratio_paired`, speculative over
-plain). Throughput is the makespan's, which under a closed loop with few prompts the client with the
-slowest chain of requests sets, so a cell whose median request finishes sooner can still show a
-speed-up below 1 (and one whose makespan shrinks, a larger speed-up than its median request sees).
-`format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
-one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
-median speed-up on a diverging scale centred on 1.0 (full red at 0.9x or the worst cell below it,
-full green at 1.5x or the best cell above it) and labelled with the speed-up, the worst repeat and
-the verdict.
-
-`recycle_arm(cells, results, runs_by_part)` sets beside each cell a second speculative arm, the same
-one with recycled predictions on (mode "recycle", run interleaved with the two others by `suffixspec
-bench --grid --grid-recycle-both`; the cell's own keys stay those of the arm with recycling off):
-`recycle_vs_off` is the median over repeats of the on arm's throughput over the off arm's in the same
-repeat (`_min`, `_max`, `_runs` beside it), `recycle_verdict` its `recycle_verdict` (the grid's
-thresholds: "loses" below 0.97x or a repeat below 0.93x, "pays" at 1.03x or more, else "neutral").
+is `paired_ratios(runs, field)`: per concurrency, the median over requests of each request's
+speculative TTFT ("ttft_s") or end-to-end latency ("e2e_s") over its own plain one in the same repeat
+(`paired_ttft_ratios`; the grid's `ttft_ratio_paired`, `e2e_ratio_paired`), steadier than medians
+of a few closed-loop waves. Throughput is the makespan's, which the client with the slowest chain of
+requests sets, so a cell whose median request finishes sooner can still show a speed-up below 1.
+`format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG: one row per (workload,
+max_new_tokens), one column per concurrency, each cell coloured by its median speed-up on a scale
+centred on 1.0 (red at 0.9x or the worst cell, green at 1.5x or the best) and labelled.
+`recycle_arm(cells, results, runs_by_part)` adds the same speculative arm with recycled predictions
+on (mode "recycle", `--grid-recycle-both`; the cells' own keys stay the arm with them off):
+`recycle_vs_off`, the median over repeats of its throughput over the off arm's in the same repeat
+(`_min`, `_max`, `_runs`), and `recycle_verdict` ("loses" < 0.97x or a repeat < 0.93x, "pays" >= 1.03x).
 """
 
 from __future__ import annotations
