@@ -214,8 +214,16 @@ def _grid(r) -> list[str]:
         verdicts[c["verdict"]] = verdicts.get(c["verdict"], 0) + 1
     out = ["verdicts: " + ", ".join(f"{k} {v}" for k, v in sorted(verdicts.items()))]
     out += [f"{c['workload']}, {c['max_new_tokens']} tokens, concurrency {c['concurrency']}: {x(c['speedup'])} "
-            f"plain (worst repeat {x(c.get('speedup_min'))}), {c['verdict']}" for c in cells]
+            f"plain (worst repeat {x(c.get('speedup_min'))}), {c['verdict']}" + _grid_recycle(c) for c in cells]
     return out
+
+
+def _grid_recycle(c) -> str:
+    """A cell's recycling arm (`--grid-recycle-both`), when it ran: on over off, paired by repeat."""
+    if "recycle_vs_off" not in c:
+        return ""
+    return (f"; recycled predictions on {x(c['recycle_vs_off'])} off [{x(c.get('recycle_vs_off_min'))}-"
+            f"{x(c.get('recycle_vs_off_max'))}] ({x(c.get('recycle_speedup'))} plain), {c.get('recycle_verdict')}")
 
 
 def _offmode(r) -> list[str]:

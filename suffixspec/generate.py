@@ -18,7 +18,7 @@ from .draft.tree import prune_tree
 from .engine.budget import DEFAULT_MAX_BUDGET, BudgetPolicy, CostModel, RankCalibration
 from .engine.engine import Engine, model_vocab_size
 from .engine.fallback import PromptLookupProposer
-from .engine.options import RECYCLE_DEFAULT, DecodeOptions
+from .engine.options import DecodeOptions, recycle_by_default
 from .engine.reuse import make_prefix_pool
 from .engine.stats import GenerationResult, GenerationStats, RequestStats
 from .errors import BadInputError, BadInputTypeError
@@ -42,8 +42,10 @@ class SpeculativeGenerator:
     `BudgetPolicy`). `cost_curve`: the pass-cost curve pinned instead of measured (tree size -> cost
     relative to a one-token step, e.g. `{1: 1.0, 2: 1.06}`, what `cost_model.relative()` returns);
     `learn_cost=False`: the curve stays as given (no online correction, no exploring).
-    `recycle`: whether requests draft from the model's own past predictions by default (None:
-    `options.RECYCLE_DEFAULT`; a request's `DecodeOptions.recycle` overrides it); `recycle_table` is
+    `recycle`: whether requests draft from the model's own past predictions by default (None: decided
+    once from the cost curve when it is first known, `options.recycle_by_default`: on where passes are
+    nearly free, off where they cost in proportion to their tokens or the curve is unknown; a
+    request's `DecodeOptions.recycle` overrides it); `recycle_table` is
     that source's `RecycleTable`. `prefix_cache_bytes`: the bound of `prefix_pool`, the keys and
     values of prompts read before (None: `engine.reuse.default_prefix_cache_bytes`; 0: none).
     """
@@ -66,10 +68,7 @@ class SpeculativeGenerator:
             prefill_margin=prefill_margin, prefill_slack=prefill_slack, learn_cost=learn_cost)
         self._unsupported: str | None = None
         self._checked = False
-        recycle = RECYCLE_DEFAULT if recycle is None else recycle
-        if not isinstance(recycle, (bool, np.bool_)):
-            raise BadInputTypeError(f"recycle: expected True, False or None, got {recycle!r}", param="recycle")
-        self.recycle = bool(recycle)
+        self.recycle = recycle
         self._recycle_table = None
         if prefix_cache_bytes is not None:
             make_prefix_pool(prefix_cache_bytes, None)  # checked now, made on first use
@@ -113,6 +112,20 @@ class SpeculativeGenerator:
         if self._prefix_pool is None and self._prefix_cache_bytes != 0:
             self._prefix_pool = make_prefix_pool(self._prefix_cache_bytes, self.model)
         return self._prefix_pool
+
+    @property
+    def recycle(self) -> bool:
+        """Whether requests draft from recycled predictions unless told: as given, else decided once
+        from the cost curve (`recycle_by_default`) when it is known, else the unknown curve's default."""
+        if self._recycle is None and self.policy.cost_model is not None:
+            self._recycle = recycle_by_default(self.policy.cost_model)
+        return recycle_by_default(None) if self._recycle is None else self._recycle
+
+    @recycle.setter
+    def recycle(self, value: bool | None) -> None:
+        if value is not None and not isinstance(value, (bool, np.bool_)):
+            raise BadInputTypeError(f"recycle: expected True, False or None, got {value!r}", param="recycle")
+        self._recycle = None if value is None else bool(value)
 
     @property
     def recycle_table(self):

@@ -70,11 +70,19 @@ def check_threads(threads) -> None:
         raise BadInputError(f"--threads: expected >= 1, got {threads}", param="--threads")
 
 
-def recycle_default(flag: bool | None) -> bool:
-    """`--recycle` / `--no-recycle`, or the default when neither was given."""
-    from ..engine.options import RECYCLE_DEFAULT
+def recycle_help() -> str:
+    """The help of `--recycle` / `--no-recycle`: the default rule (`options.recycle_by_default`)."""
+    from ..engine.options import RECYCLE_FLAT_AT, RECYCLE_PROBE_TOKENS
 
-    return RECYCLE_DEFAULT if flag is None else bool(flag)
+    return (f"also draft from the model's own past predictions (recycled top-k; default: on where the measured or "
+            f"pinned pass-cost curve is flat, a {RECYCLE_PROBE_TOKENS}-token pass at most {RECYCLE_FLAT_AT:g} "
+            "one-token steps, else off)")
+
+
+def recycle_default(flag: bool | None) -> bool | None:
+    """`--recycle` / `--no-recycle`; None when neither was given: the generator decides from the cost
+    curve (`options.recycle_by_default`)."""
+    return None if flag is None else bool(flag)
 
 
 def open_recycle_table(gen, path, log) -> None:

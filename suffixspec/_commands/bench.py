@@ -23,6 +23,7 @@ from .args import (
     parse_budget,
     parse_filters,
     recycle_default,
+    recycle_help,
 )
 
 
@@ -46,7 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64, metavar="N", help="output limit per request (default 64)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per request and round (default auto)")
     p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
-                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
+                   help=recycle_help())
     p.add_argument("--temperature", type=float, default=None, metavar="T", help="sample at temperature T (default: greedy)")
     p.add_argument("--top-p", type=float, default=None, metavar="P", help="nucleus sampling: keep the smallest set of tokens whose probability reaches P (default: off)")
     p.add_argument("--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens (default: off)")
@@ -88,6 +89,10 @@ def add_parser(sub) -> None:
     g.add_argument("--grid-workloads", default=None, metavar="W1,W2,...", help="the grid's workloads (default code_edit,chat,qa)")
     g.add_argument("--grid-concurrency", default=None, metavar="C1,C2,...", help="the grid's concurrencies (default 1,4,16)")
     g.add_argument("--grid-max-new-tokens", default=None, metavar="N1,N2,...", help="the grid's output limits (default 48,128)")
+    g.add_argument("--grid-recycle-both", action="store_true",
+                   help="run the speculative arm twice, interleaved with plain: with recycled predictions off (mode "
+                        "speculative, the cells' own figures) and on (mode recycle: recycle_* keys, recycling on "
+                        "over off per cell, grid_recycle.png); not with --recycle / --no-recycle")
     from .bench_editor import add_arguments
 
     add_arguments(p)
@@ -114,6 +119,12 @@ def settings_from_args(args):
     if args.qps is not None and args.qps <= 0:
         raise BadInputError(f"--qps: expected > 0, got {args.qps}")
     modes = tuple(m for m in MODES if not (m == "prompt_lookup" and (args.no_prompt_lookup or args.grid)))
+    if getattr(args, "grid_recycle_both", False):
+        if not args.grid:
+            raise BadInputError("--grid-recycle-both: applies to --grid")
+        if args.recycle is not None:
+            raise BadInputError("--grid-recycle-both: runs recycling on and off, not with --recycle / --no-recycle")
+        modes += ("recycle",)
     return BenchSettings(concurrency=parse_concurrency(args.concurrency), qps=args.qps,
                          max_new_tokens=args.max_new_tokens, budget=parse_budget(args.budget),
                          temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
@@ -166,12 +177,18 @@ class LocalTarget:
         self.model, self.tokenizer = load_model(args.model)
         print(f"suffixspec bench: {plan.finish().describe()}", file=sys.stderr)
         corpora = open_corpora(args.corpus, self.tokenizer)
-        self.spec = bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
-                                             filter=filters or None, recycle=recycle_default(args.recycle),
-                                             cost_model=CostModel.from_relative(cost["cost_curve"])
-                                             if "cost_curve" in cost else None, learn_cost=cost["learn_cost"],
-                                             engine_options=options)
+        both = "recycle" in settings.modes  # --grid-recycle-both: speculative with recycling off, recycle with it on
+        pinned = CostModel.from_relative(cost["cost_curve"]) if "cost_curve" in cost else None
+
+        def backend(recycle: bool):
+            return bench.SpeculativeBackend(self.model, self.tokenizer, lambda: Proposer(corpus=corpora or None),
+                                            filter=filters or None, recycle=recycle, cost_model=pinned,
+                                            learn_cost=cost["learn_cost"], engine_options=options)
+
+        self.spec = backend(False if both else recycle_default(args.recycle))
         self.backends = {"plain": self.spec, "speculative": self.spec}
+        if both:
+            self.backends["recycle"] = backend(True)
         if "prompt_lookup" in settings.modes:
             self.backends["prompt_lookup"] = bench.PromptLookupBackend(self.model, settings.prompt_lookup_num_tokens)
 
@@ -203,6 +220,7 @@ class LocalTarget:
                 "prompt_lookup_num_tokens": settings.prompt_lookup_num_tokens,
                 "plain_mode": "SpeculativeGenerator with budget=0 (same runtime, cache and sampler)",
                 "cost_curve": self.spec.cost_model.relative() if self.spec.cost_model is not None else None,
+                "recycle": "by the cost curve" if self.spec.recycle is None else self.spec.recycle,
                 "environment": {**bench.environment(self.model, self.tokenizer), "allocator": self.allocator}}
 
     def extra_checks(self, prompts, settings) -> dict | None:
@@ -228,8 +246,13 @@ class RemoteTarget:
         self.api_key = args.api_key or os.environ.get("SUFFIXSPEC_API_KEY") or None
         self.models = remote.list_models(self.url, self.api_key)
         self.model = args.model or (self.models[0] if self.models else None)
+        both = "recycle" in settings.modes  # --grid-recycle-both
+        if both and args.url_modes:
+            raise BadInputError("--grid-recycle-both: names its own modes, not with --url-modes")
         self.modes = remote.parse_modes(args.url_modes) if args.url_modes else remote.default_modes(
-            settings.budget, args.recycle)
+            settings.budget, False if both else args.recycle)
+        if both:
+            self.modes["recycle"] = {"suffixspec": {"budget": settings.budget, "recycle": True}}
         settings.modes = tuple(self.modes)
         settings.baseline = self.baseline = "plain" if "plain" in self.modes else next(iter(self.modes))
         self.backends = {name: remote.HTTPBackend(self.url, body=body, api_key=self.api_key, model=self.model,
@@ -403,7 +426,15 @@ def _run_dict(run, outputs=None) -> dict:
 def _run_grid(args, settings, target, grid, t_start) -> int:
     """Every (workload, max_new_tokens) of the grid at every concurrency; cells, grid.json, heat map."""
     from .. import bench
-    from ..bench.grid import format_grid, grid_cells, paired_ratios, write_heatmap
+    from ..bench.grid import (
+        format_grid,
+        format_recycle,
+        grid_cells,
+        paired_ratios,
+        recycle_arm,
+        recycle_heatmap_cells,
+        write_heatmap,
+    )
 
     workloads, concurrency, lengths = grid
     spec_mode = next((m for m in settings.modes if m != settings.baseline and m != "prompt_lookup"), None)
@@ -428,32 +459,54 @@ def _run_grid(args, settings, target, grid, t_start) -> int:
                   for part in parts}
         for cell in cells:
             cell[key] = paired[cell["workload"], cell["max_new_tokens"]].get(cell["concurrency"])
+    both = "recycle" in settings.modes  # --grid-recycle-both: the arm with recycling on beside the cells
+    if both:
+        recycle_arm(cells, results, {(part["workload"], part["max_new_tokens"]): part["runs"] for part in parts},
+                    off=spec_mode)
     described = target.describe(settings)
     out = Path(args.out)
     report = {"tool": "suffixspec bench --grid", "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": sys.argv,
               "grid": {"workloads": workloads, "concurrency": concurrency, "max_new_tokens": lengths,
                        "mode": spec_mode, "baseline": settings.baseline, "repeat": settings.repeat,
                        "rule": "loses: median < 0.97x or worst repeat < 0.93x; speculate: median >= 1.03x; off: "
-                               "within, drafting < 0.5 tokens per request-round; neutral: within, still drafting"},
+                               "within, drafting < 0.5 tokens per request-round; neutral: within, still drafting",
+                       **({"recycle_arm": "recycle", "recycle_rule": "recycle_vs_off: the median over repeats of "
+                           "recycle's throughput over speculative's in the same repeat; loses: < 0.97x or a repeat "
+                           "< 0.93x; pays: >= 1.03x; neutral: between"} if both else {})},
               "settings": {k: v for k, v in described.items() if k != "environment"},
               "environment": described["environment"], "cells": cells, "benchmarks": parts,
               "timing": {"total_s": time.perf_counter() - t_start}}
     bench.write_report(out / "grid.json", report)
-    heatmap = write_heatmap(out / "grid_speedup.png", cells, f"{spec_mode} / {settings.baseline}")
+    maps = [write_heatmap(out / "grid_speedup.png", cells, f"{spec_mode} / {settings.baseline}")]
     print(f"grid: {', '.join(workloads)} x concurrency {','.join(map(str, concurrency))} x max_new_tokens "
           f"{','.join(map(str, lengths))}, {args.num_prompts} prompts, repeat {settings.repeat}, "
           f"{spec_mode} vs {settings.baseline}")
     print(format_grid(cells))
     counts = {v: sum(c["verdict"] == v for c in cells) for v in ("speculate", "off", "neutral", "loses")}
     print("verdicts: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
-    print(f"report {out / 'grid.json'}  heat map {Path(heatmap).name}  ({report['timing']['total_s']:.0f} s)")
+    if both:
+        maps.append(write_heatmap(out / "grid_recycle.png", recycle_heatmap_cells(cells),
+                                  f"recycle on / off ({spec_mode})"))
+        print(f"recycled predictions on (mode recycle) against off ({spec_mode}), paired repeat by repeat")
+        print(format_recycle(cells))
+        counts = {v: sum(c.get("recycle_verdict") == v for c in cells) for v in ("pays", "neutral", "loses")}
+        print("recycling: " + ", ".join(f"{v} {n}" for v, n in counts.items()))
+    print(f"report {out / 'grid.json'}  heat map {'  '.join(Path(m).name for m in maps)}  ({report['timing']['total_s']:.0f} s)")
     from ..bench.record import emit
 
     emit({"report": str(out / "grid.json"), "cells": [
-        {k: c[k] for k in ("workload", "max_new_tokens", "concurrency", "speedup", "speedup_min", "verdict")}
+        {k: c[k] for k in ("workload", "max_new_tokens", "concurrency", "speedup", "speedup_min", "verdict",
+                           *RECORDED_EXTRA) if k in c}
         for c in cells]}, args, "suffixspec_bench_grid")
-    failed = any(c["failures"] for c in cells) or len(cells) < len(workloads) * len(lengths) * len(concurrency)
+    failed = any(c["failures"] or c.get("recycle_failures") for c in cells) or \
+        len(cells) < len(workloads) * len(lengths) * len(concurrency) or \
+        (both and any("recycle_vs_off" not in c for c in cells))
     return 1 if failed else 0
+
+
+# what the recorded line keeps of a cell beyond its verdict: drafting, and the recycling arm (--grid-recycle-both)
+RECORDED_EXTRA = ("recycle_vs_off", "recycle_vs_off_min", "recycle_vs_off_max", "recycle_speedup", "recycle_verdict",
+                "drafted_per_round", "recycle_drafted_per_round")
 
 
 def _constraint_check(spec, model, tokenizer, prompts, settings) -> dict:

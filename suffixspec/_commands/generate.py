@@ -18,6 +18,7 @@ from .args import (
     parse_budget,
     parse_filters,
     recycle_default,
+    recycle_help,
 )
 
 
@@ -40,7 +41,7 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=None, metavar="S", help="sampling seed (default: a random one)")
     p.add_argument("--budget", default="auto", metavar="N|auto", help="draft nodes per round (0: plain decoding; default auto)")
     p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
-                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
+                   help=recycle_help())
     p.add_argument("--threads", type=int, default=None, metavar="N",
                    help="torch CPU threads (default: one per usable core, idle threads sleeping: OMP_WAIT_POLICY=PASSIVE; "
                         "the log says what was chosen)")

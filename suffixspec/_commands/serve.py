@@ -36,6 +36,7 @@ from .args import (
     parse_budget,
     prefix_cache_bytes,
     recycle_default,
+    recycle_help,
     save_recycle_table,
 )
 
@@ -67,7 +68,7 @@ def add_parser(sub) -> None:
                    help="draft nodes per request and round (0: plain decoding; default auto)")
     p.add_argument("--chat-template", default=None, metavar="FILE", help="jinja2 chat template (default: the model's)")
     p.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=None,
-                   help="also draft from the model's own past predictions (recycled top-k; default: off)")
+                   help=recycle_help())
     p.add_argument("--recycle-table", default=None, metavar="FILE",
                    help="keep the recycled predictions in FILE: read at start when it exists (a damaged or foreign "
                         "file is refused), written at shutdown (default: none, the table starts empty)")

@@ -78,11 +78,11 @@ class SpeculativeBackend:
     with a new proposer (so no run learns from an earlier run's responses), sharing the cost model."""
 
     def __init__(self, model, tokenizer, make_proposer: Callable[[], Any], cost_model=None, filter=None,
-                 recycle: bool = False, learn_cost: bool = True, engine_options: dict | None = None):
+                 recycle: bool | None = False, learn_cost: bool = True, engine_options: dict | None = None):
         self.model, self.tokenizer, self.make_proposer = model, tokenizer, make_proposer
         self.learn_cost = learn_cost  # False: the cost curve stays as given (`--no-learn-cost`)
         self.cost_model = cost_model
-        self.recycle = recycle  # the generator's default for drawing on recycled predictions
+        self.recycle = recycle  # the generator's default for drawing on recycled predictions (None: by its curve)
         self.filter = filter  # corpus document filter of every request
         self.engine_options = dict(engine_options or {})  # more keyword arguments of every engine (`Engine`)
         self._gen = None

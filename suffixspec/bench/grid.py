@@ -15,19 +15,18 @@ with a `verdict(...)`:
   endpoint that does not report them): drafting costs what it pays back.
 
 The TTFT ratio (speculative / plain, medians) is reported beside the verdict, not part of it, and so
-is `paired_ttft_ratios(runs)`: the median over requests of each request's speculative TTFT over its
-own plain TTFT in the same repeat. With a few closed-loop waves the median TTFT of a mode sits on the
-edge between a wave's prefill and the next wave's queue, so the paired ratio is the steadier measure.
-`paired_ratios(runs, "e2e_s")` pairs the requests' end-to-end latencies the same way (`suffixspec
-bench --grid` adds both to each cell as `ttft_ratio_paired` and `e2e_ratio_paired`, speculative over
-plain). Throughput is the makespan's, which under a closed loop with few prompts the client with the
-slowest chain of requests sets, so a cell whose median request finishes sooner can still show a
-speed-up below 1 (and one whose makespan shrinks, a larger speed-up than its median request sees).
-`format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG (matplotlib, Agg backend):
-one row per (workload, max_new_tokens), one column per concurrency, each cell coloured by its
-median speed-up on a diverging scale centred on 1.0 (full red at 0.9x or the worst cell below it,
-full green at 1.5x or the best cell above it) and labelled with the speed-up, the worst repeat and
-the verdict.
+is `paired_ratios(runs, field)`: per concurrency, the median over requests of each request's
+speculative TTFT ("ttft_s") or end-to-end latency ("e2e_s") over its own plain one in the same repeat
+(`paired_ttft_ratios`; the grid's `ttft_ratio_paired`, `e2e_ratio_paired`), steadier than medians
+of a few closed-loop waves. Throughput is the makespan's, which the client with the slowest chain of
+requests sets, so a cell whose median request finishes sooner can still show a speed-up below 1.
+`format_grid(cells)` is a text table, `write_heatmap(path, cells)` a PNG: one row per (workload,
+max_new_tokens), one column per concurrency, each cell coloured by its median speed-up on a scale
+centred on 1.0 (red at 0.9x or the worst cell, green at 1.5x or the best) and labelled.
+`recycle_arm(cells, results, runs_by_part)` adds the same speculative arm with recycled predictions
+on (mode "recycle", `--grid-recycle-both`; the cells' own keys stay the arm with them off):
+`recycle_vs_off`, the median over repeats of its throughput over the off arm's in the same repeat
+(`_min`, `_max`, `_runs`), and `recycle_verdict` ("loses" < 0.97x or a repeat < 0.93x, "pays" >= 1.03x).
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["GRID", "SPECULATE_AT", "LOSES_BELOW", "WORST_BELOW", "OFF_DRAFTED_PER_ROUND", "verdict", "grid_cells",
-           "paired_ratios", "paired_ttft_ratios", "format_grid", "write_heatmap"]
+           "paired_ratios", "paired_ttft_ratios", "format_grid", "write_heatmap", "recycle_verdict",
+           "paired_throughput_ratios", "recycle_arm", "format_recycle", "recycle_heatmap_cells"]
 
 GRID = {"workloads": ("code_edit", "chat", "qa"), "concurrency": (1, 4, 16), "max_new_tokens": (48, 128)}
 SPECULATE_AT = 1.03  # median speed-up at or above which speculation pays
@@ -103,6 +103,92 @@ def paired_ttft_ratios(runs: list[dict[str, Any]], mode: str = "speculative",
                        baseline: str = "plain") -> dict[int, float]:
     """`paired_ratios` of the requests' TTFT."""
     return paired_ratios(runs, "ttft_s", mode, baseline)
+
+
+def recycle_verdict(median: float, worst: float) -> str:
+    """Recycling on against off in one cell: "loses", "pays" or "neutral" (module docstring)."""
+    if median < LOSES_BELOW or worst < WORST_BELOW:
+        return "loses"
+    return "pays" if median >= SPECULATE_AT else "neutral"
+
+
+def _throughput(run: dict[str, Any]) -> float:
+    makespan = run.get("makespan_s") or 0.0
+    return sum(q["new_tokens"] for q in run["requests"]) / makespan if makespan > 0 else 0.0
+
+
+def paired_throughput_ratios(runs: list[dict[str, Any]], mode: str, baseline: str) -> dict[int, list[float]]:
+    """Per concurrency, `mode`'s throughput over `baseline`'s in the same repeat, one ratio per repeat
+    (in repeat order) where both ran and the baseline's throughput is above 0; `runs` as a report
+    keeps them (mode, concurrency, repeat, makespan_s, requests)."""
+    thr = {(r["mode"], r["concurrency"], r["repeat"]): _throughput(r) for r in runs}
+    out: dict[int, list[float]] = {}
+    for (m, c, k), t in sorted(thr.items(), key=lambda item: (item[0][1], item[0][2])):
+        base = thr.get((baseline, c, k))
+        if m == mode and base:
+            out.setdefault(c, []).append(t / base)
+    return dict(sorted(out.items()))
+
+
+def recycle_arm(cells: list[dict[str, Any]], results: list[tuple[str, int, list[dict[str, Any]]]],
+                runs_by_part: dict[tuple[str, int], list[dict[str, Any]]], arm: str = "recycle",
+                off: str = "speculative") -> list[dict[str, Any]]:
+    """`cells` (of `grid_cells(results, off, ...)`) with the `arm` mode's keys added in place (module
+    docstring): its speed-up over the baseline (`recycle_speedup`, `_min`, `_max`), its throughput over
+    `off`'s repeat by repeat (`recycle_vs_off`, `_min`, `_max`, `_runs`), drafting, mismatches and
+    failures, and `recycle_verdict`. A cell whose arm did not run is left as it was."""
+    records = {(w, m, r["concurrency"]): r for w, m, recs in results for r in recs if r["mode"] == arm}
+    for cell in cells:
+        key = (cell["workload"], cell["max_new_tokens"], cell["concurrency"])
+        rec = records.get(key)
+        ratios = paired_throughput_ratios(runs_by_part.get(key[:2], []), arm, off).get(key[2])
+        if rec is None or not ratios:
+            continue
+        cell.update({
+            "recycle_speedup": rec.get("speedup"), "recycle_speedup_min": rec.get("speedup_min"),
+            "recycle_speedup_max": rec.get("speedup_max"), "recycle_tok_s": rec["throughput_tok_s"],
+            "recycle_vs_off": statistics.median(ratios), "recycle_vs_off_min": min(ratios),
+            "recycle_vs_off_max": max(ratios), "recycle_vs_off_runs": ratios,
+            "recycle_drafted_per_round": rec.get("drafted_per_round"),
+            "recycle_tokens_per_round": rec.get("mean_accepted_tokens"),
+            "recycle_acceptance_rate": rec.get("acceptance_rate"),
+            "recycle_mismatches": rec.get("mismatches", 0), "recycle_failures": rec.get("failures", 0),
+            "recycle_verdict": recycle_verdict(statistics.median(ratios), min(ratios)),
+        })
+    return cells
+
+
+def format_recycle(cells: list[dict[str, Any]]) -> str:
+    """The cells that ran the recycling arm as a text table: recycling on against off."""
+    head = ["workload", "max_new", "conc", "off tok/s", "on tok/s", "on/off [min-max]", "on/plain", "drafted/rd off>on",
+            "tok/round off>on", "mism", "verdict"]
+    rows = [head]
+
+    def two(a, b):
+        return "-" if a is None or b is None else f"{a:.2f}>{b:.2f}"
+
+    for c in cells:
+        if "recycle_vs_off" not in c:
+            continue
+        rows.append([c["workload"], str(c["max_new_tokens"]), str(c["concurrency"]), f"{c['tok_s']:.1f}",
+                     f"{c['recycle_tok_s']:.1f}",
+                     f"{c['recycle_vs_off']:.3f}x [{c['recycle_vs_off_min']:.3f}-{c['recycle_vs_off_max']:.3f}]",
+                     "-" if c["recycle_speedup"] is None else f"{c['recycle_speedup']:.2f}x",
+                     two(c["drafted_per_round"], c["recycle_drafted_per_round"]),
+                     two(c["tokens_per_round"], c["recycle_tokens_per_round"]), str(c["recycle_mismatches"]),
+                     c["recycle_verdict"]])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(x.rjust(w) if 0 < i < len(head) - 1 else x.ljust(w) for i, (x, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def recycle_heatmap_cells(cells: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The cells that ran the recycling arm, shaped for `write_heatmap` (on over off)."""
+    return [{"workload": c["workload"], "max_new_tokens": c["max_new_tokens"], "concurrency": c["concurrency"],
+             "speedup": c["recycle_vs_off"], "speedup_min": c["recycle_vs_off_min"], "verdict": c["recycle_verdict"]}
+            for c in cells if "recycle_vs_off" in c]
 
 
 def format_grid(cells: list[dict[str, Any]]) -> str:

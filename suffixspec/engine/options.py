@@ -19,11 +19,27 @@ import numpy as np
 
 from ..errors import BadInputError, BadInputTypeError
 
-__all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS", "RECYCLE_DEFAULT"]
+__all__ = ["DecodeOptions", "Decoding", "check_int", "FINISH_REASONS", "RECYCLE_DEFAULT", "RECYCLE_FLAT_AT",
+           "RECYCLE_PROBE_TOKENS", "recycle_by_default"]
 
 FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
-# whether requests draw on recycled predictions unless told (bench/results/recycle.jsonl decides it)
+# whether requests draw on recycled predictions unless told, where the pass-cost curve is unknown
 RECYCLE_DEFAULT = False
+# ... and where it is known: on when a one-row pass of RECYCLE_PROBE_TOKENS tokens costs at most
+# RECYCLE_FLAT_AT one-token steps (the rollout grid with --grid-recycle-both decides the threshold:
+# bench/results/suffixspec_bench_grid.jsonl, bench/results/history.md)
+RECYCLE_PROBE_TOKENS = 64
+RECYCLE_FLAT_AT = 1.25
+
+
+def recycle_by_default(cost_model) -> bool:
+    """Whether requests draw on recycled predictions by default on a machine whose pass costs
+    `cost_model` gives (a `costmodel.CostModel`, or None: unknown): a wide tree must cost little
+    for the recycled branches to pay (see `RECYCLE_FLAT_AT`)."""
+    if cost_model is None:
+        return RECYCLE_DEFAULT
+    step, probe = cost_model([1, RECYCLE_PROBE_TOKENS], batch=1)
+    return bool(step > 0 and probe / step <= RECYCLE_FLAT_AT)
 
 
 def check_int(value, name: str, low: int | None = None, high: int | None = None, none_ok: bool = False) -> int | None:
