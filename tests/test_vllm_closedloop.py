@@ -32,18 +32,17 @@ def test_flat_drafts_long_proportional_at_eight_rows_not_at_all():
     flat = vc.run_arm("copy", "flat", "auto", rows=8)
     prop = vc.run_arm("copy", "proportional", "auto", rows=8)
     assert flat.drafted > 4 * flat.steps  # most rows draft most of the cap
-    assert prop.drafted < 0.1 * prop.steps
+    assert prop.drafted < prop.steps  # under a token a step of 8 rows: what learning the slope cost
 
 
 def test_the_target_is_deterministic_and_the_clock_counts_fed_tokens():
     a = vc.run_arm("chat", "proportional", 0, rows=2)
     b = vc.run_arm("chat", "proportional", 4, rows=2)
     assert a.outputs == b.outputs and a.tokens == b.tokens == 16 * 64
-    # proportional, no drafts: every step costs its rows' tokens plus the prompts it prefilled
+    # proportional, no drafts: a step costs a token a running row (prefills are free; the first
+    # step, only prefills, costs one token's step)
     wl = vc.WORKLOADS["chat"]
-    prompts = vc._prompts(vc.Law.make(wl.vocab, wl.weights, wl.novel, 0), wl, 0)
-    fed = sum(len(p) for p in prompts) + wl.requests * (wl.max_new_tokens - 1)
-    assert a.seconds == pytest.approx(vc.STEP_S * fed)
+    assert a.seconds == pytest.approx(vc.STEP_S * (wl.requests * (wl.max_new_tokens - 1) + 1))
     assert a.drafted == a.accepted == 0 and b.accepted <= b.drafted
 
 
@@ -72,7 +71,7 @@ def test_a_slope_not_yet_measured_is_explored_not_trusted():
     for _ in range(40):
         cost.observe(16, 0.1, 8)
     a, c = cost.line(8)
-    assert cost.planning_line(8)[1] < 0.5 * c
+    assert cost.planning_line(8)[1] == pytest.approx(0.5 * c)  # the most exploring lowers it
     rng = np.random.default_rng(0)
     for _ in range(200):
         x = int(rng.integers(0, 65))

@@ -15,9 +15,11 @@ tokens. So a row's draft may follow a different path than the longest one (a str
 beats a long weak one when tokens cost), and it is empty when no draft pays.
 
 The step's cost is measured (`MeasuredStepCost`: per batch size, a line in the drafted tokens fitted
-online to the time between the adapter's calls and the tokens each step verified, pulled toward a
-conservative prior where the steps do not vary enough to show the slope) unless the `step_cost`
-option fixes it (`StepCost`).
+online to the time between the adapter's calls and the tokens each step verified; where the steps
+do not vary enough to show the slope, the nearest measured batch size's slope, else a conservative
+prior's; drafts are sized by the slope lowered by its standard error, so lengths not yet tried get
+tried) unless the `step_cost` option fixes it (`StepCost`). The scores are calibrated against the
+engine's verdicts on earlier drafts (`AcceptCalibration`) before the values are taken.
 """
 
 from __future__ import annotations
