@@ -393,7 +393,7 @@ def test_warm_up_compiles_the_path_kernel():
     assert path_values.signatures  # compiled in __init__, not on the first step
 
 
-def test_the_step_cost_is_measured_from_the_time_between_calls():
+def test_the_step_cost_is_measured_from_the_time_between_calls(monkeypatch):
     """Each pure decode step is observed once: the time from the end of the last `propose` to the
     start of this one, the rows' last drafts plus their bonus tokens, the rows; steps with a prefill
     or a request joining are not."""
