@@ -79,3 +79,19 @@ def test_a_slope_not_yet_measured_is_explored_not_trusted():
     a, c = cost.line(8)
     assert c == pytest.approx(0.003, rel=0.1)
     assert cost.planning_line(8)[1] == pytest.approx(c, rel=0.1)
+
+
+def test_the_core_calibrates_by_what_the_engine_accepted_of_its_last_draft():
+    core = vc._core(8, 1, 64, {"step_cost": vc.FREE})
+    seq = [5, 6, 7, 8, 9, 10, 11, 12] * 6
+    table = np.array([seq], np.int64)
+    draft = core.step([0], [1], [len(seq)], table)[0]
+    scores = list(core.scores[0])
+    assert len(draft) >= 3 and core.calibration.judged == 0
+    accepted = 2  # the engine takes two drafted tokens and its own third
+    seq2 = seq + draft[:accepted] + [63]
+    core.step([0], [accepted + 1], [len(seq2)], np.array([seq2], np.int64))
+    assert core.calibration.judged == accepted + 1  # the rejected token was judged; those after it not
+    assert core.calibration.hits.sum() == pytest.approx(accepted)
+    chances = np.array(scores[: accepted + 1]) / np.concatenate(([1.0], scores[:accepted]))
+    assert core.calibration.expected.sum() == pytest.approx(chances.sum())
