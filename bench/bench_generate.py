@@ -26,7 +26,9 @@ are skipped with a message naming both). Other prompts are wrapped as one ChatML
 its global response cache, so repeats never learn from earlier repeats; the automatic budget's
 acceptance calibration starts afresh with each workload (as on a server dedicated to it). `--budget` and
 `--pld-tokens` take comma-separated lists: every suffixspec budget and every PLD setting is timed on
-the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike).
+the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike);
+a budget written `auto+r` (or `N+r`) also drafts from recycled predictions, whose table learns across a
+workload's prompts but restarts each repeat of a prompt from where it stood before the prompt's first.
 Every suffixspec output is checked against plain greedy decoding. Where each suffixspec configuration's
 time goes is split into prefill (the steps that read the prompt), draft (proposer and budget), verify
 (forward passes, acceptance, cache commits) and the rest (`suffixspec.bench.timesplit`). `--concurrency
@@ -43,6 +45,7 @@ revision).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import statistics
 import sys
@@ -206,6 +209,8 @@ def run_batched(gens: dict, refs: list, c: int, args, mismatches: list, workload
     out = {}
     for _ in range(args.repeats):
         for m, (g, b) in gens.items():
+            if g.recycle:  # every repeat from an empty table: the one-at-a-time runs saw these prompts
+                g.recycle_table = type(g.recycle_table)(g.recycle_table.vocab_size, identity=g.recycle_table.identity)
             t = time.perf_counter()
             seqs, st, split = spec_run(g, prompts, args.max_new_tokens, b, max_batch=c)
             times[m].append(time.perf_counter() - t)
@@ -399,8 +404,13 @@ def main(argv=None) -> int:
                     continue
             times = {m: [] for m in methods}
             outs, stats = {}, {}
-            for _ in range(args.repeats):
+            # recycled predictions learn across prompts, as a server's would, but a prompt's repeats each
+            # start from the table as it was before its first: no repeat drafts from an earlier one's answer
+            before = {m: copy.deepcopy(g.recycle_table) for m, (g, _) in gens.items() if g.recycle}
+            for r in range(args.repeats):
                 for m in methods:
+                    if r and m in before:
+                        gens[m][0].recycle_table = copy.deepcopy(before[m])
                     t = time.perf_counter()
                     outs[m], st = run_method(m, ids)
                     times[m].append(time.perf_counter() - t)
