@@ -26,7 +26,9 @@ are skipped with a message naming both). Other prompts are wrapped as one ChatML
 its global response cache, so repeats never learn from earlier repeats; the automatic budget's
 acceptance calibration starts afresh with each workload (as on a server dedicated to it). `--budget` and
 `--pld-tokens` take comma-separated lists: every suffixspec budget and every PLD setting is timed on
-the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike).
+the same prompts, interleaved repeat by repeat (so load drift on a shared machine hits them alike);
+a budget written `auto+r` (or `N+r`) also drafts from recycled predictions, whose table learns across a
+workload's prompts but restarts each repeat of a prompt from where it stood before the prompt's first.
 Every suffixspec output is checked against plain greedy decoding. Where each suffixspec configuration's
 time goes is split into prefill (the steps that read the prompt), draft (proposer and budget), verify
 (forward passes, acceptance, cache commits) and the rest (`suffixspec.bench.timesplit`). `--concurrency
@@ -43,6 +45,8 @@ revision).
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import statistics
 import sys
 import time
@@ -162,13 +166,32 @@ def spec_run(g, prompts, max_new, budget, max_batch=None):
     return res.sequences, res.stats, split.result()
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetConfig:
+    """One suffixspec configuration of `--budget`: "auto" or N, "+r" for recycled predictions on."""
+
+    name: str  # "ss-auto", "ss-16", "ss-auto+r"
+    budget: str | int
+    recycle: bool
+
+
+def budget_config(spec: str) -> BudgetConfig:
+    text = spec.strip()
+    recycle = text.endswith("+r")
+    base = text[:-2] if recycle else text
+    if base != "auto" and not (base.isdigit() and int(base) >= 0):
+        raise SystemExit(f"bench_generate: --budget: expected auto or a token count, optionally followed by +r "
+                         f"(recycled predictions on), got {spec!r}")
+    return BudgetConfig(f"ss-{text}", base if base == "auto" else int(base), recycle)
+
+
 def _range(xs: list[float]) -> list[float]:
     return [min(xs), max(xs)] if xs else []
 
 
 def _auto_vs_fixed(tps: dict, configs) -> dict:
     """auto's throughput over the best fixed budget's, where both ran."""
-    fixed = [m for m in configs if m != "ss-auto"]
+    fixed = [m for m in configs if m != "ss-auto" and not m.endswith("+r")]
     if "ss-auto" not in configs or not fixed:
         return {}
     best = max(fixed, key=lambda m: tps[m])
@@ -186,6 +209,8 @@ def run_batched(gens: dict, refs: list, c: int, args, mismatches: list, workload
     out = {}
     for _ in range(args.repeats):
         for m, (g, b) in gens.items():
+            if g.recycle:  # every repeat from an empty table: the one-at-a-time runs saw these prompts
+                g.recycle_table = type(g.recycle_table)(g.recycle_table.vocab_size, identity=g.recycle_table.identity)
             t = time.perf_counter()
             seqs, st, split = spec_run(g, prompts, args.max_new_tokens, b, max_batch=c)
             times[m].append(time.perf_counter() - t)
@@ -235,7 +260,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=0,
                     help="torch threads (default 0: torch's own choice, every core; plain decoding gets the same)")
     ap.add_argument("--pld-tokens", default="10", help="prompt_lookup_num_tokens of the PLD baseline (comma-separated list)")
-    ap.add_argument("--budget", default="auto", help="suffixspec budget: auto or N, or a comma-separated list")
+    ap.add_argument("--budget", default="auto", help="suffixspec budget: auto or N, or a comma-separated list; "
+                    "a trailing +r (auto+r, 16+r) also drafts from the model's own past predictions (recycled)")
     ap.add_argument("--diag", action="store_true", help="print per-configuration round statistics")
     ap.add_argument("--min-oracle", type=float, default=0.0, metavar="T",
                     help="time only prompts whose copy-oracle (over the plain answer at --max-new-tokens) is >= T; "
@@ -268,8 +294,7 @@ def main(argv=None) -> int:
     from suffixspec.models import load_model
 
     model, tok = load_model(args.model)
-    first = args.budget.split(",")[0]
-    budget = first if first == "auto" else int(first)
+    budget = budget_config(args.budget.split(",")[0]).budget
     from suffixspec.generate import PromptLookupProposer
 
     proposer = Proposer(global_cache=False) if args.proposer == "suffixspec" else PromptLookupProposer()
@@ -301,7 +326,7 @@ def main(argv=None) -> int:
                     "generate_identity")
         return 0 if not mismatches and batch_ok else 1
 
-    budgets = [b if b == "auto" else int(b) for b in args.budget.split(",")]
+    configs = [budget_config(b) for b in args.budget.split(",")]
     plds = [int(p) for p in str(args.pld_tokens).split(",")]
     # warm up every path once (on a chat prompt where there are some)
     warm = tok.encode(load_prompts("chat", 1, specbench)[0] if specbench is not None else
@@ -312,14 +337,14 @@ def main(argv=None) -> int:
         """One generator per budget (the auto calibration state stays per configuration), prepared and
         warmed up before any clock starts; `corpus`: the proposers' corpus index."""
         gens.clear()
-        for b in budgets:
+        for c in configs:
             prop = (Proposer(corpus=corpus, global_cache=False) if args.proposer == "suffixspec"
                     else PromptLookupProposer())
-            g = SpeculativeGenerator(model, tok, proposer=prop, prefix_cache_bytes=0)
+            g = SpeculativeGenerator(model, tok, proposer=prop, prefix_cache_bytes=0, recycle=c.recycle)
             g.cost_model = gen.cost_model
             g.prepare()
-            g.generate([warm], max_new_tokens=8, budget=b)
-            gens[f"ss-{b}"] = (g, b)
+            g.generate([warm], max_new_tokens=8, budget=c.budget)
+            gens[c.name] = (g, c.budget)
 
     make_gens()
     methods = ["plain"] + [f"pld-{p}" for p in plds] + list(gens)
@@ -346,6 +371,7 @@ def main(argv=None) -> int:
         return outs[0], st
 
     from suffixspec.bench.timesplit import split_shares
+    from suffixspec.draft.recycle import RecycleTable
     from suffixspec.generate import RankCalibration
 
     summary, diag = {}, {}
@@ -353,8 +379,10 @@ def main(argv=None) -> int:
         corpus = continue_file_corpus(tok) if workload == "continue-file" and args.proposer == "suffixspec" else None
         if corpus is not None or any(g.proposer.corpora for g, _ in gens.values() if isinstance(g.proposer, Proposer)):
             make_gens(corpus)
-        for g, _ in gens.values():  # each workload as a server of its own: the auto budget's calibration starts afresh
-            g.calibration = RankCalibration()
+        for g, _ in gens.values():  # each workload as a server of its own: the auto budget's calibration and
+            g.calibration = RankCalibration()  # the recycled predictions start afresh
+            if g.recycle:
+                g.recycle_table = RecycleTable(g.recycle_table.vocab_size, identity=g.recycle_table.identity)
         splits = {m: [] for m in gens}
         refs = []
         tot = {m: 0.0 for m in methods}
@@ -376,8 +404,13 @@ def main(argv=None) -> int:
                     continue
             times = {m: [] for m in methods}
             outs, stats = {}, {}
-            for _ in range(args.repeats):
+            # recycled predictions learn across prompts, as a server's would, but a prompt's repeats each
+            # start from the table as it was before its first: no repeat drafts from an earlier one's answer
+            before = {m: copy.deepcopy(g.recycle_table) for m, (g, _) in gens.items() if g.recycle}
+            for r in range(args.repeats):
                 for m in methods:
+                    if r and m in before:
+                        gens[m][0].recycle_table = copy.deepcopy(before[m])
                     t = time.perf_counter()
                     outs[m], st = run_method(m, ids)
                     times[m].append(time.perf_counter() - t)
