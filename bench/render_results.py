@@ -289,7 +289,9 @@ def _corpus_drafting(r) -> list[str]:
         if "all" in per_budget:  # one budget (64), as older runs recorded it
             per_budget = {"64": per_budget}
         out.append(f"propose latency on {name}: " + "; ".join(
-            f"budget {b} p50 {v['all']['p50']:.1f} us, p99 {v['all']['p99']:.1f} us" for b, v in per_budget.items()))
+            f"budget {b} p50 {v['all']['p50']:.1f} us, p99 {v['all']['p99']:.1f} us"
+            + (f" (each proposal's fastest repeat: p50 {v['all_fastest']['p50']:.1f}, p99 {v['all_fastest']['p99']:.1f} us)"
+               if "all_fastest" in v else "") for b, v in per_budget.items()))
     return out
 
 

@@ -53,6 +53,8 @@ def test_bench_runs_on_a_tiny_set_and_prints_json_last(tmp_path, capsys, monkeyp
     assert set(got["latency_us"]["dev"]) == {"16", "64"}
     assert lat["proposals"] > 3 and lat["all"]["p50"] <= lat["all"]["p99"] <= lat["all"]["max"]
     assert lat["first"]["max"] <= lat["all"]["max"]
+    assert lat["all_fastest"]["p50"] <= lat["all_fastest"]["p99"] <= lat["all_fastest"]["max"] <= lat["all"]["max"]
+    assert lat["gc_collections"] >= 0
     sys.modules.pop("make_corpus_completion_traces", None)
 
 
