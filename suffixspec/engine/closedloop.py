@@ -252,11 +252,12 @@ def _prompts(law: ScriptLaw, wl: Workload, seed: int) -> list[list[int]]:
 
 
 def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=None,
-            learn_cost: bool = True, vocab: int = 256) -> ArmResult:
+            learn_cost: bool = True, vocab: int = 256, recycle: bool = False) -> ArmResult:
     """Decode `workload` (a `Workload` or a `WORKLOADS` name) at `budget` ("auto" or a fixed size), at
     most `rows` requests together, on the simulated `curve` (a `SimCurve` or a `CURVES` name). The automatic budget starts from
     `cost_curve` (tree size -> relative cost) when given, else from the curve as a start-up
-    measurement would find it at one row."""
+    measurement would find it at one row. `recycle`: also draft from recycled predictions (off: the
+    budget's choice over the copy sources alone, whatever the curve's default would be)."""
     from ..generate import SpeculativeGenerator
     from .budget import BudgetPolicy, CostModel
     from .engine import Engine
@@ -272,7 +273,7 @@ def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=No
     from ..draft.proposer import Proposer
 
     gen = SpeculativeGenerator(model, policy=BudgetPolicy(cost_model=cost, learn_cost=learn_cost),
-                               proposer=Proposer())
+                               proposer=Proposer(), recycle=recycle)
     gen.assume_support()
     engine = Engine(gen, max_batch=rows, clock=clock, max_new_tokens=wl.max_new_tokens, budget=budget)
     for prompt in _prompts(law, wl, seed + 1):
