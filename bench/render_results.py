@@ -380,13 +380,6 @@ def _closedloop(r) -> list[str]:
             for c in r.get("cells", [])]
 
 
-def _vllm_closedloop(r) -> list[str]:
-    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} row{'s' if c['rows'] > 1 else ''}: the adapter "
-            f"{c['ratio']:.3f}x the best fixed cap ({c['best_cap']}) over seeds {_seed_list(c['seeds'])} "
-            f"(worst seed {c['worst']:.3f}), {c['accepted']['auto']} of {c['drafted']['auto']} drafted tokens accepted"
-            for c in r.get("cells", [])]
-
-
 def _seed_list(seeds) -> str:
     seeds = list(seeds)
     if len(seeds) > 2 and seeds == list(range(seeds[0], seeds[-1] + 1)):
@@ -462,7 +455,7 @@ SUMMARIES = {"proposer": _proposer, "generate": _generate, "suffixspec_bench": _
              "automaton": _automaton, "refusal": _refusal, "interrupts": _interrupts,
              "threads": _threads, "soak": _soak, "hostile": _hostile, "vllm": _vllm, "vllm_soak": _vllm_soak,
              "llama_cpp": _llama_cpp, "recycle": _recycle, "recycle_shipped": _recycle, "recycle_flat": _recycle,
-             "closedloop": _closedloop, "vllm_closedloop": _vllm_closedloop, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e,
+             "closedloop": _closedloop, "recycle_overhead": _recycle_overhead, "recycle_e2e": _recycle_e2e,
              "corpus_compact": _corpus_compact, "corpus_scale": _corpus_scale}
 
 TITLES = {
@@ -496,8 +489,6 @@ TITLES = {
                      "bench/bench_recycle.py --flat-cost"),
     "closedloop": ("The automatic budget against fixed budgets on simulated cost curves (closed loop)",
                    "bench/bench_closedloop.py"),
-    "vllm_closedloop": ("The vLLM adapter's draft lengths against fixed caps on simulated step costs (closed loop)",
-                        "bench/bench_vllm_closedloop.py"),
     "recycle_overhead": ("What the recycled-prediction table costs a round", "bench/bench_recycle_overhead.py"),
     "recycle_e2e": ("Chat and QA end to end, with and without recycled predictions", "suffixspec bench --recycle"),
 }

@@ -142,9 +142,7 @@ def test_measured_cost_is_the_weighted_ridge_line_of_its_steps(seed):
     if c >= 0 and a >= 0.02 * np.dot(ws, ys) / sum(ws):  # inside the bounds: exactly the least-squares line
         assert (got_a, got_c) == pytest.approx((a, c), rel=1e-6, abs=1e-12)
     assert got_a > 0 and got_c >= 0
-    plan_a, plan_c = cost.planning_line(batch)  # drafts are sized by the slope lowered by its error
-    assert plan_a == got_a and 0.5 * got_c <= plan_c <= got_c
-    assert float(cost(batch + 5, batch)) == pytest.approx(got_a + 5 * plan_c)
+    assert float(cost(batch + 5, batch)) == pytest.approx(got_a + 5 * got_c)
 
 
 def test_measured_cost_stays_monotone_and_clips_a_spike():

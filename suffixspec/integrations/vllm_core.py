@@ -31,7 +31,7 @@ import numpy as np
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
 from ..draft.config import KNOBS, ProposerConfig
 from ..engine.warmup import warm_kernels
-from .vllm_drafting import AcceptCalibration, path_values, plan_lengths, step_cost_from, write_paths
+from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
 from .vllm_options import VllmSetup
 
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
@@ -99,7 +99,7 @@ class _Closer:
 
 
 class _Tracked:
-    __slots__ = ("session", "slot", "key", "length", "head", "tail", "last_step", "last_draft", "last_scores")
+    __slots__ = ("session", "slot", "key", "length", "head", "tail", "last_step", "last_draft")
 
 
 class DraftCore:
@@ -122,7 +122,6 @@ class DraftCore:
         if self.timeout_steps < 2:
             raise BadInputError(f"session_timeout_steps: expected an integer >= 2, got {self.timeout_steps}", param="session_timeout_steps")
         self.cost = step_cost_from(opts.get("step_cost"), self.k)
-        self.calibration = AcceptCalibration()
         self._closer = _Closer(self.max_sessions) if opts.get("close_in_background", True) else None
         corpus = opts.get("corpus")
         paths = [corpus] if isinstance(corpus, str) else list(corpus or [])
@@ -135,7 +134,6 @@ class DraftCore:
         self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
         self.max_nodes = self.config.max_nodes
         self.stats = collections.Counter()
-        self.clock = time.perf_counter  # what steps are timed by (a harness may set a simulated clock)
         self.scores: list[list[float]] = []  # the last step's drafts' node scores, per row
         self._warm_up()
         self.proposer = Proposer(self.corpora or None, config=self.config)
@@ -155,7 +153,7 @@ class DraftCore:
         if n_rows == 0:
             return drafts
         k = min(int(k or self.k), self.k)
-        t0 = self.clock()
+        t0 = time.perf_counter()
         self._step += 1
         step = self._step
         self.stats["steps"] += 1
@@ -169,11 +167,7 @@ class DraftCore:
                 clean = False
                 continue
             t, how = self._track(keys[r], table[r], n, m, taken)
-            follows = how == "continued" and t.last_step == step - 1
-            clean &= follows
-            if follows and t.last_scores:  # what the engine made of the row's last draft
-                self.calibration.observe(t.last_scores, min(m - 1, len(t.last_scores)))
-            t.last_scores = None
+            clean &= how == "continued" and t.last_step == step - 1
             verified += 1 + t.last_draft
             t.last_step = step
             t.last_draft = 0
@@ -188,7 +182,7 @@ class DraftCore:
             self.stats["steps_measured"] += 1
         if tracked:
             self._draft(rows, tracked, limits, drafts, n_rows, k if fixed_width else None)
-        end = self.clock()
+        end = time.perf_counter()
         self.stats["propose_seconds"] += end - t0
         self._last_end, self._ended_step = end, step
         return drafts
@@ -295,7 +289,6 @@ class DraftCore:
         t.last_step = self._step
         t.key = None
         t.last_draft = 0
-        t.last_scores = None
         self._slots[slot] = t
         self._slot_len[slot] = cut
         self._slot_hash[slot : slot + 1] = self._hash(row[:cut], 0)
@@ -370,7 +363,6 @@ class DraftCore:
             self.scores[rows[i]] = out_score[i, : lengths[i]].tolist()
         for i, t in enumerate(tracked):
             t.last_draft = int(lengths[i]) if width is None else width
-            t.last_scores = out_score[i, : lengths[i]].tolist() if lengths[i] else None
         self.stats["rows_drafted"] += int(np.count_nonzero(lengths))
         self.stats["draft_tokens"] += int(lengths.sum())
 
@@ -390,8 +382,7 @@ class DraftCore:
         cat = [np.concatenate([getattr(tr, f) for tr in trees]) for f in ("tokens", "parents", "depths", "scores")]
         values = np.empty((b, self.k + 1), np.float64)
         nodes = np.empty((b, self.k + 1), np.int64)
-        scores = cat[3] if fixed else self.calibration.scores(cat[1], cat[2], cat[3], starts, counts)
-        path_values(cat[0], cat[1], cat[2], scores, starts, counts, np.array(limits, np.int64), self.vocab_size, values, nodes)
+        path_values(cat[0], cat[1], cat[2], cat[3], starts, counts, np.array(limits, np.int64), self.vocab_size, values, nodes)
         # rows outside the drafting set (prefills) still take a token each in the step
         extra = batch - b
         if fixed:

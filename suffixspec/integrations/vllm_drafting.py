@@ -15,11 +15,9 @@ tokens. So a row's draft may follow a different path than the longest one (a str
 beats a long weak one when tokens cost), and it is empty when no draft pays.
 
 The step's cost is measured (`MeasuredStepCost`: per batch size, a line in the drafted tokens fitted
-online to the time between the adapter's calls and the tokens each step verified; where the steps
-do not vary enough to show the slope, the nearest measured batch size's slope, else a conservative
-prior's; drafts are sized by the slope lowered by its standard error, so lengths not yet tried get
-tried) unless the `step_cost` option fixes it (`StepCost`). The scores are calibrated against the
-engine's verdicts on earlier drafts (`AcceptCalibration`) before the values are taken.
+online to the time between the adapter's calls and the tokens each step verified, pulled toward a
+conservative prior where the steps do not vary enough to show the slope) unless the `step_cost`
+option fixes it (`StepCost`).
 """
 
 from __future__ import annotations
@@ -83,17 +81,14 @@ class MeasuredStepCost:
     one's line. Drafts are sized at the operating point, where a line is what matters: the marginal
     cost of a drafted token against the step's fixed part."""
 
-    def __init__(self, k: int = 8, forget: float = 0.98, prior_steps: float = 1e-4, warm_steps: int = 8,
-                 explore: float = 1.0):
+    def __init__(self, k: int = 8, forget: float = 0.98, prior_steps: float = 0.01, warm_steps: int = 8):
         self.k = max(int(k), 1)
         self.forget = float(forget)
         self.prior_steps = float(prior_steps)
         self.warm_steps = int(warm_steps)
-        self.explore = float(explore)
-        self._sums: dict[int, np.ndarray] = {}  # batch -> decayed [sum w, w x, w x^2, w y, w x y, w y^2]
+        self._sums: dict[int, np.ndarray] = {}  # batch -> decayed [sum w, w x, w x^2, w y, w x y]
         self._seen: dict[int, int] = {}
-        self._lines: dict[int, tuple[float, float, float]] = {}  # batch -> (a, c, standard error of c)
-        self._own: dict[int, tuple[float, float, float]] = {}  # the same fitted from its own steps alone
+        self._lines: dict[int, tuple[float, float]] = {}
         self.observed = 0
 
     @staticmethod
@@ -104,54 +99,28 @@ class MeasuredStepCost:
         """(a, c): a step of `batch` rows with x drafted tokens costs a + c x seconds (for a batch
         size never measured: the nearest measured one's line; none measured: the prior, in units
         of PRIOR_STEP_SECONDS)."""
-        return self._line(batch)[:2]
-
-    def planning_line(self, batch: int) -> tuple[float, float]:
-        """(a, c'): the line drafts are sized by, its slope lowered by `explore` standard errors (at most
-        to half): where the measured steps have not varied enough to pin the slope down, drafts are
-        longer than the fit alone would choose, and the steps they make measure it."""
-        a, c, se = self._line(batch)
-        return a, max(c - self.explore * se, 0.5 * c)
-
-    def _line(self, batch: int) -> tuple[float, float, float]:
         batch = max(int(batch), 1)
         if batch not in self._sums:
             if not self._sums:
                 a = PRIOR_STEP_SECONDS * (1.0 + PRIOR_SLOPE * (batch - 1))
-                return a, a * self.prior_slope(batch), 0.0
+                return a, a * self.prior_slope(batch)
             batch = min(self._sums, key=lambda b: (abs(b - batch), b))
         line = self._lines.get(batch)
         if line is None:
             line = self._lines[batch] = self._fit(batch)
         return line
 
-    def _neighbour(self, batch: int):
-        """(a, c, se) the nearest other batch size with `warm_steps` steps predicts for `batch` (its
-        slope, its fixed part moved along it), or None."""
-        near = [b for b in self._sums if b != batch and self._seen[b] >= self.warm_steps]
-        if not near:
-            return None
-        nb = min(near, key=lambda b: (abs(b - batch), b))
-        own = self._own.get(nb)
-        if own is None:
-            own = self._own[nb] = self._fit(nb, alone=True)
-        a, c, se = own
-        return max(a + c * (batch - nb), a * min(batch / nb, 1.0)), c, se
-
-    def _fit(self, batch: int, alone: bool = False) -> tuple[float, float, float]:
-        s0, s1, s2, sy, sxy, syy = self._sums[batch].tolist()
+    def _fit(self, batch: int) -> tuple[float, float]:
+        s0, s1, s2, sy, sxy = self._sums[batch].tolist()
+        rho = self.prior_slope(batch)
         xr = float(self.k * batch)
-        near = None if alone else self._neighbour(batch)
-        if near is None:  # the conservative prior, weak: a slope at all measured replaces it
-            rho, mu, se_prior = self.prior_slope(batch), self.prior_steps * xr * xr, np.inf
-        else:  # the nearest measured batch size's slope, worth a step at a full draft
-            rho, mu, se_prior = near[1] / near[0], xr * xr, near[2]
+        mu = self.prior_steps * xr * xr
         # minimise sum w (y - a - c x)^2 + mu (c - rho a)^2 over (a, c)
         m11, m12, m22 = s0 + mu * rho * rho, s1 - mu * rho, s2 + mu
         det = m11 * m22 - m12 * m12
         mean = sy / s0
         if det <= 0.0:  # no spread and no prior weight: the mean at the prior's slope
-            return mean, mean * rho, float(min(mean * rho, se_prior))
+            return mean, mean * rho
         a = (sy * m22 - m12 * sxy) / det
         c = (m11 * sxy - m12 * sy) / det
         floor = 0.02 * mean
@@ -162,15 +131,11 @@ class MeasuredStepCost:
             if a < floor:
                 a = floor
                 c = max((sxy - a * s1 + mu * rho * a) / m22, 0.0)
-        # the slope's standard error: the residual variance (at least 1% of the mean, a timer's jitter)
-        # times the slope's entry of the inverse normal matrix
-        rss = max(syy - 2 * a * sy - 2 * c * sxy + a * a * s0 + 2 * a * c * s1 + c * c * s2, 0.0)
-        var = max(rss / max(s0 - 2.0, 1.0), (0.01 * mean) ** 2)
-        return a, c, float(min(np.sqrt(var * m11 / det), se_prior))
+        return a, c
 
     def __call__(self, tokens, batch: int = 1) -> np.ndarray:
         batch = max(int(batch), 1)
-        a, c = self.planning_line(batch)
+        a, c = self.line(batch)
         return a + c * np.maximum(np.asarray(tokens, np.float64) - batch, 0.0)
 
     def observe(self, tokens: int, seconds: float, batch: int) -> None:
@@ -180,17 +145,16 @@ class MeasuredStepCost:
         batch, x, y = int(batch), float(tokens - batch), float(seconds)
         sums = self._sums.get(batch)
         if sums is None:
-            sums = self._sums[batch] = np.zeros(6)
+            sums = self._sums[batch] = np.zeros(5)
             self._seen[batch] = 0
         elif self._seen[batch] >= self.warm_steps:
             a, c = self.line(batch)
             expected = a + c * x
             y = min(max(y, 0.5 * expected), 2.0 * expected)
         sums *= self.forget
-        sums += (1.0, x, x * x, y, x * y, y * y)
+        sums += (1.0, x, x * x, y, x * y)
         self._seen[batch] += 1
-        self._lines.clear()  # a batch size's line leans on its neighbours'
-        self._own.pop(batch, None)
+        self._lines.pop(batch, None)
         self.observed += 1
 
     def to_dict(self) -> dict:
@@ -202,88 +166,6 @@ class MeasuredStepCost:
             lines[str(batch)] = {"a": round(a, 6), "c": round(c, 7), "steps": self._seen[batch]}
             curves[str(batch)] = {str(batch * (1 + d)): round(1.0 + c * batch * d / a, 3) for d in (1, 2, 4, 8)}
         return {"measured_steps": self.observed, "lines": lines, "relative_by_batch": curves}
-
-
-# A drafted token's conditional chance (its score over its parent's) is calibrated per depth group
-# (depth 1, 2-3, 4-7, 8-15, 16+) and chance bin (edges below)
-CHANCE_EDGES = np.array([0.3, 0.5, 0.7, 0.85, 0.95])
-DEPTH_GROUPS = 5
-MAX_CHANCE = 0.999
-
-
-class AcceptCalibration:
-    """What the drafts' scores promise against what the engine accepted: per (depth group, bin of the
-    token's conditional chance c = score / parent's score), decayed sums of c over the drafted tokens
-    the engine judged (a token is judged when every token before it was accepted) and of those it
-    accepted. A token's calibrated chance is c times hits / expected, both shrunk toward the bin's
-    ratio over all depths (itself shrunk toward 1) with `strength` expected hits; capped below 1. A
-    path's calibrated score is the product of its tokens' calibrated chances (`scores`)."""
-
-    def __init__(self, strength: float = 3.0, forget: float = 0.998):
-        self.strength = float(strength)
-        self.forget = float(forget)
-        self.expected = np.zeros((DEPTH_GROUPS, CHANCE_EDGES.shape[0] + 1))
-        self.hits = np.zeros_like(self.expected)
-        self.judged = 0
-        self._table: np.ndarray | None = None
-
-    def observe(self, scores, accepted: int) -> None:
-        """A draft of node scores `scores` (root first), of which the engine accepted the first `accepted`."""
-        s = np.asarray(scores, np.float64)
-        n = min(int(accepted) + 1, s.shape[0])
-        if n <= 0:
-            return
-        parent = np.concatenate(([1.0], s[: n - 1]))
-        chance = np.where(parent > 0, s[:n] / np.maximum(parent, 1e-300), 0.0)
-        depth = np.arange(1, n + 1)
-        g = np.minimum(np.floor(np.log2(depth)).astype(np.int64), DEPTH_GROUPS - 1)
-        b = np.searchsorted(CHANCE_EDGES, chance, side="right")
-        self.expected *= self.forget
-        self.hits *= self.forget
-        np.add.at(self.expected, (g, b), chance)
-        np.add.at(self.hits, (g, b), (depth <= accepted).astype(np.float64))
-        self.judged += n
-        self._table = None
-
-    def table(self) -> np.ndarray:
-        """float64 [depth groups, bins]: the factor a token's conditional chance is multiplied by."""
-        if self._table is None and np.isinf(self.strength):  # infinitely strong: the scores as they are
-            self._table = np.ones_like(self.expected)
-        if self._table is None:
-            m = self.strength
-            pooled = (self.hits.sum(axis=0) + m) / (self.expected.sum(axis=0) + m)
-            self._table = (self.hits + m * pooled[None, :]) / (self.expected + m)
-        return self._table
-
-    def scores(self, parents, depths, scores, starts, counts) -> np.ndarray:
-        """The calibrated node scores of the flat trees (`path_values`'s layout)."""
-        out = np.empty(scores.shape[0], np.float64)
-        calibrate_scores(parents, depths, scores, starts, counts, self.table(), CHANCE_EDGES, MAX_CHANCE, out)
-        return out
-
-    def to_dict(self) -> dict:
-        return {"judged": self.judged, "factor": np.round(self.table(), 3).tolist(),
-                "expected": np.round(self.expected, 1).tolist()}
-
-
-@numba.njit(cache=True, nogil=True)
-def calibrate_scores(parents, depths, scores, starts, counts, table, edges, cap, out):
-    """out[i] = out[parent] * min(c_i * table[group(depth_i), bin(c_i)], cap), c_i = scores[i] /
-    scores[parent] (a root's parent counts as 1; parents before children within a tree)."""
-    for r in range(starts.shape[0]):
-        a = starts[r]
-        for i in range(counts[r]):
-            p = parents[a + i]
-            top = 1.0 if p < 0 else scores[a + p]
-            base = 1.0 if p < 0 else out[a + p]
-            c = scores[a + i] / top if top > 0.0 else 0.0
-            g = 0
-            d = depths[a + i]
-            while d > 1 and g < table.shape[0] - 1:
-                d >>= 1
-                g += 1
-            b = np.searchsorted(edges, c, side="right")
-            out[a + i] = base * min(c * table[g, b], cap)
 
 
 def step_cost_from(points, k: int = 8) -> StepCost | MeasuredStepCost:
