@@ -26,8 +26,9 @@ FINISH_REASONS = ("eos", "stop", "length", "cancelled", "error")
 # whether requests draw on recycled predictions unless told, where the pass-cost curve is unknown
 RECYCLE_DEFAULT = False
 # ... and where it is known: on when a one-row pass of RECYCLE_PROBE_TOKENS tokens costs at most
-# RECYCLE_FLAT_AT one-token steps (the rollout grid with --grid-recycle-both decides the threshold:
-# bench/results/suffixspec_bench_grid.jsonl, bench/results/history.md)
+# RECYCLE_FLAT_AT one-token steps: a judgement between the curves measured so far (on under the
+# GPU-like flat curve, 1.13 at 64 tokens; off on every CPU curve, 1.5 and above), after the rollout
+# grid with --grid-recycle-both found a CPU cell where recycling loses (bench/results/history.md)
 RECYCLE_PROBE_TOKENS = 64
 RECYCLE_FLAT_AT = 1.25
 
