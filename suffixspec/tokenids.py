@@ -30,12 +30,16 @@ def _bounds(arr: np.ndarray) -> tuple[int, int]:
     return int(arr.min()), int(arr.max())
 
 
+def _out_of_range(name: str, bad) -> BadInputError:
+    return BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}", param=name)
+
+
 def as_tokens(x, name: str = "tokens") -> np.ndarray:
     if type(x) is np.ndarray and x.ndim == 1 and x.dtype.kind in "iu" and x.dtype.itemsize <= 8:
         if x.size:
             lo, hi = _bounds(x)
             if lo < 0 or hi > MAX_TOKEN_ID:
-                raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {lo if lo < 0 else hi}", param=name)
+                raise _out_of_range(name, lo if lo < 0 else hi)
         return x if x.dtype == np.int32 and x.flags.c_contiguous else np.ascontiguousarray(x, dtype=np.int32)
     if x is None:
         raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got None", param=name)
@@ -54,7 +58,7 @@ def as_tokens(x, name: str = "tokens") -> np.ndarray:
             raise BadInputError(f"{name}: expected {_EXPECTED}, got values numpy cannot hold ({exc})", param=name) from None
     if arr.dtype == object and arr.ndim == 1 and all(isinstance(v, int) and not isinstance(v, bool) for v in arr.tolist()):
         bad = next(v for v in arr.tolist() if not 0 <= v <= MAX_TOKEN_ID)
-        raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}", param=name)
+        raise _out_of_range(name, bad)
     if arr.dtype == np.bool_ or not (np.issubdtype(arr.dtype, np.integer) or (arr.size == 0 and arr.dtype == np.float64 and not isinstance(x, np.ndarray))):
         raise BadInputTypeError(f"{name}: expected {_EXPECTED}, got {_describe(arr) if isinstance(x, np.ndarray) else 'elements of dtype ' + str(arr.dtype)}", param=name)
     if arr.ndim != 1:
@@ -63,5 +67,5 @@ def as_tokens(x, name: str = "tokens") -> np.ndarray:
         lo, hi = _bounds(arr)
         if lo < 0 or hi > MAX_TOKEN_ID:
             bad = lo if lo < 0 else hi
-            raise BadInputError(f"{name}: expected token ids in [0, 2**31 - 1], got {bad}", param=name)
+            raise _out_of_range(name, bad)
     return np.ascontiguousarray(arr, dtype=np.int32)
