@@ -153,7 +153,7 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
         counts[nv] = c
         lasts[nv] = lasts_in[v]
         d = S[b + DEG]
-        if v == 0:
+        if v == 0 and R0.shape[0] > 0:
             for t in range(R0.shape[0]):
                 if R0[t] != -1:
                     etok[k] = t
@@ -180,7 +180,7 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
         etok[j] = O[i, O_TOK]
         eto[j] = newid[O[i, O_TO]]
         S[b + OVF] = j + 1
-    for v in range(1, ns):
+    for v in range(1 if R0.shape[0] > 0 else 0, ns):  # (a dense root's row is in order already)
         b = v * ROW
         d = S[b + DEG]
         if d > 1 and newid[v] < n_stored:

@@ -15,7 +15,8 @@ differs, for fewer cache misses per token:
   table (linear probing, size a power of two, at most half full) keyed by (source, token):
   O_SRC (-1: empty), O_TOK, O_TO, O_NEXT (the source's next overflow slot, -1 ends).
 - `R0` int32[max token + 1]: the root's edges, dense (target or -1): the root is never cloned,
-  and a walk ends there for every token not seen after its context.
+  and a walk ends there for every token not seen after its context. Empty when the largest
+  token id is above `dense_root_limit(n)`: the root's edges are then stored as any state's.
 - `M` int64[META]: N_STATES, N_EDGES, N_OVER (edges in O), N_TOKENS (positions done), LAST_STATE, NEXT_DOC.
 
 A kernel call never reallocates (its arrays stay loop-invariant); it returns to `build_rows`
@@ -88,7 +89,7 @@ def _slot(src, tok, mask):
 def _find(S, O, R0, p, c):
     """A handle of the edge (p, c), -1 for none: >= 0, the index in S of an inline target; -2 - i,
     O's slot i; -2 - O.shape[0] - c, the root's."""
-    if p == 0:
+    if p == 0 and R0.shape[0] > 0:
         return -2 - O.shape[0] - c if R0[c] != -1 else -1
     b = p * ROW
     d = S[b + DEG]
@@ -147,7 +148,7 @@ def _push(S, O, R0, src, tok, dst):
     b = src * ROW
     d = S[b + DEG]
     S[b + DEG] = d + 1
-    if src == 0:
+    if src == 0 and R0.shape[0] > 0:
         R0[tok] = dst
         return 0
     if d < INLINE:
@@ -278,6 +279,10 @@ def _run(S, O, R0, M, tokens, starts, P):
                     p = S[p * ROW + LINK]
                     if p == -1:
                         break
+                    nxt = S[p * ROW + LINK]
+                    if nxt > 0:
+                        prefetch_address(s_data + 4 * ROW * nxt)
+                        prefetch_address(o_data + 4 * O_COLS * _slot(nxt, c, omask))
                     h = _find(S, O, R0, p, c)
                     if h == -1 or _target(S, O, R0, h) != q:
                         break
@@ -289,6 +294,11 @@ def _run(S, O, R0, M, tokens, starts, P):
         last = cur
         P[pos] = cur
         pos += 1
+        if pos < n:  # the next token's first lookup, at this one's suffix link
+            lk = S[cur * ROW + LINK]
+            if lk > 0:
+                prefetch_address(o_data + 4 * O_COLS * _slot(lk, tokens[pos], omask))
+                prefetch_address(s_data + 4 * ROW * S[lk * ROW + LINK])
     M[N_STATES] = ns
     M[N_EDGES] = ne
     M[N_OVER] = no
@@ -298,6 +308,11 @@ def _run(S, O, R0, M, tokens, starts, P):
     return status, need
 
 
+def dense_root_limit(n_tokens: int) -> int:
+    """The largest token id (exclusive) for which the root's edges are kept dense."""
+    return min(max(1 << 16, 4 * n_tokens), 1 << 24)
+
+
 def _table_size(edges: int) -> int:
     size = 1024
     while edges > size // 2:
@@ -305,13 +320,18 @@ def _table_size(edges: int) -> int:
     return size
 
 
-def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray) -> RowAutomaton:
+def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray, state_rows: int | None = None,
+               table_slots: int | None = None) -> RowAutomaton:
     """The automaton of the documents (see the module docstring); `tokens` int32 (each >= 0),
-    `starts` int64, P int32[len(tokens)] filled with each position's prefix state."""
+    `starts` int64, P int32[len(tokens)] filled with each position's prefix state. `state_rows` and
+    `table_slots` (a power of two) size S and O at first (default: room for every state, a table
+    for a quarter of the tokens' edges); they grow as needed, and change no result."""
     n = tokens.shape[0]
-    S = aligned_rows(2 * n + 2)  # a generalized automaton over n tokens has at most 2n states
-    R0 = np.full(int(tokens.max()) + 1 if n else 1, -1, np.int32)
-    size = _table_size(n // 4)
+    # a generalized automaton over n tokens has at most 2n states
+    S = aligned_rows(2 * n + 2 if state_rows is None else max(int(state_rows), 1))
+    top = int(tokens.max()) if n else 0
+    R0 = np.full(top + 1 if top < dense_root_limit(n) else 0, -1, np.int32)
+    size = _table_size(n // 4) if table_slots is None else int(table_slots)
     O = anonymous(size * O_COLS, np.int32).reshape(size, O_COLS)
     O.fill(-1)
     M = np.zeros(META, np.int64)
