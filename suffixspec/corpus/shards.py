@@ -1,10 +1,10 @@
 """Building shards: one bulk pass per shard, written straight into its mapped file.
 
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
-(format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
-automaton's own construction, `_kernels/build.documents_automaton`, which also records each
-position's prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix
-states), then its frozen arrays with implicit states (`_kernels/sam_freeze.implicit_ids`: states
+(format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (the automaton's own
+construction in cache-line rows, `_kernels/bulk_sam.build_rows`, which also records each position's
+prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix states), then
+its frozen arrays with implicit states (`_kernels/bulk_freeze.py`, as `sam_freeze.implicit_ids`: states
 ending at one position only are not stored; token ids as uint16 when they all fit, `token_dtype`,
 and state lengths when every suffix link's length fits, the others saturated:
 format.LEN_SATURATED), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
