@@ -186,3 +186,28 @@ def test_freeze_refuses_rows_that_disagree():
     assert run(None)
     assert not run("big")
     assert not run("deg")
+
+
+def test_rows_of_no_tokens_and_an_index_with_empty_documents(tmp_path):
+    """No tokens: the root alone. Empty documents between others (the shard writer skips them): the
+    index counts as the automaton over the non-empty ones."""
+    P = np.empty(0, np.int32)
+    ra = bsk.build_rows(np.empty(0, np.int32), np.zeros(1, np.int64), P)
+    assert ra.n_states == 1 and ra.n_edges == 0
+    from suffixspec import SuffixAutomaton
+    from suffixspec.corpus import CorpusIndex, Document, build_index
+
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 4, int(rng.integers(0, 30))) for _ in range(30)] + [np.empty(0, np.int64)]
+    tok = {"name": "test", "vocab_size": 10, "fingerprint": "0" * 64}
+    build_index([Document(np.asarray(d, np.int32)) for d in docs], tmp_path / "ix", tokenizer=tok)
+    ix = CorpusIndex.open(tmp_path / "ix")
+    sa = SuffixAutomaton()
+    for d in docs:
+        if len(d):
+            sa.add_document(d)
+    assert ix.n_tokens == sum(len(d) for d in docs)
+    for d in docs:
+        for q in (d[:3], d[-2:], d[1:5]):
+            if len(q):
+                assert ix.count(q) == sa.count(q)
