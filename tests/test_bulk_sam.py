@@ -172,8 +172,9 @@ def test_freeze_refuses_rows_that_disagree():
         W = np.empty((ns, cbk.W_COLS), np.int32)
         ids = np.empty(ns, np.int32)
         assert cbk.count_ends(bfk.link_column(ra.S, ns), bfk.len_column(ra.S, ns), P, W[:, 0], W[:, 1], W, ids)
-        n_stored, m, n_big = (int(x) for x in bfk.implicit_ids_rows(ra.S, ra.M, tokens, P, starts, W[:, 0], ids,
+        n_stored, m, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(ra.S, ra.M, tokens, P, starts, W[:, 0], ids,
                                                                      np.empty(ns, np.uint8), COUNT_ESCAPED))
+        assert link_len == bfk.link_target_max_len_rows(ra.S, ra.M)
         out = [np.empty(n_stored + 1, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)]
         out += [np.empty(n_stored, np.int32) for _ in range(4)] + [np.empty(len(tokens), np.int32)]
         big = np.empty(2 * n_big + (2 if mutate == "big" else 0), np.int32)

@@ -49,7 +49,8 @@ def link_target_max_len_rows(S, M):
 def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, count_cap):
     """`sam_freeze.implicit_ids` over rows (`counts` int32[N_STATES]: every state's count): into
     `newid` int32[>= N_STATES] every state's frozen id (`haskid` uint8[>= N_STATES] is scratch);
-    returns (n_stored, stored edges, stored states counted `count_cap` times or more)."""
+    returns (n_stored, stored edges, stored states counted `count_cap` times or more, the greatest
+    length of a state that is some state's suffix link: `link_target_max_len_rows`)."""
     ns = M[N_STATES]
     n = pstate.shape[0]
     for v in range(ns):
@@ -80,7 +81,10 @@ def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, c
     n_stored = ns - n_imp
     k = 0
     n_big = 0
+    best = 0  # the greatest length of a suffix link's target
     for v in range(ns):
+        if haskid[v] and S[v * ROW + LEN] > best:
+            best = S[v * ROW + LEN]
         if newid[v] >= 0:
             newid[v] = k
             k += 1
@@ -88,7 +92,7 @@ def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, c
                 n_big += 1
         else:
             newid[v] = n_stored + (-1 - newid[v])
-    return n_stored, M[N_EDGES] - imp_edges, n_big
+    return n_stored, M[N_EDGES] - imp_edges, n_big, best
 
 
 @njit(cache=True, inline="always")

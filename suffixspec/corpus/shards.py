@@ -87,7 +87,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
                           W[:, cbk.W_LAST], W, ids_):
         raise InternalError("counts disagree with the automaton's suffix links")
     clock.lap("counts")
-    n_stored, n_stored_edges, n_big = (int(x) for x in bfk.implicit_ids_rows(
+    n_stored, n_stored_edges, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(
         ra.S, ra.M, tokens, pstate, doc_starts, W[:, cbk.W_CNT], ids_, bsk.anonymous(n_states, np.uint8), COUNT_ESCAPED))
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,
             "n_implicit": n_states - n_stored}
@@ -95,7 +95,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     tok_dtype = token_dtype(tokens)
     # uint16 lengths when every length a query reads (a suffix link's) fits below LEN_SATURATED;
     # the others (leaves of the suffix-link tree in long documents) are stored saturated
-    len_dtype = np.uint16 if int(bfk.link_target_max_len_rows(ra.S, ra.M)) < LEN_SATURATED else i4
+    len_dtype = np.uint16 if link_len < LEN_SATURATED else i4
     len_cap = LEN_SATURATED if len_dtype is np.uint16 else np.iinfo(np.int32).max
     specs = [("links", i4, n_stored), ("lens", len_dtype, n_stored), ("counts", np.uint16, n_stored),
              ("count_escapes", i4, 2 * n_big), ("lasts", i4, n_stored),
