@@ -11,8 +11,9 @@ without a Python round trip per document and with the arrays sized for all the t
 automaton over the first documents: it thaws that one (`sam_freeze.thaw`, a pass over its arrays) and
 adds only the later documents. Inputs are checked first by `check_documents` and `layout_ok`; the
 caller (`FrozenAutomaton.from_documents`) raises on a bad one. `documents_automaton` stops
-before accumulating and freezing, for the corpus shards, which freeze into their mapped file; it
-also records each position's prefix state (`sam.extend_recording`).
+before accumulating and freezing, and also records each position's prefix state
+(`sam.extend_recording`): the reference the corpus shards' row builder (bulk_sam.py) is tested
+against.
 
 Arrays: `tokens` int32[n] (token ids, every one >= 0), `starts` int64[d] (0 first, strictly
 increasing, each below n; [0] when n is 0).
@@ -141,8 +142,8 @@ def build_frozen(tokens, starts):
 
 def documents_automaton(tokens, starts, P):
     """(S, E, M): the automaton `build_frozen` freezes (MODE_BULK layout, see sam.py), for a caller
-    that freezes it into arrays of its own (`sam_freeze.freeze_into`: a corpus shard's mapped
-    file), with P int32[len(tokens)] filled with each position's prefix state (the state of its
+    that freezes it into arrays of its own (`sam_freeze.freeze_into`, `sam_freeze.implicit_ids`),
+    with P int32[len(tokens)] filled with each position's prefix state (the state of its
     whole document prefix). CNT and LAST are not accumulated: they hold each state's own
     positions (the counts follow from P, `corpus_build.build_occurrences`). The inputs must pass
     `check_documents`. S and E are numpy's: numpy marks large allocations for transparent huge

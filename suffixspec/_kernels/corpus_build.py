@@ -1,7 +1,7 @@
 """Counts, last ends and the occurrence layout of a corpus shard, from its frozen automaton.
 
-Besides the frozen automaton arrays (frozen.py; built by `build.documents_automaton`, the same
-construction as every automaton's) a shard has an *occurrence layout*, which only
+Besides the frozen automaton arrays (frozen.py; built by `bulk_sam.build_rows`, the same
+construction as every automaton's in another layout) a shard has an *occurrence layout*, which only
 document-restricted queries read (so it is computed by the reader, on the first such query,
 not stored):
 
@@ -12,7 +12,7 @@ not stored):
 - `occ_start` int32[n_states].
 
 `count_ends` turns the state of each position's whole document prefix (recorded by the build,
-`build.documents_automaton`, or found by `prefix_states`, a walk of a frozen automaton) into
+`bulk_sam.build_rows` or `build.documents_automaton`, or found by `prefix_states`, a walk of a frozen automaton) into
 counts and last ends; `place_occurrences` lays the positions out from the counts, checking them
 against the suffix links; `build_occurrences` does both; `place_occurrences_frozen` is the same
 placement over a frozen shard's ids (implicit states too) with rows for its stored states only (what

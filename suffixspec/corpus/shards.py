@@ -1,10 +1,10 @@
 """Building shards: one bulk pass per shard, written straight into its mapped file.
 
 Contract. `build_shard_file(path, tokens, doc_lens, ids, tags)` writes one complete shard file
-(format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (built by the
-automaton's own construction, `_kernels/build.documents_automaton`, which also records each
-position's prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix
-states), then its frozen arrays with implicit states (`_kernels/sam_freeze.implicit_ids`: states
+(format.py, arrays `SHARD_ARRAYS`) at `path`: the automaton of the documents (the automaton's own
+construction in cache-line rows, `_kernels/bulk_sam.build_rows`, which also records each position's
+prefix state), the counts and last ends (`_kernels/corpus_build.py`, from the prefix states), then
+its frozen arrays with implicit states (`_kernels/bulk_freeze.py`, as `sam_freeze.implicit_ids`: states
 ending at one position only are not stored; token ids as uint16 when they all fit, `token_dtype`,
 and state lengths when every suffix link's length fits, the others saturated:
 format.LEN_SATURATED), and the document table. The occurrence layout is not stored: readers compute it (snapshot.Shard.layout). Broken
@@ -22,10 +22,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .._kernels import build as bk
+from .._kernels import bulk_freeze as bfk
+from .._kernels import bulk_sam as bsk
 from .._kernels import corpus_build as cbk
-from .._kernels import sam as sk
-from .._kernels import sam_freeze as sfk
 from .._kernels.frozen import COUNT_ESCAPED
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
@@ -72,31 +71,31 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     np.cumsum(doc_lens[:-1], out=doc_starts[1:])
     if n_docs == 0 or n_tokens == 0 or int(doc_starts[-1]) + int(doc_lens[-1]) != n_tokens or (doc_lens <= 0).any():
         raise InternalError("document lengths disagree with the shard's tokens")
-    pstate = np.empty(n_tokens, np.int32)  # each position's prefix state, recorded by the build
-    S, E, M = bk.documents_automaton(tokens, doc_starts, pstate)
-    n_states = int(M[sk.N_STATES])
-    if int(M[sk.N_TOKENS]) != n_tokens:
+    pstate = bsk.anonymous(n_tokens, np.int32)  # each position's prefix state, recorded by the build
+    ra = bsk.build_rows(tokens, doc_starts, pstate)
+    n_states = ra.n_states
+    if int(ra.M[bsk.N_TOKENS]) != n_tokens:
         raise InternalError("automaton token count disagrees with the document lengths")
     clock.lap("automaton")
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
-    # counts and last ends into S's own CNT and LAST columns (spent by the build), from the prefix
-    # states (the occurrence layout is the reader's, see snapshot.Shard.layout); `ids` is scratch,
-    # then every state's id in the frozen layout (implicit states: frozen.py)
-    cols = S[:n_states]
-    ids_ = np.empty(n_states, np.int32)
-    if not cbk.count_ends(cols[:, sk.LINK], cols[:, sk.LEN], pstate, cols[:, sk.CNT], cols[:, sk.LAST],
-                          cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids_):
+    # counts and last ends from the prefix states (the occurrence layout is the reader's, see
+    # snapshot.Shard.layout); `ids_` is scratch, then every state's id in the frozen layout
+    # (implicit states: frozen.py)
+    W = bsk.anonymous(n_states * cbk.W_COLS, np.int32).reshape(n_states, cbk.W_COLS)
+    ids_ = bsk.anonymous(n_states, np.int32)
+    if not cbk.count_ends(bfk.link_column(ra.S, n_states), bfk.len_column(ra.S, n_states), pstate, W[:, cbk.W_CNT],
+                          W[:, cbk.W_LAST], W, ids_):
         raise InternalError("counts disagree with the automaton's suffix links")
     clock.lap("counts")
-    n_stored, n_stored_edges, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, pstate, doc_starts, ids_,
-                                                                          np.empty(n_states, np.uint8), COUNT_ESCAPED))
+    n_stored, n_stored_edges, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(
+        ra.S, ra.M, tokens, pstate, doc_starts, W[:, cbk.W_CNT], ids_, bsk.anonymous(n_states, np.uint8), COUNT_ESCAPED))
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,
             "n_implicit": n_states - n_stored}
     i4 = np.int32
     tok_dtype = token_dtype(tokens)
     # uint16 lengths when every length a query reads (a suffix link's) fits below LEN_SATURATED;
     # the others (leaves of the suffix-link tree in long documents) are stored saturated
-    len_dtype = np.uint16 if int(cbk.link_target_max_len(S, M)) < LEN_SATURATED else i4
+    len_dtype = np.uint16 if link_len < LEN_SATURATED else i4
     len_cap = LEN_SATURATED if len_dtype is np.uint16 else np.iinfo(np.int32).max
     specs = [("links", i4, n_stored), ("lens", len_dtype, n_stored), ("counts", np.uint16, n_stored),
              ("count_escapes", i4, 2 * n_big), ("lasts", i4, n_stored),
@@ -110,14 +109,14 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     out = MappedContainer(Path(path), KIND_SHARD, meta, specs)
     try:
         a = out.arrays
-        if not sfk.freeze_implicit_into(S, E, M, ids_, n_stored, pstate, doc_starts, a["offsets"], a["etok"], a["eto"],
-                                        a["links"], a["lens"], a["counts"], a["lasts"], a["plink"], a["count_escapes"],
-                                        len_cap, COUNT_ESCAPED):
+        if not bfk.freeze_rows_into(ra.S, ra.O, ra.R0, ra.M, ids_, n_stored, W[:, cbk.W_CNT], W[:, cbk.W_LAST], pstate,
+                                    doc_starts, a["offsets"], a["etok"], a["eto"], a["links"], a["lens"], a["counts"],
+                                    a["lasts"], a["plink"], a["count_escapes"], len_cap, COUNT_ESCAPED):
             raise InternalError("implicit states with stored suffix-link children")
         a["tokens"][:] = tokens
         a["doc_starts"][:] = doc_starts
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
-        del S, E, cols, ids_, a, pstate
+        del ra, W, ids_, a, pstate
         clock.lap("freeze")
         result = out.finish(phases)
     finally:

@@ -1,0 +1,214 @@
+"""The corpus shard's row automaton (_kernels/bulk_sam.py) and its freeze (_kernels/bulk_freeze.py):
+the same states, numbering, links, lengths, edges and prefix states as the automaton's own construction
+(`build.documents_automaton`, itself checked against `SuffixAutomaton` and brute force in
+test_corpus.py), and shard files byte for byte those of the reference freeze (`sam_freeze`), on random
+corpora over small and large alphabets, several documents (repeated ones, prefixes of earlier ones,
+single tokens), huge token ids (no dense root) and forced regrowth of both tables."""
+
+import json
+
+import numpy as np
+import pytest
+
+from suffixspec._kernels import build as bk
+from suffixspec._kernels import bulk_freeze as bfk
+from suffixspec._kernels import bulk_sam as bsk
+from suffixspec._kernels import corpus_build as cbk
+from suffixspec._kernels import sam as sk
+from suffixspec._kernels import sam_freeze as sfk
+from suffixspec._kernels.frozen import COUNT_ESCAPED, LEN_SATURATED
+from suffixspec.corpus import format as F
+from suffixspec.corpus import shards as C
+
+
+def _flat(docs):
+    tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
+    starts = np.zeros(len(docs), np.int64)
+    np.cumsum([len(d) for d in docs[:-1]], out=starts[1:])
+    return tokens, starts
+
+
+def _row_edges(ra, v):
+    """State v's edges [(token, target)] sorted, read from the rows as stored (inline, overflow chain, dense root)."""
+    S2 = ra.S2
+    if v == 0 and ra.R0.shape[0] > 0:
+        return [(int(t), int(ra.R0[t])) for t in np.nonzero(ra.R0 != -1)[0]]
+    deg = int(S2[v, bsk.DEG])
+    out = [(int(S2[v, bsk.EDGE0 + 2 * i]), int(S2[v, bsk.EDGE0 + 2 * i + 1])) for i in range(min(deg, bsk.INLINE))]
+    f = int(S2[v, bsk.OVF])
+    while f != -1:
+        assert ra.O[f, bsk.O_SRC] == v
+        out.append((int(ra.O[f, bsk.O_TOK]), int(ra.O[f, bsk.O_TO])))
+        f = int(ra.O[f, bsk.O_NEXT])
+    assert len(out) == deg
+    return sorted(out)
+
+
+def _assert_rows_equal_reference(docs, **sizes):
+    tokens, starts = _flat(docs)
+    P_ref = np.full(len(tokens), -7, np.int32)
+    S, E, M = bk.documents_automaton(tokens, starts, P_ref)
+    P = np.full(len(tokens), -7, np.int32)
+    ra = bsk.build_rows(tokens, starts, P, **sizes)
+    ns = int(M[sk.N_STATES])
+    assert ra.n_states == ns and ra.n_edges == int(M[sk.N_EDGES]) and int(ra.M[bsk.N_TOKENS]) == len(tokens)
+    assert np.array_equal(P, P_ref)
+    assert np.array_equal(ra.S2[:ns, bsk.LINK], S[:ns, sk.LINK])
+    assert np.array_equal(ra.S2[:ns, bsk.LEN], S[:ns, sk.LEN])
+    assert np.array_equal(ra.S2[:ns, bsk.DEG], S[:ns, sk.DEG])
+    offsets, etok, eto = sfk.to_csr(S, E, M)
+    for v in range(ns):
+        lo, hi = offsets[v], offsets[v + 1]
+        assert _row_edges(ra, v) == list(zip(etok[lo:hi].tolist(), eto[lo:hi].tolist())), v
+    return ra
+
+
+def _random_docs(rng, alphabet, n_docs, max_len):
+    docs = [rng.integers(0, alphabet, int(rng.integers(1, max_len))) for _ in range(n_docs)]
+    # repeats: whole documents, prefixes of earlier ones, one token (the generalized automaton's cases)
+    docs += [docs[0], docs[0][: max(1, len(docs[0]) // 2)], np.concatenate([docs[1], docs[0]]), docs[2][:1]]
+    if len(docs) > 6:
+        docs += [np.tile(docs[3][:5], 12)]
+    order = rng.permutation(len(docs))
+    return [docs[i] for i in order]
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("alphabet", [2, 3, 7, 300, 70_000])
+def test_rows_equal_the_automaton_random(seed, alphabet):
+    rng = np.random.default_rng(seed * 1000 + alphabet)
+    _assert_rows_equal_reference(_random_docs(rng, alphabet, 12, 150))
+
+
+@pytest.mark.parametrize("alphabet", [3, 40])
+def test_rows_regrow_both_tables(alphabet):
+    """Starting from one state row and a two-slot overflow table: every regrowth path, same automaton."""
+    rng = np.random.default_rng(alphabet)
+    docs = _random_docs(rng, alphabet, 30, 400)
+    ra = _assert_rows_equal_reference(docs, state_rows=1, table_slots=2)
+    assert int(ra.M[bsk.N_OVER]) > 0
+
+
+def test_rows_huge_token_ids_sparse_root():
+    """Token ids too large for a dense root: the root's edges are stored as any state's."""
+    rng = np.random.default_rng(9)
+    docs = [(1 << 30) + rng.integers(0, 20, int(rng.integers(1, 60))) * 1_000_003 for _ in range(20)]
+    ra = _assert_rows_equal_reference([d.astype(np.int32) for d in docs])
+    assert ra.R0.shape[0] == 0
+
+
+def test_rows_single_token_and_hub_clones():
+    """One document of one token; a text whose hubs (many edges, overflow) get cloned."""
+    _assert_rows_equal_reference([[5]])
+    rng = np.random.default_rng(4)
+    base = rng.integers(0, 30, 2000)
+    docs = [np.concatenate([base[i * 40 : i * 40 + 25], rng.integers(0, 30, 15)]) for i in range(45)]
+    _assert_rows_equal_reference(docs + [np.arange(300) % 11, np.full(40, 3)])
+
+
+def _reference_shard_arrays(docs):
+    """The shard arrays the reference kernels (documents_automaton, sam_freeze's implicit freeze) write."""
+    tokens, starts = _flat(docs)
+    P = np.empty(len(tokens), np.int32)
+    S, E, M = bk.documents_automaton(tokens, starts, P)
+    ns = int(M[sk.N_STATES])
+    cols = S[:ns]
+    ids = np.empty(ns, np.int32)
+    assert cbk.count_ends(cols[:, sk.LINK], cols[:, sk.LEN], P, cols[:, sk.CNT], cols[:, sk.LAST],
+                          cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids)
+    n_stored, m, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, P, starts, ids, np.empty(ns, np.uint8),
+                                                            COUNT_ESCAPED))
+    lens_wide = int(cbk.link_target_max_len(S, M)) >= LEN_SATURATED
+    a = {"links": np.empty(n_stored, np.int32), "lens": np.empty(n_stored, np.int32 if lens_wide else np.uint16),
+         "counts": np.empty(n_stored, np.uint16), "count_escapes": np.empty(2 * n_big, np.int32),
+         "lasts": np.empty(n_stored, np.int32), "offsets": np.empty(n_stored + 1, np.int32),
+         "etok": np.empty(m, C.token_dtype(tokens)), "eto": np.empty(m, np.int32), "plink": np.empty(len(tokens), np.int32)}
+    assert sfk.freeze_implicit_into(S, E, M, ids, n_stored, P, starts, a["offsets"], a["etok"], a["eto"], a["links"],
+                                    a["lens"], a["counts"], a["lasts"], a["plink"], a["count_escapes"],
+                                    2**31 - 1 if lens_wide else LEN_SATURATED, COUNT_ESCAPED)
+    return a, tokens, starts, {"n_states": n_stored, "n_edges": m, "n_implicit": ns - n_stored}
+
+
+@pytest.mark.parametrize("case", ["small", "large", "counts", "long"])
+def test_shard_file_bytes_equal_reference_freeze(tmp_path, case):
+    """build_shard_file (rows, bulk_freeze) writes the bytes of the reference freeze."""
+    rng = np.random.default_rng(len(case))
+    if case == "small":
+        docs = _random_docs(rng, 3, 25, 120)
+    elif case == "large":
+        docs = _random_docs(rng, 5000, 25, 200) + _random_docs(rng, 9, 10, 80)
+    elif case == "counts":  # counts past the uint16 escape
+        docs = [np.full(70_000, 4), rng.integers(0, 3, 500), np.tile([1, 2], 400)]
+    else:  # a document over 65535 tokens with long repeats: int32 lengths
+        docs = [np.tile(rng.integers(0, 50, 700), 100)[:70_000], rng.integers(0, 50, 300)]
+    docs = [np.asarray(d, np.int32) for d in docs]
+    ref, tokens, starts, counts_meta = _reference_shard_arrays(docs)
+    ids, tags = [f"d{i}" for i in range(len(docs))], [{} for _ in docs]
+    got = C.build_shard_file(str(tmp_path / "rows.ssx"), tokens, np.diff(np.append(starts, len(tokens))), ids, tags)
+    arrays = dict(ref)
+    arrays["tokens"] = tokens.astype(ref["etok"].dtype)
+    arrays["doc_starts"] = starts
+    arrays["doc_info"] = np.frombuffer(json.dumps({"ids": ids, "tags": tags}).encode(), np.uint8)
+    arrays = {k: arrays[k] for k in C.SHARD_ARRAYS}
+    meta = {"n_tokens": len(tokens), "n_documents": len(docs), **counts_meta}
+    plain = F.write_container(tmp_path / "ref.ssx", F.KIND_SHARD, meta, arrays)
+    assert got["payload_crc"] == plain["payload_crc"]
+    assert (tmp_path / "rows.ssx").read_bytes() == (tmp_path / "ref.ssx").read_bytes()
+    if case == "counts":
+        assert len(ref["count_escapes"]) > 0
+    if case == "long":
+        assert ref["lens"].dtype == np.int32
+
+
+def test_freeze_refuses_rows_that_disagree():
+    """A state whose edges do not fill its row, or an escape table of the wrong size: False."""
+    docs = [np.asarray(d, np.int32) for d in _random_docs(np.random.default_rng(2), 4, 8, 60)]
+    tokens, starts = _flat(docs)
+
+    def run(mutate):
+        P = np.empty(len(tokens), np.int32)
+        ra = bsk.build_rows(tokens, starts, P)
+        ns = ra.n_states
+        W = np.empty((ns, cbk.W_COLS), np.int32)
+        ids = np.empty(ns, np.int32)
+        assert cbk.count_ends(bfk.link_column(ra.S, ns), bfk.len_column(ra.S, ns), P, W[:, 0], W[:, 1], W, ids)
+        n_stored, m, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(ra.S, ra.M, tokens, P, starts, W[:, 0], ids,
+                                                                     np.empty(ns, np.uint8), COUNT_ESCAPED))
+        assert link_len == bfk.link_target_max_len_rows(ra.S, ra.M)
+        out = [np.empty(n_stored + 1, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)]
+        out += [np.empty(n_stored, np.int32) for _ in range(4)] + [np.empty(len(tokens), np.int32)]
+        big = np.empty(2 * n_big + (2 if mutate == "big" else 0), np.int32)
+        if mutate == "deg":
+            hub = int(np.argmax(ra.S2[1:ns, bsk.DEG])) + 1
+            ra.S2[hub, bsk.DEG] += 1
+        return bfk.freeze_rows_into(ra.S, ra.O, ra.R0, ra.M, ids, n_stored, W[:, 0], W[:, 1], P, starts, *out, big,
+                                    2**31 - 1, COUNT_ESCAPED)
+
+    assert run(None)
+    assert not run("big")
+    assert not run("deg")
+
+
+def test_rows_of_no_tokens_and_an_index_with_empty_documents(tmp_path):
+    """No tokens: the root alone. Empty documents between others (the shard writer skips them): the
+    index counts as the automaton over the non-empty ones."""
+    P = np.empty(0, np.int32)
+    ra = bsk.build_rows(np.empty(0, np.int32), np.zeros(1, np.int64), P)
+    assert ra.n_states == 1 and ra.n_edges == 0
+    from suffixspec import SuffixAutomaton
+    from suffixspec.corpus import CorpusIndex, Document, build_index
+
+    rng = np.random.default_rng(1)
+    docs = [rng.integers(0, 4, int(rng.integers(0, 30))) for _ in range(30)] + [np.empty(0, np.int64)]
+    tok = {"name": "test", "vocab_size": 10, "fingerprint": "0" * 64}
+    build_index([Document(np.asarray(d, np.int32)) for d in docs], tmp_path / "ix", tokenizer=tok)
+    ix = CorpusIndex.open(tmp_path / "ix")
+    sa = SuffixAutomaton()
+    for d in docs:
+        if len(d):
+            sa.add_document(d)
+    assert ix.n_tokens == sum(len(d) for d in docs)
+    for d in docs:
+        for q in (d[:3], d[-2:], d[1:5]):
+            if len(q):
+                assert ix.count(q) == sa.count(q)
