@@ -229,13 +229,13 @@ def test_generate_rows_come_from_each_models_own_newest_record(tmp_path):
 
     code = "/somewhere/" + R.CODE_MODEL
     write_jsonl(tmp_path / "generate.jsonl", [
-        record("generate", "2026-12-01T00:00:00+00:00", generate("qa", 1.25)),
+        record("generate", "2026-12-01T00:00:00+00:00", generate("specbench", 1.25)),
         record("generate", "2026-12-02T00:00:00+00:00", generate("code-edit", 2.5, code)),
         record("generate", "2026-12-03T00:00:00+00:00", generate("continue-file", 2.2, code)),
     ])
     table = R.headline(R.load_records(tmp_path))
-    qa = [line for line in table.splitlines() if line.startswith("| QA, end to end |")]
-    assert len(qa) == 1 and "1.25x plain greedy" in qa[0] and "2026-12-01" in qa[0]  # not hidden by newer code-model runs
+    sb = [line for line in table.splitlines() if line.startswith(f"| Spec-Bench sample, end to end, {R.DEFAULT_LABEL} |")]
+    assert len(sb) == 1 and "1.25x [1.15-1.35] plain greedy" in sb[0] and "2026-12-01" in sb[0]  # not hidden by newer code-model runs
     code_rows = [line for line in table.splitlines() if R.CODE_LABEL in line]
     assert len(code_rows) == 2  # each workload from the newest code-model record that has it
     assert "2.50x [2.40-2.60] plain greedy" in code_rows[0] and "2026-12-02" in code_rows[0]
