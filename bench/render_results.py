@@ -374,8 +374,13 @@ def _closedloop(r) -> list[str]:
             return ""
         return f" over seeds {_seed_list(c['seeds'])} (paired per seed: mean {c['mean']:.3f}, worst {c['worst']:.3f})"
 
-    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}: auto "
-            f"{c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}){seeds(c)}, "
+    def recycling(c) -> str:  # recorded since the runs took recycling both ways
+        if "recycle" not in c:
+            return ""
+        return f", recycled predictions {'on' if c['recycle'] else 'off'}"
+
+    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}{recycling(c)}: "
+            f"auto {c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}){seeds(c)}, "
             f"{c['auto_nodes_per_round']:.1f} nodes a round"
             for c in r.get("cells", [])]
 
