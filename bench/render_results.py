@@ -349,8 +349,10 @@ def _hostile(r) -> list[str]:
 def _recycle(r) -> list[str]:
     out = []
     for row in r.get("rows", []):
+        vs = row["vs_copy"]  # NaN where the run had no copy-only setting to compare with
+        versus = f"{x(vs)} copy sources alone; " if vs == vs else ""
         out.append(f"{row['set']} ({row['prompts']} prompts), budget {row['budget']}, {row['source']}: "
-                   f"{row['tokens_per_round']:.3f} tokens per round ({x(row['vs_copy'])} copy sources alone; copy "
+                   f"{row['tokens_per_round']:.3f} tokens per round ({versus}copy "
                    f"ceiling {row['copy_ceiling']:.2f}); flat-cost speed-up {row['predicted_speedup_flat']:.2f}; "
                    f"{'identical output' if row['identical'] else 'OUTPUT DIFFERS'}")
     return out
