@@ -349,8 +349,10 @@ def _hostile(r) -> list[str]:
 def _recycle(r) -> list[str]:
     out = []
     for row in r.get("rows", []):
+        vs = row["vs_copy"]  # NaN where the run had no copy-only setting to compare with
+        versus = f"{x(vs)} copy sources alone; " if vs == vs else ""
         out.append(f"{row['set']} ({row['prompts']} prompts), budget {row['budget']}, {row['source']}: "
-                   f"{row['tokens_per_round']:.3f} tokens per round ({x(row['vs_copy'])} copy sources alone; copy "
+                   f"{row['tokens_per_round']:.3f} tokens per round ({versus}copy "
                    f"ceiling {row['copy_ceiling']:.2f}); flat-cost speed-up {row['predicted_speedup_flat']:.2f}; "
                    f"{'identical output' if row['identical'] else 'OUTPUT DIFFERS'}")
     return out
@@ -374,8 +376,13 @@ def _closedloop(r) -> list[str]:
             return ""
         return f" over seeds {_seed_list(c['seeds'])} (paired per seed: mean {c['mean']:.3f}, worst {c['worst']:.3f})"
 
-    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}: auto "
-            f"{c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}){seeds(c)}, "
+    def recycling(c) -> str:  # recorded since the runs took recycling both ways
+        if "recycle" not in c:
+            return ""
+        return f", recycled predictions {'on' if c['recycle'] else 'off'}"
+
+    return [f"{c['workload']}, {c['curve']} curve, {c['rows']} request{'s' if c['rows'] > 1 else ''}{recycling(c)}: "
+            f"auto {c['ratio']:.3f}x the best fixed budget ({c['best_fixed']}){seeds(c)}, "
             f"{c['auto_nodes_per_round']:.1f} nodes a round"
             for c in r.get("cells", [])]
 

@@ -523,3 +523,30 @@ def test_cost_model_beyond_one_row_step_and_first_tree_passes():
     for _ in range(3):
         one.observe(2, 1.16 * 1.4)
     assert float(one(2) / one(1)) < 1.16 * 1.02 ** 3 * 1.001
+
+
+def test_passes_between_two_sizes_correct_the_nearer_one_fully():
+    """Four rows on a flat curve, size 8 well known. A pass of 12 tokens lies between sizes 8 and 16
+    (nearer 16 in log): the first such pass replaces 16's guess, so the curve then prices that pass
+    as it was seen (before: half its error, as 16 carries half the interpolated cost), and later
+    ones move it as a running mean of what each implies for 16 (an unlucky start is soon undone;
+    before, a size priced too dear stayed so through the passes beside it, and the monotone curve
+    lifted every larger size with it). At one row the same error is corrected at the slow rate."""
+    sizes = [1, 2, 4, 8, 16, 32, 64, 128]
+    truth = {t: 1.0 + 0.1 * (t - 1) / 63 for t in range(1, 600)}
+    cm = CostModel(sizes, [truth[s] for s in sizes])
+    for _ in range(30):  # the plain step (four tokens) and 8 tokens, well known
+        cm.observe(4, float(cm(4, batch=4)), batch=4)
+        cm.observe(8, truth[8], batch=4)
+    cm.observe(12, truth[12] * 1.4, batch=4)  # an unlucky first pass
+    assert float(cm(12, batch=4)) == pytest.approx(truth[12] * 1.4, rel=1e-9)
+    assert float(cm(64, batch=4) / cm(8, batch=4)) > 1.3  # every larger size priced out with it
+    for _ in range(8):
+        cm.observe(12, truth[12], batch=4)
+        cm.observe(8, truth[8], batch=4)
+    assert float(cm(12, batch=4)) == pytest.approx(truth[12] * (1 + 0.4 / (1 + 8)), rel=0.03)
+    assert float(cm(64, batch=4) / cm(8, batch=4)) < 1.2  # the larger sizes no longer priced out
+    one = CostModel(sizes, [truth[s] for s in sizes])
+    for _ in range(400):
+        one.observe(12, truth[12] * 1.2)
+    assert float(one(12)) == pytest.approx(truth[12] * 1.2, rel=0.02)

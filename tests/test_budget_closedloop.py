@@ -3,7 +3,9 @@ a scripted tiny model and a simulated clock driven by a cost curve. On every sim
 workloads, the automatic budget reaches at least 0.95 of the best fixed budget's throughput pooled
 over three seeds, compared seed by seed on the same law, prompts, noise and spikes (committed
 tokens over simulated seconds; the committed tokens are the same for every budget, so this is a
-comparison of simulated time), and the exploring of untried sizes stays bounded."""
+comparison of simulated time), with recycled predictions as the product decides them on the curve
+(on where it is flat) and, where that is on, off too; and the exploring of untried sizes stays
+bounded."""
 
 import dataclasses
 
@@ -19,15 +21,26 @@ import support.tiny_models  # noqa: F401  (one torch thread: tiny models run muc
 SEEDS = (0, 1, 2)  # each budget runs every seed's same law, prompts, noise and spikes (paired)
 
 
-@pytest.mark.parametrize("curve", sorted(cl.CURVES))
+# every curve as the product runs it (recycling by its rule), and where that recycles, without too
+CELLS = [(curve, None) for curve in sorted(cl.CURVES)] + [(c, False) for c in sorted(cl.CURVES) if cl.recycles(c)]
+
+
+@pytest.mark.parametrize("curve,recycle", CELLS, ids=[f"{c}-{'product' if r is None else 'off'}" for c, r in CELLS])
 @pytest.mark.parametrize("workload", sorted(cl.WORKLOADS))
-def test_auto_is_within_5_percent_of_the_best_fixed_budget(workload, curve):
+def test_auto_is_within_5_percent_of_the_best_fixed_budget(workload, curve, recycle):
     """Pooled over seeds (one seed's run has a few requests, so its ratio moves by several percent
     with where the novel tokens fall); `compare` checks the outputs are the same at every budget, so
-    the committed tokens are too and this compares simulated time."""
-    got = cl.compare_seeds(workload, curve, rows=4, seeds=SEEDS)
-    assert got.ratio >= 0.95, (workload, curve, got.best, got.ratio, got.paired)
-    assert got.worst >= 0.9, (workload, curve, got.best, got.paired)  # no seed far off
+    the committed tokens are too and this compares simulated time. Every fixed budget runs under
+    the same recycling setting as auto."""
+    got = cl.compare_seeds(workload, curve, rows=4, seeds=SEEDS, recycle=recycle)
+    assert got.recycle == (cl.recycles(curve) if recycle is None else recycle)
+    assert got.ratio >= 0.95, (workload, curve, got.recycle, got.best, got.ratio, got.paired)
+    assert got.worst >= 0.9, (workload, curve, got.recycle, got.best, got.paired)  # no seed far off
+
+
+def test_the_product_recycles_on_the_flat_curves_only():
+    assert {c for c in cl.CURVES if cl.recycles(c)} == {"flat", "noisy"}
+    assert not cl.recycles("flat", cost_curve=cl.CURVES["steep"].relative())  # decided on the start curve
 
 
 @pytest.mark.parametrize("curve", ["flat", "steep", "proportional", "concave", "spiky"])
@@ -41,6 +54,7 @@ def test_a_flat_curve_drafts_wide_a_proportional_one_not_at_all():
     assert flat.drafted_per_round >= 8  # the old margin stopped a flat curve's chat workload at ~2.4 nodes
     prop = cl.run_arm("copy", "proportional", "auto", rows=4)
     assert prop.drafted_per_round < 0.5
+    assert flat.recycle and not prop.recycle  # the product's rule on each curve
 
 
 def test_a_wrong_start_curve_is_corrected_online_not_trapped():

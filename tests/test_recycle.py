@@ -342,6 +342,26 @@ def test_greedy_identity_with_recycled_drafts_only_and_merged():
     assert off.sequences == refs and off.stats.drafted == 0
 
 
+def test_rounds_no_row_drafts_in_leave_the_table_as_it_is():
+    """Speculation off (every row at budget 0, as when the automatic budget's cadence skips drafting):
+    with recycling on, no round harvests or calibrates, so the off path costs the table nothing; the
+    outputs are plain decoding's. Rounds that draft harvest as before."""
+    model = tiny_model("llama", sharpen=2.0)
+    rng = np.random.default_rng(4)
+    prompts = [rng.integers(0, 97, n).tolist() for n in (6, 13, 4)]
+    refs = [hf_generate(model, p, 24) for p in prompts]
+    gen = SpeculativeGenerator(model, proposer=empty_proposer(), recycle=True)
+    table = gen.recycle_table
+    before = [a.copy() for a in (table.table, table.pairs, table.pair_keys, table.hits, table.trials)]
+    off = gen.generate(prompts, max_new_tokens=24, budget=0)
+    assert off.sequences == refs and off.stats.rounds >= 24
+    for a, b in zip((table.table, table.pairs, table.pair_keys, table.hits, table.trials), before):
+        np.testing.assert_array_equal(a, b)
+    on = gen.generate(prompts, max_new_tokens=24, budget=8)  # drafting rounds: harvested, then drafted from
+    assert on.sequences == refs
+    assert (table.table[:, 0] >= 0).sum() > 10 and table.trials.sum() > 0
+
+
 def test_seeded_sampling_with_recycled_drafts_equals_plain_sampling():
     model = tiny_model("qwen2", sharpen=3.0)
     rng = np.random.default_rng(2)

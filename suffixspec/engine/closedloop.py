@@ -16,7 +16,9 @@ hardware, not this machine. Only the model's passes take time: the proposer and 
 about 1.1x a one-token step), `proportional`, `steep`, `concave`, `noisy` (flat with noise) and
 `spiky` (concave with noise and spikes). `run_arm` decodes one workload with one budget and
 returns the committed tokens and the simulated seconds (`ArmResult`); `compare` runs the automatic
-budget beside every fixed budget. Greedy outputs are identical across budgets (checked).
+budget beside every fixed budget, all under one recycling setting: by default the product's
+(`recycles`: recycled predictions on where the start curve is flat, `options.recycle_by_default`),
+or on or off as told. Greedy outputs are identical across budgets (checked).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import numpy as np
 from ..errors import InternalError
 
 __all__ = ["SimCurve", "Stalls", "SimClock", "ScriptLaw", "Workload", "ArmResult", "SeedSummary", "CURVES", "WORKLOADS",
-           "FIXED_BUDGETS", "scripted_model", "run_arm", "compare", "compare_seeds"]
+           "FIXED_BUDGETS", "scripted_model", "recycles", "run_arm", "compare", "compare_seeds"]
 
 FIXED_BUDGETS = (0, 2, 4, 8, 16, 32, 64)
 STEP_S = 0.02  # simulated seconds of a one-token step
@@ -224,6 +226,7 @@ class ArmResult:
     rounds: int
     drafted_per_round: float
     outputs: list = field(default_factory=list, repr=False)
+    recycle: bool = False  # whether its requests drafted from recycled predictions
 
     @property
     def throughput(self) -> float:
@@ -251,13 +254,25 @@ def _prompts(law: ScriptLaw, wl: Workload, seed: int) -> list[list[int]]:
     return [prompts[i] for i in order]
 
 
+def recycles(curve, cost_curve=None) -> bool:
+    """Whether the product drafts from recycled predictions on `curve` (a `SimCurve` or a `CURVES`
+    name) started from `cost_curve` (None: the curve as a start-up measurement finds it): the
+    generator's rule on its start curve (`options.recycle_by_default`)."""
+    from .costmodel import CostModel
+    from .options import recycle_by_default
+
+    sim = curve if isinstance(curve, SimCurve) else CURVES[curve]
+    return recycle_by_default(CostModel.from_relative(sim.relative() if cost_curve is None else cost_curve))
+
+
 def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=None,
-            learn_cost: bool = True, vocab: int = 256, recycle: bool = False) -> ArmResult:
+            learn_cost: bool = True, vocab: int = 256, recycle: bool | None = None) -> ArmResult:
     """Decode `workload` (a `Workload` or a `WORKLOADS` name) at `budget` ("auto" or a fixed size), at
     most `rows` requests together, on the simulated `curve` (a `SimCurve` or a `CURVES` name). The automatic budget starts from
     `cost_curve` (tree size -> relative cost) when given, else from the curve as a start-up
-    measurement would find it at one row. `recycle`: also draft from recycled predictions (off: the
-    budget's choice over the copy sources alone, whatever the curve's default would be)."""
+    measurement would find it at one row. `recycle`: draft from recycled predictions too (True),
+    from the copy sources alone (False), or as the product decides on the start curve (None,
+    `recycles`); every arm starts from an empty table."""
     from ..generate import SpeculativeGenerator
     from .budget import BudgetPolicy, CostModel
     from .engine import Engine
@@ -274,6 +289,8 @@ def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=No
 
     gen = SpeculativeGenerator(model, policy=BudgetPolicy(cost_model=cost, learn_cost=learn_cost),
                                proposer=Proposer(), recycle=recycle)
+    if recycle is None and gen.recycle != recycles(sim, cost_curve):
+        raise InternalError("closed loop: the generator's recycling default is not the rule's")
     gen.assume_support()
     engine = Engine(gen, max_batch=rows, clock=clock, max_new_tokens=wl.max_new_tokens, budget=budget)
     for prompt in _prompts(law, wl, seed + 1):
@@ -284,18 +301,21 @@ def run_arm(workload, curve, budget, rows: int = 4, seed: int = 0, cost_curve=No
     drafted = sum(r.drafted for r in result.stats.requests)
     tokens = sum(len(s) for s in result.sequences)
     return ArmResult(budget, tokens, clock() - t0, result.stats.rounds, drafted / max(1, rounds),
-                     [list(s) for s in result.sequences])
+                     [list(s) for s in result.sequences], gen.recycle)
 
 
 def compare(workload, curve, budgets=FIXED_BUDGETS, rows: int = 4, seed: int = 0, **kwargs) -> dict:
-    """The automatic budget beside every fixed budget: {"auto": ArmResult, budget: ArmResult, ...,
-    "ratio": auto's throughput over the best fixed budget's}."""
+    """The automatic budget beside every fixed budget, all under the same recycling setting (`run_arm`'s
+    `recycle`): {"auto": ArmResult, budget: ArmResult, ..., "ratio": auto's throughput over the best
+    fixed budget's}."""
     arms = {"auto": run_arm(workload, curve, "auto", rows, seed, **kwargs)}
     for b in budgets:
         arms[b] = run_arm(workload, curve, b, rows, seed, **kwargs)
     ref = arms["auto"].outputs
     if any(a.outputs != ref for a in arms.values()):
         raise InternalError("closed loop: outputs differ across budgets")
+    if len({a.recycle for a in arms.values()}) > 1:
+        raise InternalError("closed loop: arms differ in recycling")
     best = max(arms[b].throughput for b in budgets)
     return {**arms, "ratio": arms["auto"].throughput / best}
 
@@ -315,6 +335,7 @@ class SeedSummary:
     per_seed_best: tuple[float, ...]
     pooled: dict  # budget ("auto" or a fixed size) -> pooled throughput
     auto_nodes_per_round: float
+    recycle: bool = False  # every arm's recycling setting
 
     @property
     def mean(self) -> float:
@@ -334,4 +355,4 @@ def compare_seeds(workload, curve, budgets=FIXED_BUDGETS, rows: int = 4, seeds=(
     nodes = float(np.mean([r["auto"].drafted_per_round for r in runs]))
     return SeedSummary(tuple(int(s) for s in seeds), int(best), pooled["auto"] / pooled[best],
                        tuple(r["auto"].throughput / r[best].throughput for r in runs),
-                       tuple(r["ratio"] for r in runs), pooled, nodes)
+                       tuple(r["ratio"] for r in runs), pooled, nodes, runs[0]["auto"].recycle)

@@ -39,6 +39,10 @@ class CostModel:
     pass moves, times a shape factor per observed size, which moves `SHAPE_RATE` times slower and
     keeps a geometric mean of 1 over the observed sizes: the machine's speed shows at once in every
     size, including sizes seldom or never observed, and only a lasting difference in shape stays per size.
+    A pass between two measured sizes corrects the one nearer (in log) by the factor that would have
+    priced it right, the other held: its error over that size's share of the interpolated cost (else
+    a size priced too dear by a few noisy passes stays so through passes beside it, and the monotone
+    curve lifts every larger size with it).
     Beyond one row the one-row curve only guesses the shape: b rows' one-token step (b tokens) skips
     the mask a b-token pass of one row builds, so it costs the curve at b times `step_ratio` (the
     one-row step over the one-row 2-token pass), and each tree size's first passes correct its shape
@@ -109,12 +113,19 @@ class CostModel:
         j = next((k for k, size in enumerate(sizes) if size >= t), len(sizes))  # plain floats: every round
         if j == len(sizes):  # along the last segment, as `_beyond`
             a, b = measured[-2] * speed * factors[-2], measured[-1] * speed * factors[-1]
-            expected = b + max(0.0, (b - a) / (sizes[-1] - sizes[-2])) * (t - sizes[-1])
+            slope = (b - a) / (sizes[-1] - sizes[-2])
+            expected = b + max(0.0, slope) * (t - sizes[-1])
+            part = b * (1.0 + (t - sizes[-1]) / (sizes[-1] - sizes[-2])) if slope > 0 else b
         elif j == 0 or sizes[j] == t:
-            expected = measured[j] * speed * factors[j]
+            expected = part = measured[j] * speed * factors[j]
         else:
             a, b = measured[j - 1] * speed * factors[j - 1], measured[j] * speed * factors[j]
-            expected = a + (b - a) * (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+            lam = (t - sizes[j - 1]) / (sizes[j] - sizes[j - 1])
+            expected = a + (b - a) * lam
+            part = lam * b if i == j else (1.0 - lam) * a
+        # how much of `expected` moves with size i's factor (1 at a measured size, less between two):
+        # a pass between two sizes shows the nearest one's cost only through its share
+        share = max(part / expected, 0.05)
         if batch > 1 and tokens == batch:  # the one-token step (see the class docstring)
             expected *= self.step_ratio
         if tokens == batch or seen[i] >= self.GUESS_PASSES:  # a guess's error is not the machine's noise
@@ -139,7 +150,10 @@ class CostModel:
         if guessing:
             rate = 1.0 / (seen[i] + 1)
         clip = self.GUESS_CLIP if guessing else 2.0
-        factors[i] *= (1.0 - rate) + rate * min(max(seconds / (expected * step), 1.0 / clip), clip)
+        # the factor that would have priced this pass right, the other size's factor held (the running
+        # mean's sample): a pass priced `share` by size i and off by r - 1 shows size i off by (r - 1) / share
+        implied = 1.0 + (seconds / (expected * step) - 1.0) / share
+        factors[i] *= (1.0 - rate) + rate * min(max(implied, 1.0 / clip), clip)
         seen[i] += 1
         # the observed shape factors' geometric mean goes into the speed: an observation of one size
         # leaves the other observed sizes' costs as they are

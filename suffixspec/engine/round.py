@@ -9,7 +9,8 @@
 * verify: one forward pass over every row's pending tokens and tree, acceptance, cache commit;
 * settle: tokens committed up to where `Decoding.take` ends each output; statistics; events;
 * feed: committed tokens toward the proposer sessions (taken when they next draft);
-* learn: the policy's calibration, the recycled predictions' table.
+* learn: the policy's calibration, the recycled predictions' table (harvested in the pass and
+  calibrated only in rounds where some row drafted from it: speculation off costs it nothing).
 
 Contract:
 
@@ -209,7 +210,7 @@ class RoundRunner:
         t_pass = self.clock()
         logits, root = state.forward(batch.pending, batch.trees)
         results = accept(logits, root, batch)
-        if any(r.request.recycle for r in rows):
+        if any(r.recycled is not None for r in rows):  # a round no row drafted from the table leaves it as it is
             harvest_round(self.gen.recycle_table, logits, root, batch, results)
         state.commit([res.accepted_nodes for res in results])
         if batch.width == 1 and batch.auto.any():  # prefills are dominated by the prompt: not observed
