@@ -56,8 +56,16 @@ from .children import (
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
- P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD) = range(11)
-N_PARAMS = 11
+ P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD, P_RECOVER) = range(12)
+N_PARAMS = 12
+
+# A session's recovery row (int64 [RROW_COLS], `recover.py`): after the committed text left the
+# request's longest earlier match at its last token, the state reached from that match through its
+# most recent continuation, the length matched there, and that continuation's token; state -1: none.
+# Its two parts (part_src SRC_SUBST, SRC_INSERT) read the live automaton like the own parts do.
+RROW_STATE, RROW_LEN, RROW_TOK = 0, 1, 2
+RROW_COLS = 3
+SRC_SUBST, SRC_INSERT = -2, -3
 
 # A cursor row (int64) into a frozen source: state (-1: the session does not use that source),
 # matched length, and for a corpus source the session's anchor: the end position (in that source)
@@ -206,7 +214,8 @@ def framed_workspace(wsf):
 #   M      int64 [sk.META]  its counters and mode (counts through L once MODE_ONLINE)
 #   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length, anchor) in each frozen source
 #   local  float64 [N_CLASSES, N_BUCKETS, 2]  its learn stats (`learn.conf`)
-Session = namedtuple("Session", "S E L M cur local")
+#   rec    int64 [RROW_COLS]  its recovery row (RROW_* above)
+Session = namedtuple("Session", "S E L M cur local rec")
 
 # What the proposer's sessions share (read only here):
 #   frozen     int64 [rows, SOURCE_COLS]  the frozen sources (`frozen.source_table`)
@@ -229,7 +238,7 @@ Tree = namedtuple("Tree", "tok par depth prob share group step")
 # `params` read once per proposal; cal_on: some rank-0 node was judged (else rank 0 is never
 # discounted and the rank factor of a first child is not computed)
 Knobs = namedtuple("Knobs", "match_prior recency min_prob max_depth max_children prior_strength "
-                            "session_strength cal_strength cal_on locality near_back near_ahead")
+                            "session_strength cal_strength cal_on locality near_back near_ahead recover")
 
 # The expansion at hand: output node `node` (-1: the context) through part `part`, at its
 # automaton's `state` with matched length `length`, `depth` nodes below the context, with path
@@ -247,7 +256,7 @@ def knobs(params, cal):
     return Knobs(params[P_MATCH_PRIOR], params[P_RECENCY], params[P_MIN_PROB], params[P_MAX_DEPTH],
                  int(params[P_MAX_CHILDREN]), params[P_PRIOR_STRENGTH], params[P_SESSION_STRENGTH],
                  params[P_CAL_STRENGTH], cal_on, params[P_CORPUS_LOCALITY],
-                 int(params[P_NEAR_BACK]), int(params[P_NEAR_AHEAD]))
+                 int(params[P_NEAR_BACK]), int(params[P_NEAR_AHEAD]), params[P_RECOVER])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -333,6 +342,21 @@ def _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _recovery_candidate(cand, cand_p, cand_share, c, rec, state, length, part, p):
+    """Candidate c: the recovery row's token at the root, probability `p`, then on through `part`
+    (the live automaton at `state`, matched `length`)."""
+    cand[c, C_TOK] = rec[RROW_TOK]
+    cand[c, C_PARENT] = -1
+    cand[c, C_STATE] = state
+    cand[c, C_LEN] = length
+    cand[c, C_DEPTH] = 1
+    cand[c, C_PART] = part
+    cand[c, C_GROUP] = learn.group(learn.CLS_OWN, 0)
+    cand_p[c] = p
+    cand_share[c] = p
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _lone_frozen(fp, v):
     """(token, state, count) of the only child of state v of a frozen part (a `FrozenPart`),
     count 0 when v has not exactly one (or the arrays are damaged); an implicit state's child
@@ -401,7 +425,16 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             n_heap = _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_rows, gcal,
                              k.cal_strength)
         if seeded < n_parts:
-            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, 1.0)
+            ps = part_src[seeded]
+            if ps == SRC_INSERT:  # one root candidate: the continuation the text skipped, then on from it
+                if n_cand < cand.shape[0] and k.recover >= k.min_prob:
+                    _recovery_candidate(cand, cand_p, cand_share, n_cand, session.rec, part_state[seeded],
+                                        part_len[seeded], seeded, k.recover)
+                    n_heap = _heap_push(heap_key, heap_val, n_heap, k.recover, n_cand)
+                    n_cand += 1
+                seeded += 1
+                continue
+            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, k.recover if ps == SRC_SUBST else 1.0)
             seeded += 1
         else:
             if direct >= 0:
