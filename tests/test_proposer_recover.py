@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from suffixspec import Proposer
-from suffixspec._kernels import draft as dk
+from suffixspec._kernels import recover as rk
 from suffixspec.draft.session import RECOVER_MIN
 
 from support import naive
@@ -88,11 +88,11 @@ def test_recovery_row_equals_brute_force(alphabet):
             row = _brute_row(text[: i + 1])
             got = session._rec
             if row is None:
-                assert got[dk.RROW_STATE] == -1, text[: i + 1]
+                assert got[rk.RROW_STATE] == -1, text[: i + 1]
                 continue
             found += 1
             ctx, y = row
-            assert got[dk.RROW_STATE] > 0 and got[dk.RROW_TOK] == y and got[dk.RROW_LEN] == len(ctx), text[: i + 1]
+            assert got[rk.RROW_STATE] > 0 and got[rk.RROW_TOK] == y and got[rk.RROW_LEN] == len(ctx), text[: i + 1]
     assert found > 20  # the texts made recoveries to check
 
 
@@ -121,7 +121,7 @@ def test_trees_with_recovery_equal_brute_force(alphabet):
             for path, score in got.items():
                 assert path in ref and score == pytest.approx(ref[path]), (text[:i], path)
             assert sorted(got.values(), reverse=True) == pytest.approx(sorted(ref.values(), reverse=True)[:budget])
-            recovered += session._rec[dk.RROW_STATE] > 0
+            recovered += session._rec[rk.RROW_STATE] > 0
     assert recovered > 10
 
 
@@ -136,7 +136,7 @@ def test_recover_zero_keeps_the_trees_and_the_knob_is_checked():
     for i in range(10, len(text)):
         a.extend([text[i]])
         b.extend([text[i]])
-        assert b._rec[dk.RROW_STATE] == -1
+        assert b._rec[rk.RROW_STATE] == -1
         ta, tb = tree_paths(a.propose(16)), tree_paths(b.propose(16))
         differ += ta != tb
     assert differ > 0

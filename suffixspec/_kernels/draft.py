@@ -1,4 +1,4 @@
-"""Best-first draft-tree building over a session's parts, and merging of candidate lists.
+"""Best-first draft-tree building over a session's parts.
 
 A part is an automaton and a matched context: (state, length) of a suffix of the request's
 context found in it. Expanding a node through a part follows that automaton forward: the
@@ -26,7 +26,7 @@ pushed back with its new key (lazy re-evaluation), and the tree is still built b
 
 Layouts: the live automaton (source -1) through its growable arrays, counts through its link-cut
 tree, which expanding may restructure (not to be used concurrently); frozen automata through
-`frozen.source_table` (read-only). propose.py lists a session's parts. `merge` merges candidate
+`frozen.source_table` (read-only). propose.py lists a session's parts; merge.py merges candidate
 lists that are not best-first (a session's document-restricted corpus chains).
 """
 
@@ -54,18 +54,12 @@ from .children import (
     no_frozen_part,
 )
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
+from .recover import RROW_TOK, SRC_INSERT, SRC_SUBST
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
  P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD, P_RECOVER) = range(12)
 N_PARAMS = 12
 
-# A session's recovery row (int64 [RROW_COLS], `recover.py`): after the committed text left the
-# request's longest earlier match at its last token, the state reached from that match through its
-# most recent continuation, the length matched there, and that continuation's token; state -1: none.
-# Its two parts (part_src SRC_SUBST, SRC_INSERT) read the live automaton like the own parts do.
-RROW_STATE, RROW_LEN, RROW_TOK = 0, 1, 2
-RROW_COLS = 3
-SRC_SUBST, SRC_INSERT = -2, -3
 
 # A cursor row (int64) into a frozen source: state (-1: the session does not use that source),
 # matched length, and for a corpus source the session's anchor: the end position (in that source)
@@ -214,7 +208,7 @@ def framed_workspace(wsf):
 #   M      int64 [sk.META]  its counters and mode (counts through L once MODE_ONLINE)
 #   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length, anchor) in each frozen source
 #   local  float64 [N_CLASSES, N_BUCKETS, 2]  its learn stats (`learn.conf`)
-#   rec    int64 [RROW_COLS]  its recovery row (RROW_* above)
+#   rec    int64 [recover.RROW_COLS]  its recovery row
 Session = namedtuple("Session", "S E L M cur local rec")
 
 # What the proposer's sessions share (read only here):
@@ -342,18 +336,30 @@ def _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _recovery_candidate(cand, cand_p, cand_share, c, rec, state, length, part, p):
-    """Candidate c: the recovery row's token at the root, probability `p`, then on through `part`
-    (the live automaton at `state`, matched `length`)."""
-    cand[c, C_TOK] = rec[RROW_TOK]
-    cand[c, C_PARENT] = -1
-    cand[c, C_STATE] = state
-    cand[c, C_LEN] = length
-    cand[c, C_DEPTH] = 1
-    cand[c, C_PART] = part
-    cand[c, C_GROUP] = learn.group(learn.CLS_OWN, 0)
-    cand_p[c] = p
-    cand_share[c] = p
+def _start_prob(src, k):
+    """The probability a part's context starts at: the recovery's substitution at its weight."""
+    return k.recover if src == SRC_SUBST else 1.0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _seed_insert(cand, cand_p, cand_share, heap_key, heap_val, part_src, part_state, part_len, n_parts, rec, k):
+    """Before the growth: when the last part is the recovery's insertion (`recover.py`), its one root
+    candidate (the row's token, probability `recover`, then on through that part) on the empty heap.
+    Returns (parts left to expand, candidates, heap size)."""
+    if n_parts == 0 or part_src[n_parts - 1] != SRC_INSERT:
+        return n_parts, 0, 0
+    if cand.shape[0] == 0 or k.recover < k.min_prob or k.recover <= 0:
+        return n_parts - 1, 0, 0
+    cand[0, C_TOK] = rec[RROW_TOK]
+    cand[0, C_PARENT] = -1
+    cand[0, C_STATE] = part_state[n_parts - 1]
+    cand[0, C_LEN] = part_len[n_parts - 1]
+    cand[0, C_DEPTH] = 1
+    cand[0, C_PART] = n_parts - 1
+    cand[0, C_GROUP] = learn.group(learn.CLS_OWN, 0)
+    cand_p[0] = k.recover
+    cand_share[0] = k.recover
+    return n_parts - 1, 1, _heap_push(heap_key, heap_val, 0, k.recover, 0)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -410,8 +416,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     fp = no_frozen_part()  # the arrays of the frozen part at hand
     f_offsets = fp.offsets  # the children's states are prefetched in it
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
-    n_cand = 0
-    n_heap = 0
+    n_parts, n_cand, n_heap = _seed_insert(cand, cand_p, cand_share, heap_key, heap_val, part_src, part_state, part_len,
+                                           n_parts, session.rec, k)
     n_out = 0
     seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
     rooted = not _has_groups(part_src, n_parts, cls_rows)  # see `_reroot`
@@ -425,16 +431,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             n_heap = _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_rows, gcal,
                              k.cal_strength)
         if seeded < n_parts:
-            ps = part_src[seeded]
-            if ps == SRC_INSERT:  # one root candidate: the continuation the text skipped, then on from it
-                if n_cand < cand.shape[0] and k.recover >= k.min_prob:
-                    _recovery_candidate(cand, cand_p, cand_share, n_cand, session.rec, part_state[seeded],
-                                        part_len[seeded], seeded, k.recover)
-                    n_heap = _heap_push(heap_key, heap_val, n_heap, k.recover, n_cand)
-                    n_cand += 1
-                seeded += 1
-                continue
-            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, k.recover if ps == SRC_SUBST else 1.0)
+            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, _start_prob(part_src[seeded], k))
             seeded += 1
         else:
             if direct >= 0:
@@ -601,67 +598,3 @@ def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets
             n_heap = _heap_push(heap_key, heap_val, n_heap, prob, n_cand)
         n_cand += 1
     return n_cand, n_heap, direct, direct_p
-
-
-@njit(cache=True, nogil=True)
-def merge(tok, par, prob, budget, min_prob):
-    """Merge candidate lists (parents already offset into the concatenation) into one tree.
-
-    Shared prefixes become one node scoring the max over sources; the `budget` best nodes are
-    kept (ancestor-closed, since scores never increase down a path and ties keep index order),
-    ordered parents first and siblings by descending score.
-    Returns tokens, parents, depths, scores.
-    """
-    n = tok.shape[0]
-    mtok = np.empty(n, np.int32)
-    mpar = np.empty(n, np.int32)
-    mprob = np.empty(n, np.float64)
-    mdepth = np.empty(n, np.int32)
-    first_child = np.full(n + 1, -1, np.int32)  # index n stands for the root
-    next_sib = np.full(n, -1, np.int32)
-    merged_of = np.empty(n, np.int32)
-    m = 0
-    for i in range(n):
-        mp = -1 if par[i] < 0 else merged_of[par[i]]
-        slot = n if mp < 0 else mp
-        c = first_child[slot]
-        while c != -1 and mtok[c] != tok[i]:
-            c = next_sib[c]
-        if c == -1:
-            c = m
-            m += 1
-            mtok[c] = tok[i]
-            mpar[c] = mp
-            mprob[c] = prob[i]
-            mdepth[c] = 1 if mp < 0 else mdepth[mp] + 1
-            next_sib[c] = first_child[slot]
-            first_child[slot] = c
-        elif prob[i] > mprob[c]:
-            mprob[c] = prob[i]
-        merged_of[i] = c
-    # a node may have been raised above its parent by another source: cap down the path
-    for c in range(m):
-        if mpar[c] >= 0 and mprob[c] > mprob[mpar[c]]:
-            mprob[c] = mprob[mpar[c]]
-    order = np.argsort(-mprob[:m], kind="mergesort")
-    keep = min(budget, m)
-    while keep > 0 and mprob[order[keep - 1]] < min_prob:
-        keep -= 1
-    out_of = np.full(m, -1, np.int32)
-    otok = np.empty(keep, np.int32)
-    opar = np.empty(keep, np.int32)
-    odepth = np.empty(keep, np.int32)
-    oprob = np.empty(keep, np.float64)
-    k = 0
-    for j in range(keep):
-        c = order[j]
-        p = mpar[c]
-        if p >= 0 and out_of[p] < 0:
-            continue  # parent not kept (only possible on exact ties); drop the orphan
-        out_of[c] = k
-        otok[k] = mtok[c]
-        opar[k] = -1 if p < 0 else out_of[p]
-        odepth[k] = mdepth[c]
-        oprob[k] = mprob[c]
-        k += 1
-    return otok[:k], opar[:k], odepth[:k], oprob[:k]

@@ -32,6 +32,7 @@ from numba import njit, prange, typed, types
 from ..errors import InternalError
 from . import draft as dk
 from . import learn
+from . import recover as rk
 from . import sam as sk
 from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, link_of, source_arrays, source_len, source_plink
@@ -43,7 +44,7 @@ CUR_STATE, CUR_LEN, CUR_ANCHOR, CUR_COLS = dk.CUR_STATE, dk.CUR_LEN, dk.CUR_ANCH
 (F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
  F_GLOBAL, F_CAL, F_TOPS, F_GCAL, F_REC) = range(16)
 FRAME_LEN = 16
-RECOVERY_PARTS = 2  # a session's parts beyond its sources': the recovery's (draft.SRC_SUBST, draft.SRC_INSERT)
+RECOVERY_PARTS = 2  # a session's parts beyond its sources': the recovery's (recover.SRC_SUBST, recover.SRC_INSERT)
 STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
@@ -53,7 +54,7 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
     `source_table` they index and their source classes (int64 [n]), the proposer's params and
     knobs, the session's and the proposer's learn stats tables, the proposer's calibration table,
     the sources' `frozen.top_table`, the proposer's group table (`learn.new_group_calibration`)
-    and the session's recovery row (int64 [draft.RROW_COLS]; the caller keeps them alive)."""
+    and the session's recovery row (int64 [recover.RROW_COLS]; the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], SOURCE_COLS):
         raise InternalError(f"session_frame: expected cursors [n, {CUR_COLS}] and a table [n, {SOURCE_COLS}], "
                          f"got {cur.shape} and {table.shape}")
@@ -66,8 +67,8 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
                             "calibration table and a C group table")
     if tops.shape != (cur.shape[0], 2 * N_TOP_ARRAYS) or tops.dtype != np.int64:
         raise InternalError(f"session_frame: expected a top table [n, {2 * N_TOP_ARRAYS}], got {tops.shape}")
-    if rec.shape != (dk.RROW_COLS,) or rec.dtype != np.int64:
-        raise InternalError(f"session_frame: expected an int64 recovery row of {dk.RROW_COLS}, got {rec.dtype}{rec.shape}")
+    if rec.shape != (rk.RROW_COLS,) or rec.dtype != np.int64:
+        raise InternalError(f"session_frame: expected an int64 recovery row of {rk.RROW_COLS}, got {rec.dtype}{rec.shape}")
     if live.shape != (sk.LIVE_LEN,):
         raise InternalError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
     frame = np.empty(FRAME_LEN, np.int64)
@@ -129,11 +130,11 @@ def _set_parts(session, shared, ws):
             if state == 0:
                 length = 0
     recovery = session.rec
-    if recovery[dk.RROW_STATE] > 0 and n_parts + RECOVERY_PARTS <= part_src.shape[0]:
+    if recovery[rk.RROW_STATE] > 0 and n_parts + RECOVERY_PARTS <= part_src.shape[0]:
         for i in range(RECOVERY_PARTS):  # the substitution's part, then the insertion's
-            part_src[n_parts] = dk.SRC_SUBST if i == 0 else dk.SRC_INSERT
-            part_state[n_parts] = recovery[dk.RROW_STATE]
-            part_len[n_parts] = recovery[dk.RROW_LEN]
+            part_src[n_parts] = rk.SRC_SUBST if i == 0 else rk.SRC_INSERT
+            part_state[n_parts] = recovery[rk.RROW_STATE]
+            part_len[n_parts] = recovery[rk.RROW_LEN]
             n_parts += 1
     for i in range(n_parts):
         if part_src[i] >= 0:
@@ -174,7 +175,7 @@ def _framed_session(frame):
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     local = view_f64(frame[F_LOCAL], STATS_LEN).reshape((learn.N_CLASSES, learn.N_BUCKETS, 2))
-    return dk.Session(S, E, L, M, cur, local, view_i64(frame[F_REC], dk.RROW_COLS)), stack
+    return dk.Session(S, E, L, M, cur, local, view_i64(frame[F_REC], rk.RROW_COLS)), stack
 
 
 @njit(cache=True, nogil=True, inline="always")

@@ -29,6 +29,7 @@ import numpy as np
 from .._kernels import draft as dk
 from .._kernels import frozen as fk
 from .._kernels import learn as lk
+from .._kernels import merge as mk
 from .._kernels import propose as pk
 from .._kernels import recover as rk
 from .._kernels import sam as sk
@@ -137,8 +138,8 @@ class Session:
                 self._cur[j] = _start_cursor(fa, prompt)
         self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
         self._stats = lk.new_stats()  # this request's learned counts (lk)
-        # the recovery row (dk.RROW_*; rk.recovery_row, after each extension when the proposer recovers)
-        self._rec = np.full(dk.RROW_COLS, -1, np.int64)
+        # the recovery row (rk.RROW_*; rk.recovery_row, after each extension when the proposer recovers)
+        self._rec = np.full(rk.RROW_COLS, -1, np.int64)
         # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
         # (tokens, parents, shares, groups, steps) and its span, or None
         self._judged = None
@@ -191,7 +192,7 @@ class Session:
             if len(self._sam) > self.proposer.max_session_tokens:
                 keep = self.proposer.max_session_tokens // 2
                 self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
-                self._rec[dk.RROW_STATE] = -1  # names a state of the automaton dropped
+                self._rec[rk.RROW_STATE] = -1  # names a state of the automaton dropped
                 self._frame = self._hot = None
             cur = self._cur
             n_static = len(p._static)
@@ -347,7 +348,7 @@ class Session:
         if len(toks) == 1:
             return tree
         self._judged = None  # a merged tree has no shares
-        t, pa, d, s = dk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
+        t, pa, d, s = mk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
         return _tree(t, pa, d, s)
 
     def close(self) -> None:
