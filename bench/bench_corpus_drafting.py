@@ -63,6 +63,7 @@ except ImportError:
 CACHE = common.CACHE
 
 BUDGETS = (16, 64)
+OPTIONS: dict = {}  # proposer knobs of every proposer here (`--options`)
 
 
 def _builder(data: Path, script: str = "make_corpus_completion_traces"):
@@ -136,12 +137,12 @@ def shards(index) -> list:
 
 
 def acceptance(traces, budget, corpus=None) -> float:
-    return replay(traces, Proposer(corpus=corpus), budget)["mean_accepted_tokens"]
+    return replay(traces, Proposer(corpus=corpus, **OPTIONS), budget)["mean_accepted_tokens"]
 
 
 def timed_replay(traces, budget, corpus) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Microseconds of every `propose` (and which were a request's first), and of every `start`."""
-    proposer = Proposer(corpus=corpus)
+    proposer = Proposer(corpus=corpus, **OPTIONS)
     ns, first, starts = [], [], []
     for t in traces:
         t0 = time.perf_counter_ns()
@@ -216,6 +217,7 @@ def main(argv=None):
                                                            "other than the default: release-pair sets only")
     ap.add_argument("--no-others", action="store_true", help="skip the chat and code-edit traces without a corpus")
     ap.add_argument("--latency-only", action="store_true", help="only the latency (of --latency-sets, else the first set)")
+    ap.add_argument("--options", default="{}", help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
@@ -224,7 +226,9 @@ def main(argv=None):
     if args.tokenizer != "default" and not all(n.startswith("pairs-") for n in names):
         ap.error("--tokenizer other than 'default': the single-snapshot sets hold default-tokenizer ids; "
                  "give release-pair sets only (pairs-dev, pairs-heldout)")
-    result = {"sets": {}, "no_corpus": {}, "tokenizer": tok.name}
+    OPTIONS.clear()
+    OPTIONS.update(json.loads(args.options))
+    result = {"sets": {}, "no_corpus": {}, "tokenizer": tok.name, "options": dict(OPTIONS)}
     with tempfile.TemporaryDirectory() as tmp:
         indexes = {}
         for name in names:

@@ -114,12 +114,12 @@ def lookup_steps(prompt, answer, cost: StepCost, n_out: int, eos: int | None = N
     return steps
 
 
-def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=None) -> float:
-    """Per round, the prefix of the accepted path of the proposer's tree (`options`: its knobs) with
-    the most tokens per charged step; the prefill is not charged."""
+def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=None, corpus=None) -> float:
+    """Per round, the prefix of the accepted path of the proposer's tree (`options`: its knobs;
+    `corpus`: its corpus) with the most tokens per charged step; the prefill is not charged."""
     from suffixspec.draft.proposer import Proposer
 
-    session = Proposer(**dict(options or {}, global_cache=False)).start(prompt)
+    session = Proposer(corpus, **dict(options or {}, global_cache=False)).start(prompt)
     session.extend(answer[:1])
     pos, steps = 1, 0.0
     while pos < len(answer):
@@ -146,11 +146,14 @@ def clairvoyant_steps(prompt, answer, cost: StepCost, budget: int = 64, options=
 
 
 def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 10, proposer_options=None,
-           eos: int | None = 2) -> dict:
-    """Charged steps of plain decoding, prompt lookup, suffixspec (auto budget), the clairvoyant
-    budget and the clairvoyant copier over `records` (dicts with `prompt_ids` and `output_ids`; those
-    with an empty answer are skipped), with their ratios. `eos`: the token prompt lookup never drafts
-    past (the default model's end of turn)."""
+           eos: int | None = 2, corpus=None, budgets=("auto",), vocab: int = 1 << 16) -> dict:
+    """Charged steps of plain decoding, prompt lookup, suffixspec (each of `budgets`: "auto" or a
+    fixed size; the first is "ours", the others "ours-<budget>"), the clairvoyant budget and the
+    clairvoyant copier over `records` (dicts with `prompt_ids` and `output_ids`; those with an empty
+    answer are skipped), with their ratios. `eos`: the token prompt lookup never drafts past (the
+    default model's end of turn). `corpus`: a corpus index the proposer drafts from too; the
+    copier then runs twice, on the request alone ("copier") and with the corpus ("copier+corpus").
+    `vocab`: the stand-in model's vocabulary (above every token id of the records)."""
     from suffixspec.draft.proposer import Proposer
     from suffixspec.generate import CostModel, SpeculativeGenerator
 
@@ -159,45 +162,59 @@ def replay(records, cost: StepCost, max_new_tokens: int = 96, pld_tokens: int = 
             return
 
     options = dict(proposer_options or {}, global_cache=False)
-    model = trace_model(vocab=1 << 16, eos=-1)
+    model = trace_model(vocab=vocab, eos=-1)
     sizes = cost.sizes.astype(int).tolist()
-    gen = SpeculativeGenerator(model, proposer=Proposer(**options),
-                               cost_model=ChargedCost(sizes, cost.steps.tolist()), prefix_cache_bytes=0)
-    gen.assume_support(None)  # the stand-in has no attention to check
-    tot = {"plain": 0.0, "pld": 0.0, "ours": 0.0, "clairvoyant": 0.0, "copier": 0.0}
-    rounds = tokens = 0
+    names = ["ours"] + [f"ours-{b}" for b in budgets[1:]]
+    gens = {name: SpeculativeGenerator(model, proposer=Proposer(corpus, **options),
+                                       cost_model=ChargedCost(sizes, cost.steps.tolist()), prefix_cache_bytes=0)
+            for name in names}
+    for gen in gens.values():
+        gen.assume_support(None)  # the stand-in has no attention to check
+    tot = dict.fromkeys(["plain", "pld", *names, "clairvoyant", "copier"] + (["copier+corpus"] if corpus else []), 0.0)
+    rounds = dict.fromkeys(names, 0)
+    tokens = 0
     records = [r for r in records if len(r["output_ids"][:max_new_tokens])]
     for rec in records:
         prompt, answer = list(rec["prompt_ids"]), list(rec["output_ids"][:max_new_tokens])
         prefill = cost(len(prompt))
         model.tokens = np.array(prompt + answer + [0], np.int64)
-        model.charged = []
-        res = gen.generate([prompt], max_new_tokens=len(answer))
-        if res.sequences[0] != answer:
-            raise RuntimeError(f"the replay diverged from the recorded answer of {rec.get('id')}")
-        tot["ours"] += sum(cost(t) for t in model.charged)  # the first pass: the prompt (and drafts riding along)
+        for name, budget in zip(names, budgets):
+            model.charged = []
+            res = gens[name].generate([prompt], max_new_tokens=len(answer), budget=budget)
+            if res.sequences[0] != answer:
+                raise RuntimeError(f"the replay diverged from the recorded answer of {rec.get('id')}")
+            tot[name] += sum(cost(t) for t in model.charged)  # the first pass: the prompt (and drafts riding along)
+            rounds[name] += res.stats.rounds
         tot["plain"] += prefill + (len(answer) - 1) * cost(1)
         tot["pld"] += lookup_steps(prompt, answer, cost, pld_tokens, eos)
-        tot["clairvoyant"] += prefill + clairvoyant_steps(prompt, answer, cost, options=options)
+        tot["clairvoyant"] += prefill + clairvoyant_steps(prompt, answer, cost, options=options, corpus=corpus)
         tot["copier"] += prefill + copier_steps(prompt, answer, cost)
-        rounds += res.stats.rounds
+        if corpus is not None:
+            tot["copier+corpus"] += prefill + copier_steps(prompt, answer, cost, corpus=corpus)
         tokens += len(answer)
-    return {"prompts": len(records), "steps": {k: round(v, 1) for k, v in tot.items()},
-            "ours_vs_pld": tot["pld"] / tot["ours"], "clairvoyant_vs_pld": tot["pld"] / tot["clairvoyant"],
-            "copier_vs_pld": tot["pld"] / tot["copier"],
-            "ours_vs_plain": tot["plain"] / tot["ours"], "tokens_per_round": tokens / max(rounds, 1)}
+    out = {"prompts": len(records), "steps": {k: round(v, 1) for k, v in tot.items()},
+           "ours_vs_pld": tot["pld"] / tot["ours"], "clairvoyant_vs_pld": tot["pld"] / tot["clairvoyant"],
+           "copier_vs_pld": tot["pld"] / tot["copier"],
+           "ours_vs_plain": tot["plain"] / tot["ours"], "tokens_per_round": tokens / max(rounds["ours"], 1)}
+    for name in names[1:]:
+        out[f"{name}_vs_plain"] = tot["plain"] / tot[name]
+        out[f"{name}_tokens_per_round"] = tokens / max(rounds[name], 1)
+    return out
 
 
-def copier_steps(prompt, answer, cost: StepCost, budget: int = 64) -> float:
+def copier_steps(prompt, answer, cost: StepCost, budget: int = 64, corpus=None) -> float:
     """The clairvoyant copier: per round, the longest prefix of the rest of the answer found anywhere
-    in the context (prompt and answer so far), at most `budget`, drafted as a chain: no proposer that
-    copies spans of the request can do better per round."""
+    in the context (prompt and answer so far; with `corpus`, a corpus index, in its documents too),
+    at most `budget`, drafted as a chain: no proposer that copies spans of the request (and the
+    corpus) can do better per round."""
     from suffixspec.draft.automaton import SuffixAutomaton
 
     own = SuffixAutomaton(np.asarray(prompt + answer[:1], np.int32))
+    shards = [shard.fa for shard in corpus.shards] if corpus is not None else []
     pos, steps = 1, 0.0
     while pos < len(answer):
-        a = own.prefix_length(np.asarray(answer[pos : pos + min(budget, len(answer) - pos - 1)], np.int32))
+        ahead = np.asarray(answer[pos : pos + min(budget, len(answer) - pos - 1)], np.int32)
+        a = max([own.prefix_length(ahead)] + [fa.prefix_length(ahead) for fa in shards])
         steps += cost(1 + a)
         own.extend(np.asarray(answer[pos : pos + a + 1], np.int32))
         pos += a + 1
@@ -212,6 +229,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", type=int, default=10)
     ap.add_argument("--prefill-steps-per-token", type=float, default=0.037)
     ap.add_argument("--curve", help="JSON {size: relative cost}; default: the embedded model's cached curve")
+    ap.add_argument("--options", default="{}", help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
     add_record_flag(ap)
     args = ap.parse_args(argv)
 
@@ -238,12 +256,13 @@ def main(argv=None) -> int:
                          f"the model's greedy answer), got {got}")
             records.append(rec)
         name = Path(path).name
-        s = summary[name] = replay(records, cost, args.max_new_tokens, args.pld_tokens)
+        s = summary[name] = replay(records, cost, args.max_new_tokens, args.pld_tokens, json.loads(args.options))
         st = s["steps"]
         print(f"{name:<28} {len(records):>7} {st['plain']:>8.0f} {st['pld']:>8.0f} {st['ours']:>8.0f} "
               f"{st['clairvoyant']:>8.0f} {st['copier']:>8.0f}   {s['ours_vs_pld']:>7.2f}x  {s['clairvoyant_vs_pld']:>10.2f}x"
               f"  {s['copier_vs_pld']:>9.2f}x  {s['tokens_per_round']:>8.2f}")
     emit({"max_new_tokens": args.max_new_tokens, "pld_tokens": args.pld_tokens, "curve": relative,
+          "options": json.loads(args.options),
           "prefill_steps_per_token": args.prefill_steps_per_token, "sets": summary}, args, "replay_generate",
          ROOT / "bench" / "results")
     return 0

@@ -32,6 +32,7 @@ BAD = {
     "session_strength": [0.0, math.inf],
     "calibration_strength": [0, "16"],
     "corpus_locality": [-1, math.nan, True, "4"],
+    "recover": [-0.1, 1.5, math.nan, True, "0.3"],
     "cache_upkeep": ["later", "", 1, None],
 }
 

@@ -1,4 +1,4 @@
-"""Best-first draft-tree building over a session's parts, and merging of candidate lists.
+"""Best-first draft-tree building over a session's parts.
 
 A part is an automaton and a matched context: (state, length) of a suffix of the request's
 context found in it. Expanding a node through a part follows that automaton forward: the
@@ -26,7 +26,7 @@ pushed back with its new key (lazy re-evaluation), and the tree is still built b
 
 Layouts: the live automaton (source -1) through its growable arrays, counts through its link-cut
 tree, which expanding may restructure (not to be used concurrently); frozen automata through
-`frozen.source_table` (read-only). propose.py lists a session's parts. `merge` merges candidate
+`frozen.source_table` (read-only). propose.py lists a session's parts; merge.py merges candidate
 lists that are not best-first (a session's document-restricted corpus chains).
 """
 
@@ -54,10 +54,12 @@ from .children import (
     no_frozen_part,
 )
 from .frozen import REC_COLS, REC_COUNT, REC_TO, REC_TOK, top_min_children
+from .recover import RROW_TOK, SRC_INSERT, SRC_SUBST
 
 (P_MATCH_PRIOR, P_RECENCY, P_MIN_PROB, P_MAX_DEPTH, P_MAX_CHILDREN, P_PRIOR_STRENGTH, P_SESSION_STRENGTH,
- P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD) = range(11)
-N_PARAMS = 11
+ P_CAL_STRENGTH, P_CORPUS_LOCALITY, P_NEAR_BACK, P_NEAR_AHEAD, P_RECOVER) = range(12)
+N_PARAMS = 12
+
 
 # A cursor row (int64) into a frozen source: state (-1: the session does not use that source),
 # matched length, and for a corpus source the session's anchor: the end position (in that source)
@@ -206,7 +208,8 @@ def framed_workspace(wsf):
 #   M      int64 [sk.META]  its counters and mode (counts through L once MODE_ONLINE)
 #   cur    int64 [rows, CUR_COLS]  its cursor (state, matched length, anchor) in each frozen source
 #   local  float64 [N_CLASSES, N_BUCKETS, 2]  its learn stats (`learn.conf`)
-Session = namedtuple("Session", "S E L M cur local")
+#   rec    int64 [recover.RROW_COLS]  its recovery row
+Session = namedtuple("Session", "S E L M cur local rec")
 
 # What the proposer's sessions share (read only here):
 #   frozen     int64 [rows, SOURCE_COLS]  the frozen sources (`frozen.source_table`)
@@ -229,7 +232,7 @@ Tree = namedtuple("Tree", "tok par depth prob share group step")
 # `params` read once per proposal; cal_on: some rank-0 node was judged (else rank 0 is never
 # discounted and the rank factor of a first child is not computed)
 Knobs = namedtuple("Knobs", "match_prior recency min_prob max_depth max_children prior_strength "
-                            "session_strength cal_strength cal_on locality near_back near_ahead")
+                            "session_strength cal_strength cal_on locality near_back near_ahead recover")
 
 # The expansion at hand: output node `node` (-1: the context) through part `part`, at its
 # automaton's `state` with matched length `length`, `depth` nodes below the context, with path
@@ -247,7 +250,7 @@ def knobs(params, cal):
     return Knobs(params[P_MATCH_PRIOR], params[P_RECENCY], params[P_MIN_PROB], params[P_MAX_DEPTH],
                  int(params[P_MAX_CHILDREN]), params[P_PRIOR_STRENGTH], params[P_SESSION_STRENGTH],
                  params[P_CAL_STRENGTH], cal_on, params[P_CORPUS_LOCALITY],
-                 int(params[P_NEAR_BACK]), int(params[P_NEAR_AHEAD]))
+                 int(params[P_NEAR_BACK]), int(params[P_NEAR_AHEAD]), params[P_RECOVER])
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -333,6 +336,33 @@ def _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _start_prob(src, k):
+    """The probability a part's context starts at: the recovery's substitution at its weight."""
+    return k.recover if src == SRC_SUBST else 1.0
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _seed_insert(cand, cand_p, cand_share, heap_key, heap_val, part_src, part_state, part_len, n_parts, rec, k):
+    """Before the growth: when the last part is the recovery's insertion (`recover.py`), its one root
+    candidate (the row's token, probability `recover`, then on through that part) on the empty heap.
+    Returns (parts left to expand, candidates, heap size)."""
+    if n_parts == 0 or part_src[n_parts - 1] != SRC_INSERT:
+        return n_parts, 0, 0
+    if cand.shape[0] == 0 or k.recover < k.min_prob or k.recover <= 0:
+        return n_parts - 1, 0, 0
+    cand[0, C_TOK] = rec[RROW_TOK]
+    cand[0, C_PARENT] = -1
+    cand[0, C_STATE] = part_state[n_parts - 1]
+    cand[0, C_LEN] = part_len[n_parts - 1]
+    cand[0, C_DEPTH] = 1
+    cand[0, C_PART] = n_parts - 1
+    cand[0, C_GROUP] = learn.group(learn.CLS_OWN, 0)
+    cand_p[0] = k.recover
+    cand_share[0] = k.recover
+    return n_parts - 1, 1, _heap_push(heap_key, heap_val, 0, k.recover, 0)
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _lone_frozen(fp, v):
     """(token, state, count) of the only child of state v of a frozen part (a `FrozenPart`),
     count 0 when v has not exactly one (or the arrays are damaged); an implicit state's child
@@ -386,8 +416,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     fp = no_frozen_part()  # the arrays of the frozen part at hand
     f_offsets = fp.offsets  # the children's states are prefetched in it
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
-    n_cand = 0
-    n_heap = 0
+    n_parts, n_cand, n_heap = _seed_insert(cand, cand_p, cand_share, heap_key, heap_val, part_src, part_state, part_len,
+                                           n_parts, session.rec, k)
     n_out = 0
     seeded = 0  # parts whose context was expanded; until all are, the heap is not complete
     rooted = not _has_groups(part_src, n_parts, cls_rows)  # see `_reroot`
@@ -401,7 +431,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             n_heap = _reroot(cand, cand_p, cand_share, heap_key, heap_val, part_src, n_cand, cls_rows, gcal,
                              k.cal_strength)
         if seeded < n_parts:
-            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, 1.0)
+            cur = _cursor(-1, seeded, part_state[seeded], part_len[seeded], 0, _start_prob(part_src[seeded], k))
             seeded += 1
         else:
             if direct >= 0:
@@ -568,67 +598,3 @@ def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets
             n_heap = _heap_push(heap_key, heap_val, n_heap, prob, n_cand)
         n_cand += 1
     return n_cand, n_heap, direct, direct_p
-
-
-@njit(cache=True, nogil=True)
-def merge(tok, par, prob, budget, min_prob):
-    """Merge candidate lists (parents already offset into the concatenation) into one tree.
-
-    Shared prefixes become one node scoring the max over sources; the `budget` best nodes are
-    kept (ancestor-closed, since scores never increase down a path and ties keep index order),
-    ordered parents first and siblings by descending score.
-    Returns tokens, parents, depths, scores.
-    """
-    n = tok.shape[0]
-    mtok = np.empty(n, np.int32)
-    mpar = np.empty(n, np.int32)
-    mprob = np.empty(n, np.float64)
-    mdepth = np.empty(n, np.int32)
-    first_child = np.full(n + 1, -1, np.int32)  # index n stands for the root
-    next_sib = np.full(n, -1, np.int32)
-    merged_of = np.empty(n, np.int32)
-    m = 0
-    for i in range(n):
-        mp = -1 if par[i] < 0 else merged_of[par[i]]
-        slot = n if mp < 0 else mp
-        c = first_child[slot]
-        while c != -1 and mtok[c] != tok[i]:
-            c = next_sib[c]
-        if c == -1:
-            c = m
-            m += 1
-            mtok[c] = tok[i]
-            mpar[c] = mp
-            mprob[c] = prob[i]
-            mdepth[c] = 1 if mp < 0 else mdepth[mp] + 1
-            next_sib[c] = first_child[slot]
-            first_child[slot] = c
-        elif prob[i] > mprob[c]:
-            mprob[c] = prob[i]
-        merged_of[i] = c
-    # a node may have been raised above its parent by another source: cap down the path
-    for c in range(m):
-        if mpar[c] >= 0 and mprob[c] > mprob[mpar[c]]:
-            mprob[c] = mprob[mpar[c]]
-    order = np.argsort(-mprob[:m], kind="mergesort")
-    keep = min(budget, m)
-    while keep > 0 and mprob[order[keep - 1]] < min_prob:
-        keep -= 1
-    out_of = np.full(m, -1, np.int32)
-    otok = np.empty(keep, np.int32)
-    opar = np.empty(keep, np.int32)
-    odepth = np.empty(keep, np.int32)
-    oprob = np.empty(keep, np.float64)
-    k = 0
-    for j in range(keep):
-        c = order[j]
-        p = mpar[c]
-        if p >= 0 and out_of[p] < 0:
-            continue  # parent not kept (only possible on exact ties); drop the orphan
-        out_of[c] = k
-        otok[k] = mtok[c]
-        opar[k] = -1 if p < 0 else out_of[p]
-        odepth[k] = mdepth[c]
-        oprob[k] = mprob[c]
-        k += 1
-    return otok[:k], opar[:k], odepth[:k], oprob[:k]

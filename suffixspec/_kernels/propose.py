@@ -9,6 +9,8 @@ A session's parts (matched contexts), in this order:
   each, `state < 0` for a source the session does not use (anchor: `draft.CUR_ANCHOR`); `match_levels` parts each. Their arrays come
   as one table (`frozen.source_table`), each row of a source class (`learn.CLS_*`); the caller
   keeps them alive while a kernel runs, the kernels only read them.
+- after the text left its longest earlier match, the recovery's two parts (`recover.py`: the
+  copy going on past a replaced or inserted token) when the session has a recovery row.
 
 A step's confidence is `learn.conf` over the session's and the proposer's learned counts (read
 only here; `learn.count_*` write them when tokens are committed).
@@ -30,6 +32,7 @@ from numba import njit, prange, typed, types
 from ..errors import InternalError
 from . import draft as dk
 from . import learn
+from . import recover as rk
 from . import sam as sk
 from .address import address, borrowed, keep_alive, prefetch, view_f64, view_i32, view_i64, view_i64_2d
 from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, link_of, source_arrays, source_len, source_plink
@@ -39,17 +42,19 @@ from .frozen import N_TOP_ARRAYS, REC_COLS, SOURCE_COLS, link_of, source_arrays,
 CUR_STATE, CUR_LEN, CUR_ANCHOR, CUR_COLS = dk.CUR_STATE, dk.CUR_LEN, dk.CUR_ANCHOR, dk.CUR_COLS
 
 (F_LIVE, F_CUR, F_CUR_ROWS, F_TABLE, F_TABLE_ROWS, F_PARAMS, F_PARAMS_LEN, F_MIN_MATCH, F_LEVELS, F_CLS, F_LOCAL,
- F_GLOBAL, F_CAL, F_TOPS, F_GCAL) = range(15)
-FRAME_LEN = 15
+ F_GLOBAL, F_CAL, F_TOPS, F_GCAL, F_REC) = range(16)
+FRAME_LEN = 16
+RECOVERY_PARTS = 2  # a session's parts beyond its sources': the recovery's (recover.SRC_SUBST, recover.SRC_INSERT)
 STATS_LEN = learn.N_CLASSES * learn.N_BUCKETS * 2  # a learn stats table, flat
 
 
-def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops, gcal) -> np.ndarray:
+def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, glob, cal, tops, gcal,
+                  rec) -> np.ndarray:
     """The frame of a session: its automaton's live frame, its cursor rows (int64 [n, CUR_COLS]), the
     `source_table` they index and their source classes (int64 [n]), the proposer's params and
     knobs, the session's and the proposer's learn stats tables, the proposer's calibration table,
-    the sources' `frozen.top_table` and the proposer's group table (`learn.new_group_calibration`;
-    the caller keeps them alive)."""
+    the sources' `frozen.top_table`, the proposer's group table (`learn.new_group_calibration`)
+    and the session's recovery row (int64 [recover.RROW_COLS]; the caller keeps them alive)."""
     if cur.ndim != 2 or cur.shape[1] != CUR_COLS or table.ndim != 2 or table.shape != (cur.shape[0], SOURCE_COLS):
         raise InternalError(f"session_frame: expected cursors [n, {CUR_COLS}] and a table [n, {SOURCE_COLS}], "
                          f"got {cur.shape} and {table.shape}")
@@ -62,6 +67,8 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
                             "calibration table and a C group table")
     if tops.shape != (cur.shape[0], 2 * N_TOP_ARRAYS) or tops.dtype != np.int64:
         raise InternalError(f"session_frame: expected a top table [n, {2 * N_TOP_ARRAYS}], got {tops.shape}")
+    if rec.shape != (rk.RROW_COLS,) or rec.dtype != np.int64:
+        raise InternalError(f"session_frame: expected an int64 recovery row of {rk.RROW_COLS}, got {rec.dtype}{rec.shape}")
     if live.shape != (sk.LIVE_LEN,):
         raise InternalError(f"session_frame: expected a live frame of {sk.LIVE_LEN}, got {live.shape}")
     frame = np.empty(FRAME_LEN, np.int64)
@@ -75,6 +82,7 @@ def session_frame(live, cur, table, params, min_match, levels, cls_rows, local, 
     frame[F_CAL] = address(cal, np.float64)
     frame[F_TOPS] = address(tops, np.int64)
     frame[F_GCAL] = address(gcal, np.float64)
+    frame[F_REC] = address(rec, np.int64)
     return frame
 
 
@@ -121,6 +129,13 @@ def _set_parts(session, shared, ws):
                 break  # damaged arrays: no shorter match
             if state == 0:
                 length = 0
+    recovery = session.rec
+    if recovery[rk.RROW_STATE] > 0 and n_parts + RECOVERY_PARTS <= part_src.shape[0]:
+        for i in range(RECOVERY_PARTS):  # the substitution's part, then the insertion's
+            part_src[n_parts] = rk.SRC_SUBST if i == 0 else rk.SRC_INSERT
+            part_state[n_parts] = recovery[rk.RROW_STATE]
+            part_len[n_parts] = recovery[rk.RROW_LEN]
+            n_parts += 1
     for i in range(n_parts):
         if part_src[i] >= 0:
             offsets, _lasts, _links, rec = source_arrays(frozen, part_src[i])
@@ -160,7 +175,7 @@ def _framed_session(frame):
     S, E, L, M, stack = sk.live_arrays(view_i64(frame[F_LIVE], sk.LIVE_LEN))
     cur = view_i64_2d(frame[F_CUR], frame[F_CUR_ROWS], CUR_COLS)
     local = view_f64(frame[F_LOCAL], STATS_LEN).reshape((learn.N_CLASSES, learn.N_BUCKETS, 2))
-    return dk.Session(S, E, L, M, cur, local), stack
+    return dk.Session(S, E, L, M, cur, local, view_i64(frame[F_REC], rk.RROW_COLS)), stack
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -211,7 +226,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
     header = view_i64(wsf[dk.WS_I64], dk.WS_HEADER)
     cap = wsf[dk.WS_OUT_CAP]
     off = wsf[dk.WS_OUT_OFF]
-    n_parts = (1 + frame[F_CUR_ROWS]) * frame[F_LEVELS]
+    n_parts = (1 + frame[F_CUR_ROWS]) * frame[F_LEVELS] + RECOVERY_PARTS
     if budget < 1 or budget > header[dk.WS_BUDGET] or n_parts > header[dk.WS_SOURCES] or off + budget > cap:
         return -1
     out = view_i32(wsf[dk.WS_OUT_I32], 4 * cap)
@@ -225,7 +240,7 @@ def propose_framed(frame_addr, wsf_addr, budget):
 
 
 @njit(cache=True, nogil=True)
-def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
+def _batch_share(live, slots, curs, recs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
                  c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts):
     """Sessions c, c + n_chunks, ... of the batch, with one workspace and one link-cut stack.
     Not inlined: inlined into the prange body, numba's parfor passes miscompiled the expansion
@@ -236,14 +251,16 @@ def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, 
     bmax = 64
     for i in range(n):
         bmax = max(bmax, budgets[i])
-    i32, f64, i64 = dk.workspace_buffers(bmax, int(params[dk.P_MAX_CHILDREN]), max((1 + curs.shape[1]) * levels, 4))
+    n_sources = max((1 + curs.shape[1]) * levels + RECOVERY_PARTS, 4)
+    i32, f64, i64 = dk.workspace_buffers(bmax, int(params[dk.P_MAX_CHILDREN]), n_sources)
     ws = dk.workspace_views(borrowed(i32), borrowed(f64), borrowed(i64))
     stack = np.empty(64, np.int32)
     shared = dk.Shared(borrowed(frozen), borrowed(tops), borrowed(cls_rows), borrowed(glob), borrowed(cal),
                        borrowed(gcal), borrowed(params), min_match, levels)
     for i in range(c, n, n_chunks):
         S, E, L, M = live[slots[i]]  # the list keeps them alive
-        session = dk.Session(borrowed(S), borrowed(E), borrowed(L), borrowed(M), borrowed(curs[i]), borrowed(locals_[i]))
+        session = dk.Session(borrowed(S), borrowed(E), borrowed(L), borrowed(M), borrowed(curs[i]), borrowed(locals_[i]),
+                             borrowed(recs[i]))
         tree = _tree_at(borrowed(out_tok), borrowed(out_par), borrowed(out_depth), borrowed(out_prob),
                         borrowed(out_share), borrowed(out_group), borrowed(out_step), starts[i])
         k, stack = propose_one(session, shared, stack, budgets[i], ws, tree)
@@ -252,25 +269,25 @@ def _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, 
 
 
 @njit(cache=True, nogil=True)
-def propose_batch_serial(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
+def propose_batch_serial(live, slots, curs, recs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
                          levels, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step):
-    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`, learn stats
-    `locals_[i]`) gets its tree at `out_*[starts[i]:]`; returns the node count of each. One thread,
+    """Session i (live arrays (S, E, L, M) at `live[slots[i]]`, cursor rows `curs[i]`, recovery row
+    `recs[i]`, learn stats `locals_[i]`) gets its tree at `out_*[starts[i]:]`; returns the node count of each. One thread,
     no parallel region: nothing to share with (or wait for) the model's OpenMP threads."""
     counts = np.zeros(slots.shape[0], np.int64)
-    _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
-                 0, 1, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts)
+    _batch_share(live, slots, curs, recs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
+                 levels, 0, 1, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step, counts)
     return counts
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def propose_batch(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
+def propose_batch(live, slots, curs, recs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match, levels,
                   n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step):
     """`propose_batch_serial` split into `n_chunks` strided shares run in parallel (prange)."""
     counts = np.zeros(slots.shape[0], np.int64)
     for c in prange(n_chunks):
-        _batch_share(live, slots, curs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params, min_match,
-                     levels, c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step,
+        _batch_share(live, slots, curs, recs, frozen, tops, cls_rows, locals_, glob, cal, gcal, budgets, params,
+                     min_match, levels, c, n_chunks, starts, out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step,
                      counts)
     return counts
 

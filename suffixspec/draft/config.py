@@ -113,6 +113,9 @@ class ProposerConfig:
     corpus_locality: float = _knob(4.0, "weight, in a corpus, of the continuation found nearest the request's "
                                         "place there (where its last unique match ended, moved on since) against "
                                         "the counts (replaces `recency` for corpora)", low=0)
+    recover: float = _knob(0.0, "weight of the request's own copy going on past a token the model replaced or inserted "
+                                "(the continuation after, or at, its longest earlier match's most recent one; 0: off)",
+                           low=0, high=1)
     max_children: int = _knob(4, "branching: children per tree node", low=1)
     global_cache: bool = _knob(True, "learn from closed sessions: keep their outputs in a cache of past responses")
     cache_tokens: int = _knob(1 << 20, "tokens the cache of past responses holds", low=1)

@@ -166,6 +166,7 @@ class Proposer:
         self.threads = cfg.threads
         self.vocab_size = cfg.vocab_size
         self._match_levels = cfg.match_levels
+        self._recover = cfg.recover
         self.params = _kernel_params(cfg)  # read-only: sessions' kernel frames name this array
         self.corpora = corpus_sources(corpus)
         # every frozen automaton of the corpora, with the corpus entry it belongs to
@@ -404,9 +405,10 @@ class Proposer:
         outs = (np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.int32), np.empty(total, np.float64),
                 np.empty(total, np.float64), np.empty(total, np.int32), np.empty(total, np.float64))
         curs = np.stack([sessions[i]._cur for i in fast])
+        recs = np.stack([sessions[i]._rec for i in fast])
         stats = np.stack([sessions[i]._stats for i in fast])
         threads = max(1, min(self.threads, len(fast), numba.config.NUMBA_NUM_THREADS))
-        args = (self._slots.arrays, np.array(slots, np.int64), curs, src.table, src.tops, src.classes, stats, self._learned,
+        args = (self._slots.arrays, np.array(slots, np.int64), curs, recs, src.table, src.tops, src.classes, stats, self._learned,
                 self._calibration, self._group_cal, budget_arr, self.params, self.min_match, self.match_levels)
         if threads == 1:
             counts = pk.propose_batch_serial(*args, starts, *outs)
@@ -431,6 +433,7 @@ def _kernel_params(cfg: ProposerConfig) -> np.ndarray:
     params[dk.P_CAL_STRENGTH] = cfg.calibration_strength
     params[dk.P_CORPUS_LOCALITY] = cfg.corpus_locality
     params[dk.P_NEAR_BACK], params[dk.P_NEAR_AHEAD] = dk.NEAR_BACK, dk.NEAR_AHEAD
+    params[dk.P_RECOVER] = cfg.recover
     params.flags.writeable = False
     return params
 

@@ -29,7 +29,9 @@ import numpy as np
 from .._kernels import draft as dk
 from .._kernels import frozen as fk
 from .._kernels import learn as lk
+from .._kernels import merge as mk
 from .._kernels import propose as pk
+from .._kernels import recover as rk
 from .._kernels import sam as sk
 from .._kernels.address import address
 from ..errors import BadInputError, InternalError
@@ -68,6 +70,7 @@ _tree_span = pk.tree_span
 _CUR_STATE, _CUR_LEN, _CUR_ANCHOR = pk.CUR_STATE, pk.CUR_LEN, pk.CUR_ANCHOR
 ANCHOR_MIN = 4  # a corpus match this long or longer may anchor the session (`_anchor`)
 ANCHOR_TAIL, ANCHOR_STEPS = 16, 4  # `_start_cursor`
+RECOVER_MIN = 4  # the shortest earlier match a copy is recovered from past a replaced or inserted token
 
 
 def _anchor(fa: FrozenAutomaton, state: int, length: int, moved: int) -> int:
@@ -135,6 +138,8 @@ class Session:
                 self._cur[j] = _start_cursor(fa, prompt)
         self._cls = np.full(len(self._automata), lk.CLS_CORPUS, np.int64)  # each row's source class
         self._stats = lk.new_stats()  # this request's learned counts (lk)
+        # the recovery row (rk.RROW_*; rk.recovery_row, after each extension when the proposer recovers)
+        self._rec = np.full(rk.RROW_COLS, -1, np.int64)
         # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
         # (tokens, parents, shares, groups, steps) and its span, or None
         self._judged = None
@@ -180,10 +185,14 @@ class Session:
             if learning:
                 sam = self._sam
                 lk.count_own(sam._S, sam._E, sam._H, sam._M, toks, p.min_match, self._stats, p._learned)
-            self._sam._extend_valid(toks)
+            if p._recover > 0:
+                self._extend_recovering(toks)
+            else:
+                self._sam._extend_valid(toks)
             if len(self._sam) > self.proposer.max_session_tokens:
                 keep = self.proposer.max_session_tokens // 2
                 self._sam = SuffixAutomaton(self._sam.tokens[-keep:])
+                self._rec[rk.RROW_STATE] = -1  # names a state of the automaton dropped
                 self._frame = self._hot = None
             cur = self._cur
             n_static = len(p._static)
@@ -204,6 +213,16 @@ class Session:
                 if j < n_static:  # a corpus row: its anchor follows (`_anchor`)
                     anchor = _anchor(fa, state, length, anchor + toks.shape[0] if anchor >= 0 else -1)
                 cur[j] = (state, length, anchor)
+
+    def _extend_recovering(self, toks: np.ndarray) -> None:
+        """Extend the automaton by `toks`, the recovery row set from the text before their last
+        token (`rk.recovery_row`)."""
+        sam = self._sam
+        if toks.shape[0] > 1:
+            sam._extend_valid(toks[:-1])
+        rk.recovery_row(sam._S, sam._E, sam._L, sam._M, int(sam._M[sk.LAST_STATE]), int(toks[-1]), RECOVER_MIN,
+                        self._rec)
+        sam._extend_valid(toks[-1:])
 
     def _sync(self, src: Sources | None = None) -> None:
         """Mirror `src` (default: the proposer's current sources). Corpus rows and generations
@@ -283,9 +302,9 @@ class Session:
         self._params = p.params  # kept alive while the frame names it
         self._frame = pk.session_frame(self._sam._live, self._cur, self._src.table, self._params, p.min_match,
                                        p.match_levels, self._src.classes, self._stats, p._learned, p._calibration,
-                                       self._src.tops, p._group_cal)
+                                       self._src.tops, p._group_cal, self._rec)
         self._frame_addr = address(self._frame, np.int64)
-        self._n_sources = (1 + len(self._automata)) * p.match_levels
+        self._n_sources = (1 + len(self._automata)) * p.match_levels + pk.RECOVERY_PARTS
         self._version = self._src.version
         self._cache = p._version_holder()
         self._tls = p._local
@@ -329,7 +348,7 @@ class Session:
         if len(toks) == 1:
             return tree
         self._judged = None  # a merged tree has no shares
-        t, pa, d, s = dk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
+        t, pa, d, s = mk.merge(np.concatenate(toks), np.concatenate(pars), np.concatenate(probs), budget, p.min_prob)
         return _tree(t, pa, d, s)
 
     def close(self) -> None:
