@@ -47,6 +47,7 @@ import zlib
 from pathlib import Path
 
 import numpy as np
+from replay_generate import proposer_knobs
 
 from suffixspec import Proposer
 from suffixspec.corpus import CorpusIndex, Document, build_index
@@ -217,7 +218,7 @@ def main(argv=None):
                                                            "other than the default: release-pair sets only")
     ap.add_argument("--no-others", action="store_true", help="skip the chat and code-edit traces without a corpus")
     ap.add_argument("--latency-only", action="store_true", help="only the latency (of --latency-sets, else the first set)")
-    ap.add_argument("--options", default="{}", help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
+    ap.add_argument("--options", type=proposer_knobs, default={}, help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     data = Path(args.data)
@@ -227,7 +228,7 @@ def main(argv=None):
         ap.error("--tokenizer other than 'default': the single-snapshot sets hold default-tokenizer ids; "
                  "give release-pair sets only (pairs-dev, pairs-heldout)")
     OPTIONS.clear()
-    OPTIONS.update(json.loads(args.options))
+    OPTIONS.update(args.options)
     result = {"sets": {}, "no_corpus": {}, "tokenizer": tok.name, "options": dict(OPTIONS)}
     with tempfile.TemporaryDirectory() as tmp:
         indexes = {}

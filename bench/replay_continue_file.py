@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     ap.add_argument("--curve", help=f"JSON {{size: relative cost}} (default: the code model's, {CODE_CURVE})")
     ap.add_argument("--prefill-steps-per-token", type=float, default=CODE_PREFILL_STEPS_PER_TOKEN)
     ap.add_argument("--gap-budget", type=int, default=64, help="the fixed budget of the gap split by round")
-    ap.add_argument("--options", default="{}", help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
+    ap.add_argument("--options", type=rg.proposer_knobs, default={}, help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
     common.add_record_flag(ap)
     args = ap.parse_args(argv)
     if args.record_traces:
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     cost = rg.StepCost(curve, args.prefill_steps_per_token)
     budgets = [b if b == "auto" else int(b) for b in args.budgets.split(",")]
     eos = tok.eos_token_id
-    options = json.loads(args.options)
+    options = args.options
     res = rg.replay(records, cost, args.max_new_tokens, args.pld_tokens, options, eos=eos, corpus=corpus, budgets=budgets,
                     vocab=tok.vocab_size)
     bare = rg.replay(records, cost, args.max_new_tokens, args.pld_tokens, options, eos=eos, budgets=["auto"],

@@ -221,6 +221,18 @@ def copier_steps(prompt, answer, cost: StepCost, budget: int = 64, corpus=None) 
     return steps
 
 
+def proposer_knobs(text: str) -> dict:
+    """`--options`' argparse type: a JSON object of proposer knobs (their names and values are checked
+    by `ProposerConfig` when the proposer is made)."""
+    try:
+        knobs = json.loads(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"expected a JSON object of proposer knobs, got {text!r} ({exc})") from None
+    if not isinstance(knobs, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object of proposer knobs, got {type(knobs).__name__}")
+    return knobs
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("sets", nargs="*", default=[str(p) for p in DEFAULT_SETS],
@@ -229,7 +241,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pld-tokens", type=int, default=10)
     ap.add_argument("--prefill-steps-per-token", type=float, default=0.037)
     ap.add_argument("--curve", help="JSON {size: relative cost}; default: the embedded model's cached curve")
-    ap.add_argument("--options", default="{}", help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
+    ap.add_argument("--options", type=proposer_knobs, default={}, help='proposer knobs as JSON, e.g. \'{"recover": 0.3}\'')
     add_record_flag(ap)
     args = ap.parse_args(argv)
 
@@ -256,13 +268,13 @@ def main(argv=None) -> int:
                          f"the model's greedy answer), got {got}")
             records.append(rec)
         name = Path(path).name
-        s = summary[name] = replay(records, cost, args.max_new_tokens, args.pld_tokens, json.loads(args.options))
+        s = summary[name] = replay(records, cost, args.max_new_tokens, args.pld_tokens, args.options)
         st = s["steps"]
         print(f"{name:<28} {len(records):>7} {st['plain']:>8.0f} {st['pld']:>8.0f} {st['ours']:>8.0f} "
               f"{st['clairvoyant']:>8.0f} {st['copier']:>8.0f}   {s['ours_vs_pld']:>7.2f}x  {s['clairvoyant_vs_pld']:>10.2f}x"
               f"  {s['copier_vs_pld']:>9.2f}x  {s['tokens_per_round']:>8.2f}")
     emit({"max_new_tokens": args.max_new_tokens, "pld_tokens": args.pld_tokens, "curve": relative,
-          "options": json.loads(args.options),
+          "options": args.options,
           "prefill_steps_per_token": args.prefill_steps_per_token, "sets": summary}, args, "replay_generate",
          ROOT / "bench" / "results")
     return 0

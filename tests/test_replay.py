@@ -91,3 +91,12 @@ def test_clairvoyant_never_slower_than_plain_and_main_reports(replay, tmp_path, 
     got = report["sets"]["two.jsonl"]
     assert got["prompts"] == 2 and got["ours_vs_plain"] > 1.0 and got["clairvoyant_vs_pld"] > 0
     assert got["copier_vs_pld"] >= got["clairvoyant_vs_pld"] * 0.95  # copies of any span beat our trees' paths
+
+
+@pytest.mark.parametrize("text, got", [("[1]", "got list"), ("{bad", "got '{bad'")])
+def test_options_not_a_json_object_is_refused_by_name(replay, text, got, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        replay.main(["--options", text])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --options: expected a JSON object of proposer knobs" in err and got in err
