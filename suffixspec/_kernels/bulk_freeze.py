@@ -18,6 +18,7 @@ from numba import njit
 from .address import prefetch
 from .bulk_sam import DEG, EDGE0, INLINE, LEN, LINK, N_EDGES, N_STATES, O_SRC, O_TO, O_TOK, OVF, ROW
 from .frozen import HOLE
+from .sam_freeze import sort_row
 
 AHEAD = 16  # loop steps between a prefetch and the use of what it fetches
 
@@ -93,26 +94,6 @@ def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, c
         else:
             newid[v] = n_stored + (-1 - newid[v])
     return n_stored, M[N_EDGES] - imp_edges, n_big, best
-
-
-@njit(cache=True, inline="always")
-def _sort_row(etok, eto, lo, hi):
-    """Sort the CSR row lo:hi by token."""
-    if hi - lo <= 16:
-        for a in range(lo + 1, hi):
-            t = etok[a]
-            d = eto[a]
-            b = a - 1
-            while b >= lo and etok[b] > t:
-                etok[b + 1] = etok[b]
-                eto[b + 1] = eto[b]
-                b -= 1
-            etok[b + 1] = t
-            eto[b + 1] = d
-    else:
-        order = np.argsort(etok[lo:hi], kind="mergesort")
-        etok[lo:hi] = etok[lo:hi][order]
-        eto[lo:hi] = eto[lo:hi][order]
 
 
 @njit(cache=True, nogil=True)
@@ -191,7 +172,7 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
             nv = newid[v]
             if d > INLINE and S[b + OVF] != offsets[nv + 1]:
                 return False
-            _sort_row(etok, eto, offsets[nv], offsets[nv + 1])
+            sort_row(etok, eto, offsets[nv], offsets[nv + 1])
     n_docs = doc_starts.shape[0]
     d = 0
     for p in range(n):

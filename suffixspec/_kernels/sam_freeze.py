@@ -101,28 +101,32 @@ def _place_edges(S, E, M, offsets, etok, eto):
 
 
 @njit(cache=True, inline="always")
+def sort_row(etok, eto, lo, hi):
+    """Sort the CSR row lo:hi by token: insertion sort for the usual small degree, argsort for hubs
+    like the root."""
+    if hi - lo <= 16:
+        for a in range(lo + 1, hi):
+            t = etok[a]
+            d = eto[a]
+            b = a - 1
+            while b >= lo and etok[b] > t:
+                etok[b + 1] = etok[b]
+                eto[b + 1] = eto[b]
+                b -= 1
+            etok[b + 1] = t
+            eto[b + 1] = d
+    else:
+        order = np.argsort(etok[lo:hi], kind="mergesort")
+        etok[lo:hi] = etok[lo:hi][order]
+        eto[lo:hi] = eto[lo:hi][order]
+
+
+@njit(cache=True, inline="always")
 def _sort_rows(offsets, etok, eto, n):
     """Sort each of the n states' CSR rows by token."""
     for v in range(n):
-        lo = offsets[v]
-        hi = offsets[v + 1]
-        if hi - lo > 1:
-            # insertion sort for the usual small degree, argsort for hubs like the root
-            if hi - lo <= 16:
-                for a in range(lo + 1, hi):
-                    t = etok[a]
-                    d = eto[a]
-                    b = a - 1
-                    while b >= lo and etok[b] > t:
-                        etok[b + 1] = etok[b]
-                        eto[b + 1] = eto[b]
-                        b -= 1
-                    etok[b + 1] = t
-                    eto[b + 1] = d
-            else:
-                order = np.argsort(etok[lo:hi], kind="mergesort")
-                etok[lo:hi] = etok[lo:hi][order]
-                eto[lo:hi] = eto[lo:hi][order]
+        if offsets[v + 1] - offsets[v] > 1:
+            sort_row(etok, eto, offsets[v], offsets[v + 1])
 
 
 @njit(cache=True)
