@@ -17,8 +17,15 @@ the budget (`ceiling`).
 
 With `--flat-cost` the budget is automatic (or `--budgets auto,16,64`: beside fixed ones) and the cost
 curve a pinned GPU-like one (a pass of k tokens costs 1 + 0.002 (k - 1) one-token steps,
-`learn_cost=False`): the predicted speed-up is then new tokens over the charged
-steps (prefill excluded), with and without the source. Not a timing: counts of tokens and rounds.
+`learn_cost=False`). Two predicted speed-ups over plain decoding, prefill excluded (not timings:
+counts of tokens and passes): `predicted_speedup_pass`, every decode pass charged what the curve says
+for the tokens it feeds, all rows and padding together, as the engine prices it (`PassCharge`),
+against plain decoding of the same outputs in the same batches (`plain_steps`, as if a batch's rows
+started together; the engine may admit them a pass or two apart, and since the outputs are the same
+at every budget, arms compare exactly): the simulated time a GPU whose passes cost that curve would
+take; and `predicted_speedup_flat`, tokens per request-round over the curve at the mean tree size of
+one request, as if each request's tree were its own pass (the older figure: it charges a batch of b
+rows a b-th of what its passes feed, so it favours wide trees the engine rightly prices higher).
 Prints a table, then one JSON line (`--record [PATH]`: also appended to bench/results/recycle.jsonl; runs
 without the Spec-Bench sample to recycle_shipped.jsonl, `--flat-cost` runs to recycle_flat.jsonl).
 """
@@ -41,6 +48,51 @@ SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
 # a GPU-like curve the engine keeps as given (`learn_cost=False`): a pass of k tokens costs
 # 1 + 0.002 (k - 1) one-token steps whatever this CPU measures
 FLAT_CURVE = {k: 1.0 + 0.002 * (k - 1) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
+
+
+def flat_steps(tokens: int) -> float:
+    """What a pass feeding `tokens` costs under `FLAT_CURVE`, in one-token steps."""
+    return 1.0 + 0.002 * (tokens - 1)
+
+
+class PassCharge:
+    """Every decode pass of the engine's rounds, as (rows, tokens fed, padding included), while open.
+
+    It wraps `RoundRunner.verify` (the round's one forward pass) and keeps the rounds whose rows each
+    feed one pending token (a decode round: `RoundBatch.width` 1); a newcomer's first round reads its
+    prompt, and prefill is left out of both sides of the comparison. A round's pass is left-padded
+    to its largest tree, so it feeds rows x (1 + that tree's nodes) tokens."""
+
+    def __init__(self):
+        from suffixspec.engine.round import RoundRunner
+
+        self.passes: list[tuple[int, int]] = []
+        self._cls, self._verify = RoundRunner, RoundRunner.verify
+        charge = self
+
+        def verify(runner, state, rows, batch):
+            if batch.width == 1:
+                charge.passes.append((len(batch), len(batch) * (1 + max(len(t) for t in batch.trees))))
+            return charge._verify(runner, state, rows, batch)
+
+        RoundRunner.verify = verify
+
+    def steps(self) -> float:
+        return sum(flat_steps(tokens) for _, tokens in self.passes)
+
+    def close(self) -> None:
+        self._cls.verify = self._verify
+
+
+def plain_steps(lengths) -> float:
+    """The decode passes of plain decoding for one batch of outputs of `lengths` tokens started
+    together, under `FLAT_CURVE`: the prefill chooses each first token; pass t (t = 2 ..) feeds one
+    token for every output at least t long."""
+    lengths = np.asarray(lengths, np.int64)
+    if not len(lengths):
+        return 0.0
+    alive = (lengths[None, :] >= np.arange(2, int(lengths.max()) + 1)[:, None]).sum(1)
+    return float(sum(flat_steps(int(a)) for a in alive))
 
 
 class NullProposer:
@@ -112,20 +164,26 @@ def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_
         for p in warm[a: a + batch]:
             server.add(p)
         server.run()
-    outputs, rounds, drafted, accepted = [], 0, 0, 0
-    for a in range(0, len(prompts), batch):
-        server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
-        for p in prompts[a: a + batch]:
-            server.add(p)
-        result = server.run()
-        outputs.extend(result.sequences)
-        for rs in result.stats.requests:
-            rounds += rs.rounds
-            drafted += rs.drafted
-            accepted += rs.accepted
+    outputs, rounds, drafted, accepted, plain = [], 0, 0, 0, 0.0
+    charge = PassCharge()
+    try:
+        for a in range(0, len(prompts), batch):
+            server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
+            for p in prompts[a: a + batch]:
+                server.add(p)
+            result = server.run()
+            outputs.extend(result.sequences)
+            plain += plain_steps([len(s) for s in result.sequences])
+            for rs in result.stats.requests:
+                rounds += rs.rounds
+                drafted += rs.drafted
+                accepted += rs.accepted
+    finally:
+        charge.close()
     new = sum(len(o) for o in outputs)
     return {"outputs": outputs, "tokens_per_round": new / max(1, rounds), "rounds": rounds, "new_tokens": new,
-            "drafted": drafted, "accepted": accepted, "table": gen.recycle_table.to_dict() if source != "copy" else None}
+            "drafted": drafted, "accepted": accepted, "table": gen.recycle_table.to_dict() if source != "copy" else None,
+            "passes": len(charge.passes), "pass_steps": charge.steps(), "plain_steps": plain}
 
 
 def chat_prompts(texts, tokenizer, template) -> list[list[int]]:
@@ -185,7 +243,7 @@ def main(argv=None) -> int:
     sources = args.sources.split(",")
     rows, out = [], {}
     print(f"{'set':<10} {'budget':>6} {'source':<8} {'tok/round':>9} {'x copy':>7} {'drafted':>8} {'accepted':>8} "
-          f"{'ceiling':>8}", flush=True)
+          f"{'ceiling':>8}" + (f" {'x pass':>7} {'x row':>7}" if args.flat_cost else ""), flush=True)
     for name, prompts in sets.items():
         for budget in budgets:
             got = {}
@@ -200,15 +258,22 @@ def main(argv=None) -> int:
             base = got.get("copy", {}).get("tokens_per_round")
             for source, g in got.items():
                 ratio = g["tokens_per_round"] / base if base else float("nan")
-                # a GPU-like pass of k tokens costs 1 + 0.002 (k - 1) steps
+                # a GPU-like pass of k tokens costs 1 + 0.002 (k - 1) steps: one request's tree alone ...
                 g["predicted_speedup"] = g["tokens_per_round"] / (1 + 0.002 * g["drafted"] / max(1, g["rounds"]))
+                # ... and every pass as fed, all rows together, against plain decoding of the same batches
+                g["speedup_pass"] = g["plain_steps"] / g["pass_steps"] if g["pass_steps"] else float("nan")
                 print(f"{name:<10} {budget!s:>6} {source:<8} {g['tokens_per_round']:>9.3f} {ratio:>7.3f} "
-                      f"{g['drafted']:>8} {g['accepted']:>8} {ceiling:>8.3f}", flush=True)
+                      f"{g['drafted']:>8} {g['accepted']:>8} {ceiling:>8.3f}"
+                      + (f" {g['speedup_pass']:>7.3f} {g['predicted_speedup']:>7.3f}" if args.flat_cost else ""),
+                      flush=True)
                 rows.append({"set": name, "budget": budget, "source": source, "prompts": len(prompts),
                              "tokens_per_round": round(g["tokens_per_round"], 4), "vs_copy": round(ratio, 4),
                              "rounds": g["rounds"], "new_tokens": g["new_tokens"], "drafted": g["drafted"],
                              "accepted": g["accepted"], "copy_ceiling": round(ceiling, 4), "identical": same,
-                             "predicted_speedup_flat": round(g["predicted_speedup"], 4)})
+                             "predicted_speedup_flat": round(g["predicted_speedup"], 4),
+                             **({"predicted_speedup_pass": round(g["speedup_pass"], 4), "passes": g["passes"],
+                                 "pass_steps": round(g["pass_steps"], 3), "plain_steps": round(g["plain_steps"], 3)}
+                                if args.flat_cost else {})})
                 if g["table"] is not None:
                     out[f"{name}/{budget}/{source}/calibration"] = g["table"]
             if not same:

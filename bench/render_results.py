@@ -351,9 +351,14 @@ def _recycle(r) -> list[str]:
     for row in r.get("rows", []):
         vs = row["vs_copy"]  # NaN where the run had no copy-only setting to compare with
         versus = f"{x(vs)} copy sources alone; " if vs == vs else ""
+        if "predicted_speedup_pass" in row:  # every pass charged as fed, beside the older per-request figure
+            flat = (f"{row['predicted_speedup_pass']:.3f} (every pass as fed), "
+                    f"{row['predicted_speedup_flat']:.3f} (one request's tree alone)")
+        else:
+            flat = f"{row['predicted_speedup_flat']:.2f}"
         out.append(f"{row['set']} ({row['prompts']} prompts), budget {row['budget']}, {row['source']}: "
                    f"{row['tokens_per_round']:.3f} tokens per round ({versus}copy "
-                   f"ceiling {row['copy_ceiling']:.2f}); flat-cost speed-up {row['predicted_speedup_flat']:.2f}; "
+                   f"ceiling {row['copy_ceiling']:.2f}); flat-cost speed-up {flat}; "
                    f"{'identical output' if row['identical'] else 'OUTPUT DIFFERS'}")
     return out
 
