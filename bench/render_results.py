@@ -624,7 +624,8 @@ def _h_recycle(results):
 
 
 def _h_vllm_grid(rows):
-    ours = [m for m in rows if m["method"] == "suffixspec" and m["seqs"] == 8 and m["cap"] == 8 and "x_suffix" in m]
+    ours = [m for m in rows if m["method"] == "suffixspec" and m["seqs"] == 8 and m["cap"] == 8 and "x_suffix" in m
+            and "x_plain" in m]  # a run without plain decoding (suffix against suffixspec only) leaves the older row
     if not ours:
         return None
     ceiling = {m["workload"]: m for m in rows if m["method"] == "clairvoyant" and m["seqs"] == 8 and m["cap"] == 8

@@ -232,6 +232,75 @@ def test_closed_output_is_drafted_for_a_later_request(background):
     assert engine.log[-1][2] == list(range(504, 512))  # drafted from the closed request's output
 
 
+
+@pytest.mark.parametrize("timeout", [None, 64])
+def test_default_timeout_closes_a_finished_request_within_two_steps_for_the_next_to_draft_from(timeout):
+    """One row, requests one after another (vLLM <= 0.33 says nothing when a request finishes): by
+    default the finished request's session closes once unseen for two steps and the next request
+    drafts from its output; a timeout of 64 steps keeps it out of the cache meanwhile."""
+    opts = {} if timeout is None else {"session_timeout_steps": timeout}
+    p = SuffixSpecProposer(config(step_cost=FREE, close_in_background=False, **opts))
+    assert p.timeout == (2 if timeout is None else 64)
+    engine = FakeEngine(p, rows=1)
+    first = Request(0, list(range(1, 30)), list(range(500, 600)))
+    engine.add(first)
+    while not first.done:
+        engine.step()
+    engine.remove(first)
+    second = Request(1, list(range(40, 70)), list(range(500, 600)))
+    engine.add(second)
+    engine.step()  # its prefill samples 500: the first request unseen for one step
+    assert p.stats["sessions_closed"] == 0
+    engine.step()  # drafted nothing, one token more; the first request unseen for two steps
+    closed = timeout is None
+    assert p.stats["sessions_closed"] == int(closed) and p.live_sessions == 2 - int(closed)
+    assert engine.log[-1][2] == (list(range(502, 510)) if closed else [])  # from the first request's output
+
+
+def test_a_request_back_after_its_session_closed_raises_the_default_timeout():
+    """A request left out of steps (pipeline-parallel microbatches, preemption) and back with only the
+    step's sampled tokens added: the first time its session was closed too soon and starts anew,
+    the timeout then outlasts such absences (twice the longest), and later absences keep it."""
+    p = SuffixSpecProposer(config())
+    engine = FakeEngine(p, rows=2)
+    a, b = copy_requests(2, seed=5, answer_len=300)
+    engine.add(a)
+    engine.add(b)
+    for _ in range(3):
+        engine.step()
+    engine.step(skip={a})  # one step away: kept, and the timeout now outlasts it
+    engine.step()
+    assert p.stats["sessions_closed"] == 0 and p.timeout == 4
+    for _ in range(4):
+        engine.step(skip={a})  # four steps away: closed after four
+    assert p.stats["sessions_closed"] == 1
+    engine.step()  # back: a new session over what it holds, and the close is known to be too soon
+    assert p.stats["sessions_started"] == 3 and p.stats["sessions_closed_too_soon"] == 1
+    assert p.timeout == 2 * (4 + 1) == p.stats["session_timeout"]
+    for _ in range(9):
+        engine.step(skip={a})
+    engine.step()
+    assert p.stats["sessions_started"] == 3 and p.stats["sessions_closed"] == 1 and p.timeout == 20
+
+
+def test_a_new_turn_extending_a_closed_conversation_keeps_the_default_timeout():
+    p = SuffixSpecProposer(config(close_in_background=False))
+    engine = FakeEngine(p, rows=1)
+    (first,) = copy_requests(1, seed=7, answer_len=60)
+    engine.add(first)
+    while not first.done:
+        engine.step()
+    engine.remove(first)
+    engine.step()
+    engine.step()
+    assert p.stats["sessions_closed"] == 1
+    turn = Request(1, first.prompt + first.answer + [7, 8, 9], [10, 11, 12, 13] * 5)
+    engine.add(turn)
+    for _ in range(4):
+        engine.step()
+    assert p.timeout == 2 and not p.stats["sessions_closed_too_soon"]
+    assert p.stats["sessions_started"] == 2
+
 def test_empty_sampled_rows_and_rows_at_max_model_len():
     p = SuffixSpecProposer(config(k=8, max_model_len=64, step_cost=FREE))
     tokens = np.zeros((3, 64), np.int32)

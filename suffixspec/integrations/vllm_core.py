@@ -9,9 +9,14 @@ Contract:
   holds that session's head and tail at the same length; otherwise its prefix hashes (additive,
   random per position) are compared with every live session's in one vectorised step and the longest
   session it extends continues, else a new session starts; a session goes to at most one row a step;
-- sessions unseen for `session_timeout_steps` steps, or the least recently seen beyond `max_sessions`,
-  are closed (never on one step's absence; `finish(key)` closes one at once); a closed session's
-  output joins the response cache on a background thread (`close_in_background`; `flush()` waits);
+- sessions unseen for `timeout` steps, or the least recently seen beyond `max_sessions`, are closed
+  (never on one step's absence; `finish(key)` closes one at once); a closed session's output joins
+  the response cache on a background thread (`close_in_background`; `flush()` waits). `timeout` is
+  the `session_timeout_steps` option where given, else it follows the engine: 2 steps (a request
+  gone for two steps has most likely finished, and its output then serves the requests after it),
+  raised to twice the longest absence a request was seen to come back from (a session, live or
+  closed on a timeout, reappearing with no more than the step's sampled tokens added: a new turn
+  extending a conversation adds more), at most `MAX_TIMEOUT_STEPS`;
 - memory is bounded by `max_sessions` sessions of at most `max_session_tokens` tokens, the cache's
   `cache_tokens` and one hash table of `max_model_len` entries;
 - each step is one `Proposer.propose_batch` call, then one linear draft per row chosen over the whole
@@ -35,6 +40,8 @@ from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_path
 from .vllm_options import VllmSetup
 
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
+MAX_TIMEOUT_STEPS = 64  # the adaptive session timeout's ceiling
+RECENT_CLOSED = 64  # sessions closed on a timeout remembered, to notice a request coming back
 
 _M64 = np.uint64
 log = logging.getLogger(__name__)
@@ -116,7 +123,9 @@ class DraftCore:
         self.vocab_size = setup.vocab_size
         self.options = opts
         self.max_sessions = int(opts.get("max_sessions", max(256, 4 * setup.max_num_seqs)))
-        self.timeout_steps = int(opts.get("session_timeout_steps", 64))
+        given = opts.get("session_timeout_steps")
+        self.adaptive_timeout = given is None
+        self.timeout_steps = MAX_TIMEOUT_STEPS if given is None else int(given)  # the fixed timeout, or the ceiling
         if self.max_sessions < 1:
             raise BadInputError(f"max_sessions: expected a positive integer, got {self.max_sessions}", param="max_sessions")
         if self.timeout_steps < 2:
@@ -191,6 +200,19 @@ class DraftCore:
     def live_sessions(self) -> int:
         return len(self._lru)
 
+    @property
+    def timeout(self) -> int:
+        """Steps a session may go unseen before it is closed (the module docstring says how it is set)."""
+        if not self.adaptive_timeout:
+            return self.timeout_steps
+        return min(self.timeout_steps, max(2, 2 * (self._longest_absence + 1)))
+
+    def _came_back(self, absent: int) -> None:
+        """A request came back after `absent` steps away: the timeout must outlast such absences."""
+        if absent > self._longest_absence:
+            self._longest_absence = absent
+            self.stats["session_timeout"] = self.timeout
+
     def forget(self, key) -> None:
         """The engine put a new request at `key`: the session it held there is no longer there (it
         stays live: a preempted request resumes elsewhere and is found by content)."""
@@ -229,6 +251,9 @@ class DraftCore:
         self._ended_step = 0
         self._rng = np.random.default_rng(0x5AFF15)
         self._rand = np.zeros(0, _M64)
+        self._longest_absence = 0  # steps: the longest absence a request was seen to come back from
+        # sessions closed on a timeout, newest last: length, hash of their tokens, last step seen
+        self._closed: collections.deque = collections.deque(maxlen=RECENT_CLOSED)
 
     def _weights(self, n: int) -> np.ndarray:
         """R[0:n] of the hash, grown by appending (stored hashes stay valid)."""
@@ -259,10 +284,7 @@ class DraftCore:
         cand = np.flatnonzero((lens > 0) & (lens <= n))
         if cand.shape[0] == 0:
             return None
-        prefix = np.empty(n + 1, _M64)
-        prefix[0] = 0
-        w = self._weights(n)[:n]
-        np.cumsum((row[:n].astype(_M64) + _M64(1)) * w, out=prefix[1:])
+        prefix = self._prefix_hashes(row, n)
         hit = cand[prefix[lens[cand]] == self._slot_hash[cand]]
         best = None
         for slot in hit[np.argsort(-lens[hit], kind="stable")].tolist():
@@ -272,6 +294,28 @@ class DraftCore:
                     best = t
                     break
         return best
+
+    def _prefix_hashes(self, row: np.ndarray, n: int) -> np.ndarray:
+        """uint64[n + 1]: [i] is the hash of row[:i]."""
+        prefix = np.empty(n + 1, _M64)
+        prefix[0] = 0
+        w = self._weights(n)[:n]
+        np.cumsum((row[:n].astype(_M64) + _M64(1)) * w, out=prefix[1:])
+        return prefix
+
+    def _closed_too_soon(self, row: np.ndarray, n: int, m: int) -> None:
+        """A new row of `m` sampled tokens: when it holds a session closed on a timeout plus no more than
+        those tokens, that request came back (a new turn extending a conversation adds more)."""
+        if not self._closed:
+            return
+        prefix = self._prefix_hashes(row, n)
+        for i in range(len(self._closed) - 1, -1, -1):
+            length, h, last = self._closed[i]
+            if n - m <= length <= n and prefix[length] == h:
+                del self._closed[i]
+                self.stats["sessions_closed_too_soon"] += 1
+                self._came_back(self._step - last - 1)
+                return
 
     def _start(self, row: np.ndarray, n: int, m: int) -> _Tracked:
         if not self._free:
@@ -326,8 +370,10 @@ class DraftCore:
         while self._lru:
             slot = next(iter(self._lru))
             t = self._slots[slot]
-            if step - t.last_step < self.timeout_steps:
+            if step - t.last_step < self.timeout:
                 break
+            if self.adaptive_timeout:
+                self._closed.append((t.length, self._slot_hash[slot], t.last_step))
             self._close(t)
 
 
@@ -342,8 +388,12 @@ class DraftCore:
             t = self._find(row, n, taken)
             if t is None:
                 how = "started"
+                if self.adaptive_timeout:
+                    self._closed_too_soon(row, n, m)
                 t = self._start(row, n, m)
         self.stats["sessions_" + how] += how != "continued"
+        if how != "started" and t.last_step < self._step - 1 and n - t.length <= m:
+            self._came_back(self._step - t.last_step - 1)  # away, and back with no more than this step's tokens
         if n > t.length:
             self._extend(t, row, n)
         if t.key is not None and t.key != key and self._by_key.get(t.key) is t:

@@ -37,7 +37,8 @@ ADAPTER_OPTIONS = {
     "corpus": Option((str, list, tuple), "corpus index path(s), opened memory-mapped", None),
     "filter": Option((dict,), "document tags every session's corpus queries are restricted to", None),
     "max_sessions": Option((int,), "live sessions kept", "max(256, 4 * max_num_seqs)"),
-    "session_timeout_steps": Option((int,), "close a session not seen for this many steps (>= 2)", 64),
+    "session_timeout_steps": Option((int,), "close a session not seen for this many steps (>= 2)",
+                                    "2, raised to twice the longest absence a request came back from (at most 64)"),
     "step_cost": Option((list, tuple), "[[tokens, cost], ...] relative cost of a step verifying that many tokens "
                         "(overrides the cost measured online)", "measured online per batch size, from a conservative prior"),
     "close_in_background": Option((bool,), "close sessions (their output joins the cache) on a worker thread", True),
