@@ -20,6 +20,8 @@ from suffixspec._kernels.frozen import COUNT_ESCAPED, LEN_SATURATED
 from suffixspec.corpus import format as F
 from suffixspec.corpus import shards as C
 
+from support.implicit import link_target_max_len
+
 
 def _flat(docs):
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
@@ -118,7 +120,7 @@ def _reference_shard_arrays(docs):
                           cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids)
     n_stored, m, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, P, starts, ids, np.empty(ns, np.uint8),
                                                             COUNT_ESCAPED))
-    lens_wide = int(cbk.link_target_max_len(S, M)) >= LEN_SATURATED
+    lens_wide = link_target_max_len(S, M, sk.LINK, sk.LEN) >= LEN_SATURATED
     a = {"links": np.empty(n_stored, np.int32), "lens": np.empty(n_stored, np.int32 if lens_wide else np.uint16),
          "counts": np.empty(n_stored, np.uint16), "count_escapes": np.empty(2 * n_big, np.int32),
          "lasts": np.empty(n_stored, np.int32), "offsets": np.empty(n_stored + 1, np.int32),
@@ -174,7 +176,7 @@ def test_freeze_refuses_rows_that_disagree():
         assert cbk.count_ends(bfk.link_column(ra.S, ns), bfk.len_column(ra.S, ns), P, W[:, 0], W[:, 1], W, ids)
         n_stored, m, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(ra.S, ra.M, tokens, P, starts, W[:, 0], ids,
                                                                      np.empty(ns, np.uint8), COUNT_ESCAPED))
-        assert link_len == bfk.link_target_max_len_rows(ra.S, ra.M)
+        assert link_len == link_target_max_len(ra.S2, ra.M, bsk.LINK, bsk.LEN)
         out = [np.empty(n_stored + 1, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)]
         out += [np.empty(n_stored, np.int32) for _ in range(4)] + [np.empty(len(tokens), np.int32)]
         big = np.empty(2 * n_big + (2 if mutate == "big" else 0), np.int32)

@@ -9,7 +9,6 @@ each state's count and last end (`corpus_build.count_ends` over the rows' LINK a
 - `implicit_ids_rows`: which states are implicit, every state's id in the frozen layout.
 - `freeze_rows_into`: the stored states' columns and CSR edges (sorted by token, targets
   renumbered) and `plink`, into given arrays (views of the shard file being written).
-- `link_target_max_len_rows`: the greatest length of a state that is some state's suffix link.
 """
 
 import numpy as np
@@ -34,24 +33,11 @@ def len_column(S: np.ndarray, n_states: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def link_target_max_len_rows(S, M):
-    """`corpus_build.link_target_max_len` over rows: the only lengths a query reads."""
-    best = 0
-    for v in range(1, M[N_STATES]):
-        p = S[v * ROW + LINK]
-        if p > 0:
-            ln = S[p * ROW + LEN]
-            if ln > best:
-                best = ln
-    return best
-
-
-@njit(cache=True, nogil=True)
 def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, count_cap):
     """`sam_freeze.implicit_ids` over rows (`counts` int32[N_STATES]: every state's count): into
     `newid` int32[>= N_STATES] every state's frozen id (`haskid` uint8[>= N_STATES] is scratch);
     returns (n_stored, stored edges, stored states counted `count_cap` times or more, the greatest
-    length of a state that is some state's suffix link: `link_target_max_len_rows`)."""
+    length of a state that is some state's suffix link: the only lengths a query reads)."""
     ns = M[N_STATES]
     n = pstate.shape[0]
     for v in range(ns):

@@ -26,7 +26,6 @@ from numba.extending import intrinsic
 
 from .address import borrowed
 from .frozen import CORRUPT, HOLE, count_of, implicit_link, transition
-from .sam import LEN, LINK, N_STATES
 
 PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
 # scratch rows of `count_ends` (int32[n_states, >= W_COLS]): own then subtree count, last end
@@ -56,18 +55,6 @@ def _prefetch(typingctx, arr, i):
         return context.get_dummy_value()
 
     return types.void(arr, i), codegen
-
-
-@njit(cache=True, nogil=True)
-def link_target_max_len(S, M):
-    """The greatest length of a state that is some state's suffix link (of the growable layout,
-    sam.py): the only lengths a query reads (a corpus shard stores the others saturated)."""
-    best = 0
-    for v in range(1, M[N_STATES]):
-        p = S[v, LINK]
-        if p > 0 and S[p, LEN] > best:
-            best = S[p, LEN]
-    return best
 
 
 @njit(cache=True, nogil=True)
