@@ -14,7 +14,7 @@ each state's count and last end (`corpus_build.count_ends` over the rows' LINK a
 import numpy as np
 from numba import njit
 
-from .address import prefetch
+from .address import borrowed, prefetch
 from .bulk_sam import DEG, EDGE0, INLINE, LEN, LINK, N_EDGES, N_STATES, O_SRC, O_TO, O_TOK, OVF, ROW
 from .frozen import HOLE
 from .sam_freeze import sort_row
@@ -38,6 +38,9 @@ def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, c
     `newid` int32[>= N_STATES] every state's frozen id (`haskid` uint8[>= N_STATES] is scratch);
     returns (n_stored, stored edges, stored states counted `count_cap` times or more, the greatest
     length of a state that is some state's suffix link: the only lengths a query reads)."""
+    S, M, tokens, pstate, doc_starts, counts, newid, haskid = (  # the caller holds them (see `borrowed`)
+        borrowed(S), borrowed(M), borrowed(tokens), borrowed(pstate), borrowed(doc_starts), borrowed(counts),
+        borrowed(newid), borrowed(haskid))
     ns = M[N_STATES]
     n = pstate.shape[0]
     for v in range(ns):
@@ -91,6 +94,13 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
     renumbered, and `plink`, into given arrays. Spends the rows: OVF becomes a placement cursor.
     False when a suffix link is not a stored state, the edges do not fill their rows or the
     escapes do not fill `big`."""
+    # views without reference counts (the caller holds the arrays): inlined helpers take arrays
+    S, O, R0, M, newid, counts_in, lasts_in, pstate, doc_starts = (
+        borrowed(S), borrowed(O), borrowed(R0), borrowed(M), borrowed(newid), borrowed(counts_in), borrowed(lasts_in),
+        borrowed(pstate), borrowed(doc_starts))
+    offsets, etok, eto, links, lens, counts, lasts, plink, big = (
+        borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(links), borrowed(lens), borrowed(counts),
+        borrowed(lasts), borrowed(plink), borrowed(big))
     ns = M[N_STATES]
     n = pstate.shape[0]
     n_big = 0

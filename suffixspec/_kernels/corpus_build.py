@@ -89,6 +89,9 @@ def count_ends(links, lens, pstate, counts, lasts, W, order):
     W_COLS] and `order` int32[>= n_states] are scratch (e.g. the spent builder's memory, already
     mapped). False when the counts disagree with the suffix links (an automaton that does not
     describe its tokens)."""
+    # views without reference counts (the caller holds the arrays)
+    links, lens, pstate, counts, lasts, W, order = (borrowed(links), borrowed(lens), borrowed(pstate), borrowed(counts),
+                                                    borrowed(lasts), borrowed(W), borrowed(order))
     ns = links.shape[0]
     n = pstate.shape[0]
     ahead = PREFETCH_AHEAD
