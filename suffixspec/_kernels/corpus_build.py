@@ -92,8 +92,9 @@ def count_ends(links, lens, pstate, counts, lasts, W):
     Subtree sums in one sweep of the states by decreasing id, in any link tree: a state's sums go
     to its suffix link's row; when that state has a greater id (an automaton's clone, made after the
     states it splits) its own sums have gone up already, so the child's are carried on through such
-    ancestors to the first one of smaller id, which has yet to pass its sums on. The rows read in
-    order; the parents' rows, scattered, are prefetched PREFETCH_AHEAD steps ahead."""
+    ancestors to the first one of smaller id, which has yet to pass its sums on (in an automaton's
+    tree about one such step per state: the clones made after it above each state). The rows read
+    in order; the parents' rows, scattered, are prefetched PREFETCH_AHEAD steps ahead."""
     # views without reference counts (the caller holds the arrays)
     links, lens, pstate, counts, lasts, W = (borrowed(links), borrowed(lens), borrowed(pstate), borrowed(counts),
                                              borrowed(lasts), borrowed(W))
