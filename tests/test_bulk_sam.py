@@ -20,6 +20,8 @@ from suffixspec._kernels.frozen import COUNT_ESCAPED, LEN_SATURATED
 from suffixspec.corpus import format as F
 from suffixspec.corpus import shards as C
 
+from support.implicit import link_target_max_len
+
 
 def _flat(docs):
     tokens = np.concatenate([np.asarray(d, np.int32) for d in docs])
@@ -115,10 +117,10 @@ def _reference_shard_arrays(docs):
     cols = S[:ns]
     ids = np.empty(ns, np.int32)
     assert cbk.count_ends(cols[:, sk.LINK], cols[:, sk.LEN], P, cols[:, sk.CNT], cols[:, sk.LAST],
-                          cols[:, sk.CNT : sk.CNT + cbk.W_COLS], ids)
+                          cols[:, sk.CNT : sk.CNT + cbk.W_COLS])
     n_stored, m, n_big = (int(x) for x in sfk.implicit_ids(S, E, M, tokens, P, starts, ids, np.empty(ns, np.uint8),
                                                             COUNT_ESCAPED))
-    lens_wide = int(cbk.link_target_max_len(S, M)) >= LEN_SATURATED
+    lens_wide = link_target_max_len(S, M, sk.LINK, sk.LEN) >= LEN_SATURATED
     a = {"links": np.empty(n_stored, np.int32), "lens": np.empty(n_stored, np.int32 if lens_wide else np.uint16),
          "counts": np.empty(n_stored, np.uint16), "count_escapes": np.empty(2 * n_big, np.int32),
          "lasts": np.empty(n_stored, np.int32), "offsets": np.empty(n_stored + 1, np.int32),
@@ -171,10 +173,10 @@ def test_freeze_refuses_rows_that_disagree():
         ns = ra.n_states
         W = np.empty((ns, cbk.W_COLS), np.int32)
         ids = np.empty(ns, np.int32)
-        assert cbk.count_ends(bfk.link_column(ra.S, ns), bfk.len_column(ra.S, ns), P, W[:, 0], W[:, 1], W, ids)
+        assert cbk.count_ends(bfk.link_column(ra.S, ns), bfk.len_column(ra.S, ns), P, W[:, 0], W[:, 1], W)
         n_stored, m, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(ra.S, ra.M, tokens, P, starts, W[:, 0], ids,
                                                                      np.empty(ns, np.uint8), COUNT_ESCAPED))
-        assert link_len == bfk.link_target_max_len_rows(ra.S, ra.M)
+        assert link_len == link_target_max_len(ra.S2, ra.M, bsk.LINK, bsk.LEN)
         out = [np.empty(n_stored + 1, np.int32), np.empty(m, np.int32), np.empty(m, np.int32)]
         out += [np.empty(n_stored, np.int32) for _ in range(4)] + [np.empty(len(tokens), np.int32)]
         big = np.empty(2 * n_big + (2 if mutate == "big" else 0), np.int32)
@@ -212,3 +214,44 @@ def test_rows_of_no_tokens_and_an_index_with_empty_documents(tmp_path):
         for q in (d[:3], d[-2:], d[1:5]):
             if len(q):
                 assert ix.count(q) == sa.count(q)
+
+
+def _brute_counts(links, pstate):
+    """counts and last ends by walking every position's suffix-link chain."""
+    counts, lasts = np.zeros(len(links), np.int64), np.full(len(links), -1, np.int64)
+    for p, v in enumerate(pstate.tolist()):
+        while v != -1:
+            counts[v] += 1
+            lasts[v] = max(lasts[v], p)
+            v = int(links[v])
+    return counts, lasts
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_count_ends_any_link_tree(seed):
+    """count_ends on random link trees whose parents are as often numbered after their children as
+    before (chains of them: a clone's case), against a walk of every chain; a cycle, a self-link
+    and a link out of range are refused."""
+    rng = np.random.default_rng(seed)
+    ns = int(rng.integers(2, 400))
+    perm = np.concatenate([[0], 1 + rng.permutation(ns - 1)])  # tree order -> state id, the root stays 0
+    links = np.full(ns, -1, np.int32)
+    for i in range(1, ns):
+        links[perm[i]] = perm[int(rng.integers(max(0, i - 5) if seed % 2 else 0, i))]
+    lens = np.zeros(ns, np.int32)
+    lens[1:] = 1
+    pstate = rng.integers(0, ns, int(rng.integers(1, 3 * ns))).astype(np.int32)
+    W = np.full((ns, cbk.W_COLS), 9, np.int32)
+    counts, lasts = np.empty(ns, np.int32), np.empty(ns, np.int32)
+    assert cbk.count_ends(links, lens, pstate, counts, lasts, W)
+    want_c, want_l = _brute_counts(links, pstate)
+    assert np.array_equal(counts, want_c) and np.array_equal(lasts, want_l)
+    assert cbk.count_ends(links, lens, pstate, W[:, 0], W[:, 1], W)  # the outputs as the scratch's columns
+    assert np.array_equal(W[:, 0], want_c) and np.array_equal(W[:, 1], want_l)
+    if ns >= 4:
+        a, b = 1 + rng.choice(ns - 1, 2, replace=False)
+        for bad in ({a: b, b: a}, {a: a}, {a: ns}, {a: -1}):
+            broken = links.copy()
+            for k, v in bad.items():
+                broken[k] = v
+            assert not cbk.count_ends(broken, lens, pstate, counts, lasts, W), bad

@@ -836,9 +836,8 @@ def _bulk_frozen(docs):
     # the recorded prefix states are those of a walk of the frozen automaton
     assert np.array_equal(P, cbk.prefix_states(out["offsets"], out["etok"], out["eto"], tokens, np.empty(0, np.int32),
                                                starts))
-    scratch = (np.empty((ns, 4), np.int32), np.empty(ns, np.int32))
     assert cbk.build_occurrences(out["links"], out["lens"], P, out["counts"], out["lasts"], np.empty(len(tokens), np.int32),
-                                 np.empty(ns, np.int32), *scratch)
+                                 np.empty(ns, np.int32), np.empty((ns, 4), np.int32))
     return out, P
 
 
@@ -857,17 +856,17 @@ def _assert_bulk_equals_automaton(docs):
     occ, occ_start = naive.occurrence_layout(fa.links, pstate)
     ns, n = fa.n_states, len(fa)
     got = [np.empty(ns, np.int32), np.empty(ns, np.int32), np.empty(n, np.int32), np.empty(ns, np.int32)]
-    scratch = (np.full((ns, 4), 7, np.int32), np.full(ns, 7, np.int32))
-    assert cbk.build_occurrences(fa.links, fa.lens, pstate, *got, *scratch)
+    scratch = np.full((ns, 4), 7, np.int32)
+    assert cbk.build_occurrences(fa.links, fa.lens, pstate, *got, scratch)
     for a, b in zip(got, (fa.counts, fa.lasts, occ, occ_start)):
         assert np.array_equal(a, np.asarray(b, np.int32))
     bad = pstate.copy()
     bad[len(bad) // 2] = ns  # no such state
-    assert not cbk.build_occurrences(fa.links, fa.lens, bad, *got, *scratch)
+    assert not cbk.build_occurrences(fa.links, fa.lens, bad, *got, scratch)
     bad_links = fa.links.copy()
     bad_links[1] = 1  # a state its own suffix link
-    assert not cbk.build_occurrences(bad_links, fa.lens, pstate, *got, *scratch)
-    assert not cbk.build_occurrences(fa.links, fa.lens, pstate, *got, scratch[0][:-1], scratch[1])  # scratch too small
+    assert not cbk.build_occurrences(bad_links, fa.lens, pstate, *got, scratch)
+    assert not cbk.build_occurrences(fa.links, fa.lens, pstate, *got, scratch[:-1])  # scratch too small
 
 
 def _real_docs():

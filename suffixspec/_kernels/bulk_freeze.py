@@ -9,13 +9,12 @@ each state's count and last end (`corpus_build.count_ends` over the rows' LINK a
 - `implicit_ids_rows`: which states are implicit, every state's id in the frozen layout.
 - `freeze_rows_into`: the stored states' columns and CSR edges (sorted by token, targets
   renumbered) and `plink`, into given arrays (views of the shard file being written).
-- `link_target_max_len_rows`: the greatest length of a state that is some state's suffix link.
 """
 
 import numpy as np
 from numba import njit
 
-from .address import prefetch
+from .address import borrowed, prefetch
 from .bulk_sam import DEG, EDGE0, INLINE, LEN, LINK, N_EDGES, N_STATES, O_SRC, O_TO, O_TOK, OVF, ROW
 from .frozen import HOLE
 from .sam_freeze import sort_row
@@ -34,24 +33,14 @@ def len_column(S: np.ndarray, n_states: int) -> np.ndarray:
 
 
 @njit(cache=True, nogil=True)
-def link_target_max_len_rows(S, M):
-    """`corpus_build.link_target_max_len` over rows: the only lengths a query reads."""
-    best = 0
-    for v in range(1, M[N_STATES]):
-        p = S[v * ROW + LINK]
-        if p > 0:
-            ln = S[p * ROW + LEN]
-            if ln > best:
-                best = ln
-    return best
-
-
-@njit(cache=True, nogil=True)
 def implicit_ids_rows(S, M, tokens, pstate, doc_starts, counts, newid, haskid, count_cap):
     """`sam_freeze.implicit_ids` over rows (`counts` int32[N_STATES]: every state's count): into
     `newid` int32[>= N_STATES] every state's frozen id (`haskid` uint8[>= N_STATES] is scratch);
     returns (n_stored, stored edges, stored states counted `count_cap` times or more, the greatest
-    length of a state that is some state's suffix link: `link_target_max_len_rows`)."""
+    length of a state that is some state's suffix link: the only lengths a query reads)."""
+    S, M, tokens, pstate, doc_starts, counts, newid, haskid = (  # the caller holds them (see `borrowed`)
+        borrowed(S), borrowed(M), borrowed(tokens), borrowed(pstate), borrowed(doc_starts), borrowed(counts),
+        borrowed(newid), borrowed(haskid))
     ns = M[N_STATES]
     n = pstate.shape[0]
     for v in range(ns):
@@ -102,14 +91,22 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
     """`sam_freeze.freeze_implicit_into` over rows (`counts_in`, `lasts_in` int32[N_STATES]: every
     state's count and last end): the stored states' LINK, LEN (capped at `len_cap`), CNT (escapes
     from `count_cap` on, into `big`) and LAST columns, their CSR edges sorted by token with targets
-    renumbered, and `plink`, into given arrays. Spends the rows: OVF becomes a placement cursor.
-    False when a suffix link is not a stored state, the edges do not fill their rows or the
-    escapes do not fill `big`."""
+    renumbered, and `plink`, into given arrays. Spends the rows: OVF becomes a placement cursor
+    and DEG the row's end. False when a suffix link is not a stored state, the edges do not fill
+    their rows or the escapes do not fill `big`."""
+    # views without reference counts (the caller holds the arrays): inlined helpers take arrays
+    S, O, R0, M, newid, counts_in, lasts_in, pstate, doc_starts = (
+        borrowed(S), borrowed(O), borrowed(R0), borrowed(M), borrowed(newid), borrowed(counts_in), borrowed(lasts_in),
+        borrowed(pstate), borrowed(doc_starts))
+    offsets, etok, eto, links, lens, counts, lasts, plink, big = (
+        borrowed(offsets), borrowed(etok), borrowed(eto), borrowed(links), borrowed(lens), borrowed(counts),
+        borrowed(lasts), borrowed(plink), borrowed(big))
     ns = M[N_STATES]
     n = pstate.shape[0]
     n_big = 0
     offsets[0] = 0
     k = 0
+    n_over = 0  # overflow edges the stored states' rows have room for
     # states in order: columns, offsets, inline edges (the root's from R0, in token order)
     for v in range(ns):
         if v + AHEAD < ns:  # the ids of a later row's link and inline targets: scattered reads
@@ -151,27 +148,32 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
                 etok[k + i] = S[b + EDGE0 + 2 * i]
                 eto[k + i] = newid[S[b + EDGE0 + 2 * i + 1]]
             S[b + OVF] = k + INLINE
+            S[b + DEG] = k + d
+            if d > INLINE:
+                n_over += d - INLINE
             k += d
         offsets[nv + 1] = k
     if 2 * n_big != big.shape[0] or k != etok.shape[0]:
         return False
-    # overflow edges in table order (independent scattered reads), each after its state's inline ones
+    # overflow edges in table order (independent scattered reads), each after its state's inline
+    # ones; no row takes more than its room, so that all of them fill every row
+    placed = 0
     for i in range(O.shape[0]):
         s = O[i, O_SRC]
         if s == -1 or newid[s] >= n_stored:
             continue
         b = s * ROW
         j = S[b + OVF]
+        if j < INLINE or j >= S[b + DEG]:  # (a dense root's row has no cursor: it takes none)
+            return False
         etok[j] = O[i, O_TOK]
         eto[j] = newid[O[i, O_TO]]
         S[b + OVF] = j + 1
-    for v in range(1 if R0.shape[0] > 0 else 0, ns):  # (a dense root's row is in order already)
-        b = v * ROW
-        d = S[b + DEG]
-        if d > 1 and newid[v] < n_stored:
-            nv = newid[v]
-            if d > INLINE and S[b + OVF] != offsets[nv + 1]:
-                return False
+        placed += 1
+    if placed != n_over:
+        return False
+    for nv in range(1 if R0.shape[0] > 0 else 0, n_stored):  # (a dense root's row is in order already)
+        if offsets[nv + 1] - offsets[nv] > 1:
             sort_row(etok, eto, offsets[nv], offsets[nv + 1])
     n_docs = doc_starts.shape[0]
     d = 0

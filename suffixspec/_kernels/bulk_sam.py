@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 from numba import njit
 
-from .address import prefetch_address
+from .address import borrowed, keep_alive, prefetch_address
 
 LINK, LEN, DEG, OVF = 0, 1, 2, 3
 EDGE0 = 4  # inline edge i: token at EDGE0 + 2 i, target at EDGE0 + 2 i + 1
@@ -171,7 +171,8 @@ def _init(S, v, length, link):
 @njit(cache=True, nogil=True)
 def rehash(S, O, size):
     """O's edges in a new table of `size` slots (a power of two), the overflow lists rebuilt."""
-    out = np.full((size, O_COLS), -1, np.int32)
+    table = np.full((size, O_COLS), -1, np.int32)
+    S, O, out = borrowed(S), borrowed(O), borrowed(table)
     for i in range(O.shape[0]):
         s = O[i, O_SRC]
         if s != -1:
@@ -181,7 +182,8 @@ def rehash(S, O, size):
         if s != -1:
             b = s * ROW
             S[b + OVF] = _insert(out, s, O[i, O_TOK], O[i, O_TO], S[b + OVF])
-    return out
+    keep_alive(table)
+    return table
 
 
 @njit(cache=True, nogil=True)
@@ -189,6 +191,9 @@ def _run(S, O, R0, M, tokens, starts, P):
     """Add tokens from position M[N_TOKENS] on (documents restart at the root at `starts`) while
     the arrays have room: (DONE, 0), or (GROW_O, edges O must take for the next token) or
     (GROW_S, 2) with nothing of that token applied."""
+    # views without reference counts (the caller holds the arrays): the inlined helpers take arrays
+    S, O, R0, M, tokens, starts, P = (borrowed(S), borrowed(O), borrowed(R0), borrowed(M), borrowed(tokens),
+                                      borrowed(starts), borrowed(P))
     n = tokens.shape[0]
     ns = M[N_STATES]
     ne = M[N_EDGES]

@@ -26,7 +26,6 @@ from numba.extending import intrinsic
 
 from .address import borrowed
 from .frozen import CORRUPT, HOLE, count_of, implicit_link, transition
-from .sam import LEN, LINK, N_STATES
 
 PREFETCH_AHEAD = 32  # loop steps between a prefetch and the use of what it fetches
 # scratch rows of `count_ends` (int32[n_states, >= W_COLS]): own then subtree count, last end
@@ -59,18 +58,6 @@ def _prefetch(typingctx, arr, i):
 
 
 @njit(cache=True, nogil=True)
-def link_target_max_len(S, M):
-    """The greatest length of a state that is some state's suffix link (of the growable layout,
-    sam.py): the only lengths a query reads (a corpus shard stores the others saturated)."""
-    best = 0
-    for v in range(1, M[N_STATES]):
-        p = S[v, LINK]
-        if p > 0 and S[p, LEN] > best:
-            best = S[p, LEN]
-    return best
-
-
-@njit(cache=True, nogil=True)
 def prefix_states(offsets, etok, eto, tokens, plink, doc_starts):
     """State of each position's whole document prefix (-2 for a damaged automaton); `plink`: the
     implicit states' links (frozen.py), empty for none."""
@@ -94,18 +81,29 @@ def prefix_states(offsets, etok, eto, tokens, plink, doc_starts):
 
 
 @njit(cache=True)
-def count_ends(links, lens, pstate, counts, lasts, W, order):
+def count_ends(links, lens, pstate, counts, lasts, W):
     """counts, lasts int32[n_states] of an automaton from `pstate` (the state of each position's
     whole document prefix): counts[v], the positions whose prefix state is v or below it in the
-    suffix-link tree; lasts[v], the greatest of them (-1: none). Scattered accesses each touch one
-    8-byte scratch row per state, prefetched PREFETCH_AHEAD steps ahead. `W` int32[>= n_states,
-    W_COLS] and `order` int32[>= n_states] are scratch (e.g. the spent builder's memory, already
-    mapped). False when the counts disagree with the suffix links (an automaton that does not
-    describe its tokens)."""
+    suffix-link tree; lasts[v], the greatest of them (-1: none). `W` int32[>= n_states, W_COLS] is
+    scratch (one 8-byte row per state; `counts` and `lasts` may be its columns). False when the
+    counts disagree with the suffix links (an automaton that does not describe its tokens: a link
+    out of range or in a cycle, a state out of range in `pstate`).
+
+    Subtree sums in one sweep of the states by decreasing id, in any link tree: a state's sums go
+    to its suffix link's row; when that state has a greater id (an automaton's clone, made after the
+    states it splits) its own sums have gone up already, so the child's are carried on through such
+    ancestors to the first one of smaller id, which has yet to pass its sums on (in an automaton's
+    tree about one such step per state: the clones made after it above each state). The rows read
+    in order; the parents' rows, scattered, are prefetched PREFETCH_AHEAD steps ahead."""
+    # views without reference counts (the caller holds the arrays)
+    links, lens, pstate, counts, lasts, W = (borrowed(links), borrowed(lens), borrowed(pstate), borrowed(counts),
+                                             borrowed(lasts), borrowed(W))
     ns = links.shape[0]
     n = pstate.shape[0]
     ahead = PREFETCH_AHEAD
-    if W.shape[0] < ns or W.shape[1] < W_COLS or order.shape[0] < ns:
+    if W.shape[0] < ns or W.shape[1] < W_COLS or lens.shape[0] < ns:
+        return False
+    if not (ns > 0 and links[0] == -1 and lens[0] == 0):
         return False
     for v in range(ns):
         W[v, W_CNT] = 0
@@ -116,35 +114,25 @@ def count_ends(links, lens, pstate, counts, lasts, W, order):
             return False
         W[st, W_CNT] += 1
         W[st, W_LAST] = p
-    if not (ns > 0 and links[0] == -1 and lens[0] == 0):
-        return False
-    max_len = 0
-    for v in range(ns):
-        if lens[v] > max_len:
-            max_len = lens[v]
-        if lens[v] < 0 or (v > 0 and (links[v] < 0 or links[v] >= ns)):
-            return False
-    # subtree sums deepest first (counting sort by length): a state's sums are final before its parent reads them
-    bucket = np.zeros(max_len + 2, np.int64)
-    for v in range(ns):
-        bucket[lens[v] + 1] += 1
-    for i in range(1, max_len + 2):
-        bucket[i] += bucket[i - 1]
-    for v in range(ns):
-        ln = lens[v]
-        order[bucket[ln]] = v
-        bucket[ln] += 1
-    for k in range(ns - 1, 0, -1):
-        if k >= 2 * ahead:
-            u = order[k - 2 * ahead]
-            _prefetch(links, u)
-            _prefetch(W, u)
-            _prefetch(W, links[order[k - ahead]])
-        v = order[k]
+    for v in range(ns - 1, 0, -1):
+        if v > ahead:
+            u = links[v - ahead]
+            if 0 <= u < ns:
+                _prefetch(W, u)
         p = links[v]
-        W[p, W_CNT] += W[v, W_CNT]
-        if W[v, W_LAST] > W[p, W_LAST]:
-            W[p, W_LAST] = W[v, W_LAST]
+        if p < 0 or p >= ns or p == v or lens[v] < 0:
+            return False
+        c = W[v, W_CNT]
+        last = W[v, W_LAST]
+        while True:
+            W[p, W_CNT] += c
+            if last > W[p, W_LAST]:
+                W[p, W_LAST] = last
+            if p < v:  # not swept yet: it passes v's sums on with its own
+                break
+            p = links[p]
+            if p == v or p < 0:  # a cycle of suffix links (found at its least state), or the root's link
+                return False
     if W[0, W_CNT] != n:
         return False
     for v in range(ns):
@@ -328,9 +316,9 @@ def place_occurrences_frozen(links, counts, big, plink, pstate, occ, occ_start, 
 
 
 @njit(cache=True)
-def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W, order):
+def build_occurrences(links, lens, pstate, counts, lasts, occ, occ_start, W):
     """`count_ends` then `place_occurrences` (the counts, last ends and occurrence layout in one
     call); False when either finds the arrays inconsistent."""
-    if not count_ends(links, lens, pstate, counts, lasts, W, order):
+    if not count_ends(links, lens, pstate, counts, lasts, W):
         return False
     return place_occurrences(links, counts, pstate, occ, occ_start, W)

@@ -79,14 +79,13 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     clock.lap("automaton")
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
     # counts and last ends from the prefix states (the occurrence layout is the reader's, see
-    # snapshot.Shard.layout); `ids_` is scratch, then every state's id in the frozen layout
-    # (implicit states: frozen.py)
+    # snapshot.Shard.layout); `ids_`: every state's id in the frozen layout (implicit states: frozen.py)
     W = bsk.anonymous(n_states * cbk.W_COLS, np.int32).reshape(n_states, cbk.W_COLS)
-    ids_ = bsk.anonymous(n_states, np.int32)
     if not cbk.count_ends(bfk.link_column(ra.S, n_states), bfk.len_column(ra.S, n_states), pstate, W[:, cbk.W_CNT],
-                          W[:, cbk.W_LAST], W, ids_):
+                          W[:, cbk.W_LAST], W):
         raise InternalError("counts disagree with the automaton's suffix links")
     clock.lap("counts")
+    ids_ = bsk.anonymous(n_states, np.int32)
     n_stored, n_stored_edges, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(
         ra.S, ra.M, tokens, pstate, doc_starts, W[:, cbk.W_CNT], ids_, bsk.anonymous(n_states, np.uint8), COUNT_ESCAPED))
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,

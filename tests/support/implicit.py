@@ -3,7 +3,9 @@
 `to_implicit(fa)` converts an in-memory `FrozenAutomaton` (every state stored) by the rule's
 definition: a state is implicit when its count is 1 (and it is not the root); it gets id
 n_stored + p, p its one end position; the other states keep their order. Python loops over small
-automata, no kernel."""
+automata, no kernel. `link_target_max_len`: the greatest length of a state that is some state's
+suffix link (the only lengths a query reads), over the growable layout (sam.py) or the corpus
+build's rows (bulk_sam.py)."""
 
 import numpy as np
 
@@ -65,3 +67,12 @@ def to_implicit(fa) -> tuple[dict, np.ndarray]:
     arrays["count_escapes"] = np.asarray([x for pair in big for x in pair], np.int32)
     arrays["counts"] = np.minimum(arrays["counts"], 65535).astype(np.uint16)
     return arrays, newid
+
+
+def link_target_max_len(S, M, link_col: int, len_col: int) -> int:
+    """The greatest LEN of a state that some state v >= 1 links to (0 when none but the root), over
+    state rows S[v, :] (the first M[0] of them: N_STATES is M's first field in both layouts) with the given LINK and LEN columns."""
+    ns = int(M[0])
+    links = np.asarray(S[1:ns, link_col], np.int64)
+    targets = links[links > 0]
+    return int(np.asarray(S[targets, len_col]).max()) if len(targets) else 0
