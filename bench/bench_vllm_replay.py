@@ -189,10 +189,16 @@ def main(argv=None) -> int:
         return 0
     if not args.outputs:
         p.error("give --outputs PATH (saved by --generate PATH)")
-    saved = json.loads(Path(args.outputs).read_text())
+    saved = _load_outputs(Path(args.outputs), args.workloads.split(","), p)
     arms = _split_arms(args.arms)
+    try:
+        row_counts = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        p.error(f"--rows: expected a comma list of positive integers, got {args.rows!r}")
+    if any(r < 1 for r in row_counts):
+        p.error(f"--rows: expected a comma list of positive integers, got {args.rows!r}")
     cells = []
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in row_counts:
         for wl in args.workloads.split(","):
             res = {a: run_arm(a, saved[wl], rows, args.slope, args.k) for a in arms}
             base = res[arms[0]]["tokens"] / res[arms[0]]["time"]
@@ -204,6 +210,22 @@ def main(argv=None) -> int:
             cells.append({"workload": wl, "rows": rows, "arms": res})
     common.emit({"benchmark": "vllm_replay", "slope": args.slope, "k": args.k, "cells": cells}, args, "vllm_replay")
     return 0
+
+
+def _load_outputs(path: Path, workloads: list[str], p: argparse.ArgumentParser) -> dict:
+    """The --outputs file: a JSON object holding every workload asked for (as --generate writes it)."""
+    try:
+        saved = json.loads(path.read_text())
+    except OSError as exc:
+        p.error(f"--outputs: cannot read {str(path)!r}: {exc.strerror or exc}")
+    except ValueError:
+        p.error(f"--outputs: {str(path)!r} is not JSON; expected the file --generate writes")
+    if not isinstance(saved, dict):
+        p.error(f"--outputs: expected a JSON object of workloads (as --generate writes), got {type(saved).__name__}")
+    missing = [w for w in workloads if w not in saved]
+    if missing:
+        p.error(f"--outputs: {str(path)!r} holds no {', '.join(missing)} (it holds {', '.join(sorted(saved)) or 'none'})")
+    return saved
 
 
 def _split_arms(text: str) -> list[str]:

@@ -93,3 +93,21 @@ def test_the_adapter_runs_on_the_simulated_clock_and_learns_its_line(replay):
     assert r["accepted"] > 0 and r["drafted"] >= r["accepted"]
     a, c = arm.core.cost.line(2)
     assert c / a == pytest.approx(0.1, rel=0.05)  # the replay's line: 1 + 0.1 x, in units of 0.05 s
+
+
+@pytest.mark.parametrize("content, args, expected", [
+    (None, [], "--outputs: cannot read"),
+    ("not json", [], "is not JSON"),
+    ("[1]", [], "expected a JSON object of workloads"),
+    ('{"multi-turn": {}}', [], "holds no spec-bench, code-edit"),
+    ('{"multi-turn": {}}', ["--workloads", "multi-turn", "--rows", "0"], "--rows: expected a comma list"),
+    ('{"multi-turn": {}}', ["--workloads", "multi-turn", "--rows", "one"], "--rows: expected a comma list"),
+])
+def test_bad_outputs_and_rows_are_refused_by_name(replay, tmp_path, capsys, content, args, expected):
+    path = tmp_path / "outputs.json"
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(SystemExit) as exc:
+        replay.main(["--outputs", str(path), *args])
+    assert exc.value.code == 2
+    assert expected in capsys.readouterr().err
