@@ -47,12 +47,12 @@ SPECBENCH_ENV = "SUFFIXSPEC_SPECBENCH"
 
 # a GPU-like curve the engine keeps as given (`learn_cost=False`): a pass of k tokens costs
 # 1 + 0.002 (k - 1) one-token steps whatever this CPU measures
-FLAT_CURVE = {k: 1.0 + 0.002 * (k - 1) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
-
-
 def flat_steps(tokens: int) -> float:
-    """What a pass feeding `tokens` costs under `FLAT_CURVE`, in one-token steps."""
+    """What a pass feeding `tokens` costs under the pinned flat curve, in one-token steps."""
     return 1.0 + 0.002 * (tokens - 1)
+
+
+FLAT_CURVE = {k: flat_steps(k) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
 
 
 class PassCharge:
