@@ -19,7 +19,7 @@ With `--flat-cost` the budget is automatic (or `--budgets auto,16,64`: beside fi
 curve a pinned GPU-like one (a pass of k tokens costs 1 + 0.002 (k - 1) one-token steps,
 `learn_cost=False`). Two predicted speed-ups over plain decoding, prefill excluded (not timings:
 counts of tokens and passes): `predicted_speedup_pass`, every decode pass charged what the curve says
-for the tokens it feeds, all rows and padding together, as the engine prices it (`PassCharge`),
+for the tokens it feeds, all rows and padding together, as the engine counts it (`GenerationStats.decode_pass_tokens`),
 against plain decoding of the same outputs in the same batches (`plain_steps`, as if a batch's rows
 started together; the engine may admit them a pass or two apart, and since the outputs are the same
 at every budget, arms compare exactly): the simulated time a GPU whose passes cost that curve would
@@ -35,7 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
@@ -53,35 +53,6 @@ def flat_steps(tokens: int) -> float:
 
 
 FLAT_CURVE = {k: flat_steps(k) for k in (1, 2, 4, 8, 16, 32, 64, 128)}
-
-
-class PassCharge:
-    """Every decode pass of the engine's rounds, as (rows, tokens fed, padding included), while open.
-
-    It wraps `RoundRunner.verify` (the round's one forward pass) and keeps the rounds whose rows each
-    feed one pending token (a decode round: `RoundBatch.width` 1); a newcomer's first round reads its
-    prompt, and prefill is left out of both sides of the comparison. A round's pass is left-padded
-    to its largest tree, so it feeds rows x (1 + that tree's nodes) tokens."""
-
-    def __init__(self):
-        from suffixspec.engine.round import RoundRunner
-
-        self.passes: list[tuple[int, int]] = []
-        self._cls, self._verify = RoundRunner, RoundRunner.verify
-        charge = self
-
-        def verify(runner, state, rows, batch):
-            if batch.width == 1:
-                charge.passes.append((len(batch), len(batch) * (1 + max(len(t) for t in batch.trees))))
-            return charge._verify(runner, state, rows, batch)
-
-        RoundRunner.verify = verify
-
-    def steps(self) -> float:
-        return sum(flat_steps(tokens) for _, tokens in self.passes)
-
-    def close(self) -> None:
-        self._cls.verify = self._verify
 
 
 def plain_steps(lengths) -> float:
@@ -165,25 +136,24 @@ def run_setting(model, tokenizer, prompts, source: str, budget, batch: int, max_
             server.add(p)
         server.run()
     outputs, rounds, drafted, accepted, plain = [], 0, 0, 0, 0.0
-    charge = PassCharge()
-    try:
-        for a in range(0, len(prompts), batch):
-            server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
-            for p in prompts[a: a + batch]:
-                server.add(p)
-            result = server.run()
-            outputs.extend(result.sequences)
-            plain += plain_steps([len(s) for s in result.sequences])
-            for rs in result.stats.requests:
-                rounds += rs.rounds
-                drafted += rs.drafted
-                accepted += rs.accepted
-    finally:
-        charge.close()
+    passes: Counter[int] = Counter()  # decode passes by tokens fed, as the engine counts them
+    for a in range(0, len(prompts), batch):
+        server = gen.serve(max_new_tokens=max_new, budget=budget, max_batch=batch)
+        for p in prompts[a: a + batch]:
+            server.add(p)
+        result = server.run()
+        outputs.extend(result.sequences)
+        passes.update(result.stats.decode_pass_tokens)
+        plain += plain_steps([len(s) for s in result.sequences])
+        for rs in result.stats.requests:
+            rounds += rs.rounds
+            drafted += rs.drafted
+            accepted += rs.accepted
     new = sum(len(o) for o in outputs)
     return {"outputs": outputs, "tokens_per_round": new / max(1, rounds), "rounds": rounds, "new_tokens": new,
             "drafted": drafted, "accepted": accepted, "table": gen.recycle_table.to_dict() if source != "copy" else None,
-            "passes": len(charge.passes), "pass_steps": charge.steps(), "plain_steps": plain}
+            "passes": sum(passes.values()), "pass_steps": sum(flat_steps(k) * n for k, n in passes.items()),
+            "plain_steps": plain}
 
 
 def chat_prompts(texts, tokenizer, template) -> list[list[int]]:

@@ -2,6 +2,8 @@
 sampling keys, bad options, prefill groups, cancellation, failure isolation, time accounting, finished
 requests' sessions closed together."""
 
+from collections import Counter
+
 import pytest
 
 from suffixspec.draft.proposer import Proposer
@@ -636,6 +638,35 @@ def test_forgetting_rounds_keeps_the_requests_and_zeroes_every_round_counter():
     assert stats.requests == [kept] and (stats.e2e_s, stats.peak_memory_bytes, stats.fallback) == (1.5, 7, "why")
     stats.record_budgets([2])
     assert stats.mean_budget == 2.0
+
+
+def test_decode_passes_are_counted_by_the_tokens_they_feed():
+    """Each step without a newcomer runs one decode pass, feeding every row its pending token and
+    the widest tree's nodes (rows are padded to it); a prefill is not a decode pass; forgetting the
+    rounds forgets the passes."""
+    model = tiny_model("llama", vocab=VOCAB, seed=3)
+    gen = SpeculativeGenerator(model, proposer=random_tree_proposer(VOCAB),
+                               cost_model=CostModel([1, 1024], [1.0, 1.0]))
+    server = gen.serve(max_new_tokens=12, budget=8, max_batch=3)
+    prompts = prompts_for(seed=5, lengths=(4, 19))
+    for i, p in enumerate(prompts):
+        server.add(p, max_new_tokens=(12, 5, 9)[i % 3])
+    stats, seen, decoded = server.stats, 0, 0
+    while not server.idle:
+        before = Counter(stats.decode_pass_tokens)
+        step = server.step()
+        sizes = list(stats.budgets)[seen:]
+        seen = len(stats.budgets)
+        new = stats.decode_pass_tokens - before
+        assert sum(new.values()) <= 1  # at most one decode pass a step
+        if not step.admitted:
+            assert new == Counter({len(sizes) * (1 + max(sizes)): 1})
+        decoded += sum(new.values())
+    assert decoded == sum(stats.decode_pass_tokens.values()) > 0
+    assert any(k > 3 for k in stats.decode_pass_tokens)  # trees were verified
+    assert decoded < stats.rounds  # the prefills were rounds, not decode passes
+    stats.forget_rounds()
+    assert not stats.decode_pass_tokens
 
 
 class CountingCache(ResponseCache):

@@ -213,10 +213,11 @@ class RoundRunner:
         if any(r.recycled is not None for r in rows):  # a round no row drafted from the table leaves it as it is
             harvest_round(self.gen.recycle_table, logits, root, batch, results)
         state.commit([res.accepted_nodes for res in results])
-        if batch.width == 1 and batch.auto.any():  # prefills are dominated by the prompt: not observed
-            # the whole step: a tree's acceptance walk and cache rewrite are part of what it costs
-            self.policy.observe_pass(len(batch), len(batch) * (1 + max(len(t) for t in batch.trees)),
-                                     self.clock() - t_pass)
+        if batch.width == 1:  # prefills are dominated by the prompt: neither counted nor observed
+            fed = len(batch) * (1 + max(len(t) for t in batch.trees))
+            self.stats.decode_pass_tokens[fed] += 1
+            if batch.auto.any():  # the whole step: a tree's acceptance walk and cache rewrite are part of its cost
+                self.policy.observe_pass(len(batch), fed, self.clock() - t_pass)
         for r, res in zip(rows, results):
             r.tokens = res.tokens
             r.accepted_nodes = res.accepted_nodes

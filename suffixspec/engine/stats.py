@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import resource
-from collections import deque
+from collections import Counter, deque
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -101,6 +101,9 @@ class GenerationStats:
     prefill_tokens: int = 0
     prefill_steps: int = 0
     prefill_chunks: int = 0
+    # decode passes (every row feeding one pending token and its tree) by the tokens each fed, rows
+    # times (1 + the widest tree: rows are padded to it); what a pass costs on a given curve
+    decode_pass_tokens: Counter[int] = field(default_factory=Counter)
 
     def forget_rounds(self) -> None:
         """Zero the run's round counts, timers and draft sizes (a warm-up's); requests, `e2e_s`, peak
@@ -109,6 +112,7 @@ class GenerationStats:
         self.proposer_s = self.budget_s = self.verifier_s = 0.0
         self.budgets.clear()
         self.budget_nodes = self.budget_rows = 0
+        self.decode_pass_tokens.clear()
 
     def record_budgets(self, sizes: list[int]) -> None:
         self.budgets.extend(sizes)
