@@ -302,15 +302,8 @@ def _run(S, O, R0, M, tokens, starts, P):
         if pos < n:  # the next token's first lookup, at this one's suffix link
             lk = S[cur * ROW + LINK]
             if lk > 0:
-                c2 = tokens[pos]
-                b = lk * ROW  # (its row is in cache: lk is q or the clone)
-                if S[b + DEG] > INLINE:
-                    prefetch_address(o_data + 4 * O_COLS * _slot(lk, c2, omask))
-                elif S[b + EDGE0] == c2:  # an inline edge: the row of its target, the next q
-                    prefetch_address(s_data + 4 * ROW * S[b + EDGE0 + 1])
-                elif S[b + EDGE0 + 2] == c2:
-                    prefetch_address(s_data + 4 * ROW * S[b + EDGE0 + 3])
-                prefetch_address(s_data + 4 * ROW * S[b + LINK])
+                prefetch_address(o_data + 4 * O_COLS * _slot(lk, tokens[pos], omask))
+                prefetch_address(s_data + 4 * ROW * S[lk * ROW + LINK])
     M[N_STATES] = ns
     M[N_EDGES] = ne
     M[N_OVER] = no
