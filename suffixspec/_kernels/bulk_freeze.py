@@ -109,7 +109,9 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
     n_over = 0  # overflow edges the stored states' rows have room for
     # states in order: columns, offsets, inline edges (the root's from R0, in token order)
     for v in range(ns):
-        if v + AHEAD < ns:  # the ids of a later row's link and inline targets: scattered reads
+        # the ids of a later stored row's link and inline targets (scattered reads); none for the
+        # implicit states this loop skips, most of the states
+        if v + AHEAD < ns and newid[v + AHEAD] < n_stored:
             a = (v + AHEAD) * ROW
             prefetch(newid, S[a + LINK])
             prefetch(newid, S[a + EDGE0 + 1])

@@ -66,8 +66,10 @@ class RowAutomaton:
 
 def anonymous(n: int, dtype) -> np.ndarray:
     """An uninitialised dtype[n] in private anonymous pages of its own (page-aligned), not marked
-    for transparent huge pages as numpy's large allocations are: a huge page's first touch may
-    compact memory synchronously, which costs more than the TLB misses it saves here."""
+    for transparent huge pages as numpy's large allocations are: they save TLB misses, but on a
+    virtual machine that hands free memory back to its host a fresh huge page's first touch has
+    the host fault in all of it, which cost more than they saved (the paired runs of
+    bench/results/corpus_compact.jsonl, 2026-12-07)."""
     size = max(int(n) * np.dtype(dtype).itemsize, 1)
     buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     return np.frombuffer(buf, dtype, count=int(n))

@@ -135,6 +135,10 @@ def count_ends(links, lens, pstate, counts, lasts, W):
                 return False
     if W[0, W_CNT] != n:
         return False
+    row = W.strides[0]
+    if (counts.ctypes.data == W.ctypes.data + W_CNT * W.strides[1] and counts.strides[0] == row
+            and lasts.ctypes.data == W.ctypes.data + W_LAST * W.strides[1] and lasts.strides[0] == row):
+        return True  # the outputs are the scratch's own columns: in place already
     for v in range(ns):
         counts[v] = W[v, W_CNT]
         lasts[v] = W[v, W_LAST]
