@@ -284,9 +284,9 @@ class Proposer:
         return ws
 
     def _tops_of(self, fa: FrozenAutomaton):
-        """`fk.top_children` of `fa` for this proposer's `max_children`, kept while `fa` is a source
-        (built once per automaton: the corpora's at construction, a new cache snapshot's on the
-        closing request's time)."""
+        """(row_of, `fk.top_rows`) of `fk.top_children` of `fa` for this proposer's `max_children`,
+        kept while `fa` is a source (built once per automaton: the corpora's at construction, a new
+        cache snapshot's on the closing request's time)."""
         got = self._tops.get(id(fa))
         if got is not None and got[0] is fa:
             return got[1]
@@ -294,7 +294,9 @@ class Proposer:
         width = int(self.params[dk.P_MAX_CHILDREN]) + 1
         tops = None
         if width <= dk.CHILD_BUF:
-            tops = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, fa.plink.shape[0], width, fk.top_min_children(width))
+            row_of, top_edges, totals = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, fa.plink.shape[0],
+                                                        width, fk.top_min_children(width))
+            tops = (row_of, fk.top_rows(top_edges, totals, fa.edge_records(), width))
         self._tops[id(fa)] = (fa, tops)
         return tops
 
