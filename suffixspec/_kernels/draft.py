@@ -296,8 +296,11 @@ def _rank_factor(cal, rank, share, strength, memo):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _reset_memo(memo, gcal, strength):
-    """A proposal's memo, empty but for each class's inner group factor."""
+def _fresh_scratch(first_child, budget, memo, gcal, strength):
+    """A proposal's scratch: no output node (nor the context, slot `budget`) has a child yet, and
+    the memo is empty but for each class's inner group factor."""
+    for i in range(budget + 1):
+        first_child[i] = -1
     for i in range(M_GROUP):
         memo[i] = -1.0
     for c in range(learn.N_CLASSES):
@@ -448,10 +451,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
      node_rank, memo) = ws
     out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step = tree
     k = knobs(shared.params, cal)
-    _reset_memo(memo, gcal, k.cal_strength)
     budget = min(budget, out_tok.shape[0], first_child.shape[0] - 1)  # also the context's slot
-    for i in range(budget + 1):
-        first_child[i] = -1
+    _fresh_scratch(first_child, budget, memo, gcal, k.cal_strength)
     width = k.max_children + 1
     min_row = top_min_children(width)  # states with no more children have no top row
     fp = no_frozen_part()  # the arrays of the frozen part at hand
