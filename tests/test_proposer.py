@@ -61,6 +61,45 @@ def test_trees_equal_brute_force_while_the_session_grows(alphabet):
             assert sorted(got.values(), reverse=True) == pytest.approx(best)
 
 
+def test_a_spare_arena_is_taken_again_only_once_no_tree_views_it():
+    """Arenas take turns: the replaced one is taken again only when no tree views it (a view of
+    a tree's arrays counts) and no session holds it as the tree to judge; else a new one is made."""
+    rng = np.random.default_rng(5)
+    prop = Proposer(global_cache=False)
+    s = prop.start(rng.integers(0, 4, 400))
+    tree = s.propose(64)
+    ws = prop._local.ws
+    first = ws.arena
+    kept = tree.tokens[1:]  # a view of the tree's view
+    tokens0 = kept.copy()
+    del tree
+    ws.new_arena()
+    second = ws.arena
+    s.extend(rng.integers(0, 4, 2))  # judges the tree: the session lets go of the first arena's blocks
+    held = s.propose(64)
+    assert held.tokens.base is second.i32
+    ws.new_arena()  # the first arena is still viewed (kept): a new one
+    third = ws.arena
+    assert third is not first and third is not second
+    s.propose(64)  # the session holds the third's blocks until it judges that tree
+    ws.new_arena()  # the spare (the second) is viewed by `held`
+    assert ws.arena not in (first, second, third)
+    assert kept.tolist() == tokens0.tolist()
+    del held
+    s.extend(rng.integers(0, 4, 1))
+    fourth = ws.arena
+    ws.new_arena()  # the spare (the third) is free now
+    assert ws.arena is third and ws.spare is fourth
+    ws.new_arena()
+    assert ws.arena is fourth
+    for _ in range(300):  # trees written into reused arenas are the trees proposed
+        t = s.propose(64)
+        toks = t.tokens.copy()
+        ws.new_arena()
+        assert t.tokens.tolist() == toks.tolist()
+        s.extend(rng.integers(0, 4, 1))
+
+
 def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():
     """Trees are views into the thread's output arena: a thousand later proposals (from several
     sessions whose cache sources grow, arenas filled and replaced, the workspace regrown for

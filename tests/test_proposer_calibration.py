@@ -310,6 +310,40 @@ def test_top_children_equal_a_sort_of_every_child():
             assert totals[r] == sum(int(counts[eto[e]]) for e in edges)
 
 
+def test_top_rows_hold_each_rows_total_and_its_edges_records():
+    """`frozen.top_rows` against `top_children` and `edge_records`: per row the total, then the
+    records of its edges in order, padded; an edge outside the records reads as damaged (TO -1)."""
+    from suffixspec._kernels import frozen as fk
+
+    rng = random.Random(11)
+    for _trial in range(20):
+        sam = SuffixAutomaton()
+        sam.add_document([rng.randrange(rng.choice([3, 8])) for _ in range(rng.randrange(20, 300))])
+        fa = sam.freeze()
+        offsets, etok, eto, counts, lasts, _links, _lens = fa.kernel_arrays()
+        records = fa.edge_records()
+        width = rng.randrange(2, 6)
+        row_of, tops, totals = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, 0, width, 0)
+        rows = fk.top_rows(tops, totals, records, width)
+        stride = fk.top_row_len(width)
+        assert rows.shape == (totals.shape[0] * stride,)
+        for r in range(totals.shape[0]):
+            row = rows[r * stride : (r + 1) * stride]
+            assert row[0] == totals[r]
+            for i in range(width):
+                rec = row[1 + i * fk.REC_COLS : 1 + (i + 1) * fk.REC_COLS]
+                e = int(tops[r * width + i])
+                if e < 0:
+                    assert rec[fk.REC_TOK] == fk.TOP_PAD
+                else:
+                    assert rec.tolist() == records[fk.REC_COLS * e : fk.REC_COLS * (e + 1)].tolist()
+        if totals.shape[0]:
+            bad = tops.copy()
+            bad[0] = records.shape[0] // fk.REC_COLS  # one past the last edge
+            row = fk.top_rows(bad, totals, records, width)[:stride]
+            assert row[1 + fk.REC_TO] == -1
+
+
 @pytest.mark.parametrize("max_children", [1, 2, 4])
 def test_trees_with_precomputed_best_children_equal_full_scans(max_children):
     """A corpus whose states have many children: trees read through the precomputed best children

@@ -10,8 +10,8 @@ to the front. Everything here is inlined into the draft kernel.
   link-cut tree without restructuring it (`lct.py`); the states whose read walked a long splay
   path are noted in `deep`, for the caller to splay once its expansion is done.
 - `gather_frozen`: a state of a frozen source (`FrozenPart`), bounds-checked: damaged arrays
-  give no children; an implicit state (frozen.py) its one child, read from the text. A state with many children is read through its row of `frozen.top_children`
-  (its best children and their count total, in max_children + 1 reads).
+  give no children; an implicit state (frozen.py) its one child, read from the text. A state with many children is read through its row of `frozen.top_rows`
+  (its best children's records and their count total, side by side).
 """
 
 from collections import namedtuple
@@ -32,11 +32,13 @@ from .frozen import (
     SOURCE_COLS,
     SRC_COUNTS,
     SRC_TOKENS,
+    TOP_PAD,
     implicit_edge,
     source_arrays,
     source_count,
     source_plink,
     top_arrays,
+    top_row_len,
 )
 
 CHILD_BUF = 512  # children of one state read per expansion (the work per proposal is bounded by it)
@@ -50,8 +52,8 @@ KID_COLS = 4
 #   offsets     [n_states + 1]  CSR offsets of each state's edges into `records`
 #   records     [n_edges * REC_COLS]  edge records (`frozen.edge_records`: token, to, count, last)
 #   row_of      [n_states]      a state's row in the top table (-1: few children; may be empty)
-#   top_edges   [rows * width]  per row, the edges of the state's best children, -1 padded
-#   top_totals  [rows]          per row, the count total of all the state's children
+#   top_rows    [rows * frozen.top_row_len(width)]  per row, the count total of all the state's
+#               children, then the edge records of its best ones (`frozen.top_rows`)
 #   n_states    the stored states: every stored state index read is checked to be below it (a
 #               damaged source drafts nothing)
 #   n_edges     likewise for edge indexes
@@ -59,7 +61,7 @@ KID_COLS = 4
 #   tok16       (uint16) or tok32 (int32) that their edges read, the other one empty
 #   n_ids       n_states + len(plink): every state id read is below it
 #   frozen, src the `frozen.source_table` and the row: a state's own count (`frozen.source_count`)
-FrozenPart = namedtuple("FrozenPart", "offsets records row_of top_edges top_totals n_states n_edges plink tok16 "
+FrozenPart = namedtuple("FrozenPart", "offsets records row_of top_rows n_states n_edges plink tok16 "
                                       "tok32 n_ids frozen src")
 
 
@@ -67,7 +69,7 @@ FrozenPart = namedtuple("FrozenPart", "offsets records row_of top_edges top_tota
 def no_frozen_part():
     """An empty `FrozenPart` (no states: every read is out of bounds)."""
     empty = view_i32(0, 0)
-    return FrozenPart(empty, empty, empty, empty, empty, 0, 0, empty, view_u16(0, 0), empty, 0,
+    return FrozenPart(empty, empty, empty, empty, 0, 0, empty, view_u16(0, 0), empty, 0,
                       view_i64_2d(0, 0, SOURCE_COLS), np.int64(0))
 
 
@@ -75,7 +77,7 @@ def no_frozen_part():
 def frozen_part(frozen, tops, src):
     """The `FrozenPart` of row `src` of a `frozen.source_table` and its `frozen.top_table`."""
     offsets, lasts, _links, records = source_arrays(frozen, src)
-    row_of, top_edges, top_totals = top_arrays(tops, src)
+    row_of, rows = top_arrays(tops, src)
     n = N_SOURCE_ARRAYS
     n_states = min(offsets.shape[0] - 1, frozen[src, n + SRC_COUNTS], lasts.shape[0])
     plink = source_plink(frozen, src)
@@ -83,7 +85,7 @@ def frozen_part(frozen, tops, src):
     wide = frozen[src, 2 * n + SRC_TOKENS] != 2
     tok16 = view_u16(addr, 0 if wide else count)
     tok32 = view_i32(addr, count if wide else 0)
-    return FrozenPart(offsets, records, row_of, top_edges, top_totals, n_states, records.shape[0] // REC_COLS,
+    return FrozenPart(offsets, records, row_of, rows, n_states, records.shape[0] // REC_COLS,
                       plink, tok16, tok32, n_states + plink.shape[0], frozen, np.int64(src))
 
 
@@ -153,7 +155,7 @@ def gather_frozen(fp, v, width, min_row, kids):
     """The children of state v of a `FrozenPart` into `kids`: returns (k, total, top). `width`:
     the top table's row width (max_children + 1); `min_row`: states with no more children have
     no top row (`frozen.top_min_children`)."""
-    offsets, rec, row_of, top_edges, top_totals, n_states, n_edges, _plink, _t16, _t32, n_ids, _f, _s = fp  # unpacked once
+    offsets, rec, row_of, rows, n_states, n_edges, _plink, _t16, _t32, n_ids, _f, _s = fp  # unpacked once
     k = 0
     total = 0.0
     top = -1
@@ -174,26 +176,28 @@ def gather_frozen(fp, v, width, min_row, kids):
     if not 0 <= lo <= hi <= n_edges:
         return k, total, top
     r = row_of[v] if hi - lo > min_row and v < row_of.shape[0] else -1
-    if r >= 0 and (r + 1) * width <= top_edges.shape[0] and r < top_totals.shape[0]:
+    stride = top_row_len(width)
+    if r >= 0 and (r + 1) * stride <= rows.shape[0]:
         # a state with many children: its best ones and their count total, precomputed
-        # (`frozen.top_children`), instead of a scan of them all
+        # (`frozen.top_rows`), instead of a scan of them all
+        o = r * stride
         for i in range(width):
-            e = top_edges[r * width + i]
-            if e < 0:
+            at = o + 1 + i * REC_COLS
+            if rows[at + REC_TOK] == TOP_PAD:
                 break
-            w = rec[REC_COLS * e + REC_TO] if lo <= e < hi else -1
+            w = rows[at + REC_TO]
             if w < 0 or w >= n_ids:
                 k = 0  # damaged arrays: draft nothing from here
                 break
-            lst = rec[REC_COLS * e + REC_LAST]
-            kids[k, K_TOK] = rec[REC_COLS * e + REC_TOK]
+            lst = rows[at + REC_LAST]
+            kids[k, K_TOK] = rows[at + REC_TOK]
             kids[k, K_STATE] = w
-            kids[k, K_COUNT] = rec[REC_COLS * e + REC_COUNT]
+            kids[k, K_COUNT] = rows[at + REC_COUNT]
             kids[k, K_LAST] = lst
             if k == 0 or lst > top:
                 top = lst
             k += 1
-        return k, float(top_totals[r]), top
+        return k, float(rows[o]), top
     for e in range(lo, min(hi, lo + CHILD_BUF)):
         w = rec[REC_COLS * e + REC_TO]
         if w < 0 or w >= n_ids:

@@ -129,8 +129,19 @@ CAND_COLS = 7
 #   cand_p      float64 [cap]   each candidate's path probability before its rank factor
 #   cand_share  float64 [cap]   each candidate's share in its part (conf(L) times its count share)
 #   node_rank   int32 [budget]  each output node's rank (siblings created before it)
+#   memo        float64 [MEMO_LEN]  one proposal's factors, each computed once (`expand`)
 Workspace = namedtuple("Workspace", "cand heap_key heap_val kids deep first_child next_sib part_src part_state "
-                                    "part_len cand_p cand_share node_rank")
+                                    "part_len cand_p cand_share node_rank memo")
+
+# The memo of a proposal's factors, which the learned tables (fixed while a proposal runs) decide:
+# `learn.conf` of class c and matched length L < CONF_MEMO at [M_CONF + c CONF_MEMO + L], the rank
+# factor of rank r (min(r, N_RANKS - 1)) and share bucket b at [M_RANK + r N_SHARES + b] (both -1
+# until computed: factors are never negative), each class's inner group factor at [M_GROUP + c].
+CONF_MEMO = 64
+M_CONF = 0
+M_RANK = M_CONF + learn.N_CLASSES * CONF_MEMO
+M_GROUP = M_RANK + learn.N_RANKS * learn.N_SHARES
+MEMO_LEN = M_GROUP + learn.N_CLASSES
 
 
 @njit(cache=True, nogil=True)
@@ -146,7 +157,7 @@ def workspace_buffers(budget, max_children, n_sources):
     i64[WS_BUDGET] = budget
     i64[WS_SOURCES] = n_sources
     n_i32 = cap * (CAND_COLS + 1) + DEEP_BUF + 3 * budget + 1 + 3 * n_sources
-    return np.empty(n_i32, np.int32), np.empty(3 * cap, np.float64), i64
+    return np.empty(n_i32, np.int32), np.empty(3 * cap + MEMO_LEN, np.float64), i64
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -170,9 +181,10 @@ def workspace_views(i32, f64, i64):
     keys = f64[:cap]
     cand_p = f64[cap : 2 * cap]
     cand_share = f64[2 * cap : 3 * cap]
+    memo = f64[3 * cap : 3 * cap + MEMO_LEN]
     kids = i64[WS_HEADER : WS_HEADER + CHILD_BUF * KID_COLS].reshape((CHILD_BUF, KID_COLS))
     return Workspace(cand, keys, vals, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p,
-                     cand_share, node_rank)
+                     cand_share, node_rank, memo)
 
 
 # A workspace frame (int64, see address.py): the addresses and lengths of the three buffers, then
@@ -259,9 +271,40 @@ def _cursor(node, part, state, length, depth, prob):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _conf(k, local, glob, cls, length):
-    """`learn.conf` with the proposal's knobs."""
+def _conf(k, local, glob, cls, length, memo):
+    """`learn.conf` with the proposal's knobs, through the proposal's `memo` (see M_CONF)."""
+    if length < CONF_MEMO:
+        i = M_CONF + cls * CONF_MEMO + length
+        f = memo[i]
+        if f < 0.0:
+            f = learn.conf(local, glob, cls, length, k.match_prior, k.prior_strength, k.session_strength)
+            memo[i] = f
+        return f
     return learn.conf(local, glob, cls, length, k.match_prior, k.prior_strength, k.session_strength)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _rank_factor(cal, rank, share, strength, memo):
+    """`learn.rank_factor` through the proposal's `memo` (see M_RANK)."""
+    b = learn.share_bucket(share)
+    i = M_RANK + min(rank, learn.N_RANKS - 1) * learn.N_SHARES + b
+    f = memo[i]
+    if f < 0.0:
+        f = learn.rank_factor_bucket(cal, rank, b, strength)
+        memo[i] = f
+    return f
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _fresh_scratch(first_child, budget, memo, gcal, strength):
+    """A proposal's scratch: no output node (nor the context, slot `budget`) has a child yet, and
+    the memo is empty but for each class's inner group factor."""
+    for i in range(budget + 1):
+        first_child[i] = -1
+    for i in range(M_GROUP):
+        memo[i] = -1.0
+    for c in range(learn.N_CLASSES):
+        memo[M_GROUP + c] = learn.group_factor(gcal, learn.group(c, 0), strength)
 
 
 # The phases take the arrays they touch one by one (unpacked once from the named tuples in
@@ -405,12 +448,11 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     online = session.M[sk.MODE] == sk.MODE_ONLINE
     cls_rows, glob, cal, gcal = shared.cls_rows, shared.glob, shared.cal, shared.gcal
     (cand, heap_key, heap_val, kids, deep, first_child, next_sib, part_src, part_state, part_len, cand_p, cand_share,
-     node_rank) = ws
+     node_rank, memo) = ws
     out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step = tree
     k = knobs(shared.params, cal)
     budget = min(budget, out_tok.shape[0], first_child.shape[0] - 1)  # also the context's slot
-    for i in range(budget + 1):
-        first_child[i] = -1
+    _fresh_scratch(first_child, budget, memo, gcal, k.cal_strength)
     width = k.max_children + 1
     min_row = top_min_children(width)  # states with no more children have no top row
     fp = no_frozen_part()  # the arrays of the frozen part at hand
@@ -451,7 +493,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             pc = cand_p[c]
             rf = 1.0
             if rank > 0 or k.cal_on:
-                rf = learn.rank_factor(cal, rank, cand_share[c], k.cal_strength)
+                rf = _rank_factor(cal, rank, cand_share[c], k.cal_strength, memo)
                 pc *= rf
             if pc < p:
                 if pc >= k.min_prob:
@@ -469,7 +511,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         src = part_src[cur.part]
         live = src < 0
         cls = learn.CLS_OWN if live else cls_rows[src]
-        gf = learn.group_factor(gcal, learn.group(cls, 0), k.cal_strength)  # inner nodes' group factor
+        gf = memo[M_GROUP + cls]  # inner nodes' group factor
         if not live:
             fp = frozen_part(shared.frozen, shared.tops, src)
             f_offsets = fp.offsets
@@ -488,7 +530,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             if cnt <= 0:
                 break
             total = float(cnt)
-            cf = _conf(k, session.local, glob, cls, length)
+            cf = _conf(k, session.local, glob, cls, length, memo)
             prob = (cnt + k.recency * total) * (p * cf / (total * (1.0 + k.recency)))
             if gf < 1.0:
                 prob *= gf
@@ -498,7 +540,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             x, rank = _find_node(first_child, next_sib, node_rank, out_tok, slot, tok)
             rf = 1.0
             if rank > 0 or k.cal_on:
-                rf = learn.rank_factor(cal, rank, cf, k.cal_strength)
+                rf = _rank_factor(cal, rank, cf, k.cal_strength, memo)
                 pc = prob * rf
                 if pc < prob:  # discounted at its rank: still the next pop?
                     if pc < k.min_prob or (n_heap > 0 and not pc > heap_key[0]):
@@ -530,7 +572,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         if n_kids == 0 or total <= 0:
             continue
         n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
-                                                          cls, gf, k, session.local, glob, cur_rows, src, cur, n_kids,
+                                                          cls, gf, k, session.local, glob, memo, cur_rows, src, cur, n_kids,
                                                           total, top, ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
@@ -560,15 +602,15 @@ def _near_anchor(kids, n_kids, top, cls, cur, src, depth, k):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, cur_rows,
-                   src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, memo,
+                   cur_rows, src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
     """Score the n_kids gathered children of the state at hand of part source `src` (count
     `total`, most recent end `top`; the bonus: `_near_anchor` over the cursor rows `cur_rows`)
     and make the best max_children of them candidates. The best one skips the heap when
     `may_direct` and it beats every waiting candidate (its siblings score no higher): returns
     (n_cand, n_heap, direct, direct_p), direct the candidate to pop next (-1: none)."""
     top, rec = _near_anchor(kids, n_kids, top, cls, cur_rows, src, cur.depth, k)
-    step = _conf(k, local, glob, cls, cur.length) / (total * (1.0 + rec))
+    step = _conf(k, local, glob, cls, cur.length, memo) / (total * (1.0 + rec))
     scale = cur.prob * step * (gf if cur.node >= 0 else 1.0)  # a root's factor waits for its agreement
     bonus = rec * total  # the child's whose kids[i, K_LAST] == top
     m = min(k.max_children, n_kids)

@@ -421,10 +421,23 @@ def source_len(table, j, v):
 # most recent one (largest last end), in edge order, padded with -1 (`tops` int32[rows * width]),
 # and the sum of all its children's counts (`totals` int32[rows]). Ranking children by count plus
 # a bonus for the most recent one, the best `width - 1` are among them, in the order a full scan
-# would rank them. A TOP_TABLE row holds the three arrays' addresses, then their lengths; an
-# all-zero row: no table for that source.
-N_TOP_ARRAYS = 3
-TOP_ROW_OF, TOP_EDGES, TOP_TOTALS = range(N_TOP_ARRAYS)
+# would rank them.
+#
+# The kernels read a state's row in one place (`top_rows`): int32 rows of TOP_ROW_LEN(width), the
+# count total, then the edge records (`edge_records`, REC_COLS each) of its best children in
+# edge order, padded with TOP_PAD tokens; a row whose edge lies outside the records gets a TO of
+# -1 (the kernels draft nothing from it). A state's best children are then one row_of read and
+# one row away, not one read per child scattered over its edges. A TOP_TABLE row holds the two
+# arrays' (row_of, rows) addresses, then their lengths; an all-zero row: no table for that source.
+N_TOP_ARRAYS = 2
+TOP_ROW_OF, TOP_ROWS = range(N_TOP_ARRAYS)
+TOP_PAD = -1  # the token of a row's unused record
+
+
+@njit(cache=True, nogil=True, inline="always")
+def top_row_len(width):
+    """int32 values per row of `top_rows` of `width` children: the total, then their records."""
+    return 1 + width * REC_COLS
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -507,14 +520,37 @@ def top_children(offsets, etok, eto, counts, big, lasts, n_implicit, width, min_
     return row_of, tops, totals
 
 
+@njit(cache=True, nogil=True)
+def top_rows(tops, totals, records, width):
+    """The rows the kernels read (see above) of `top_children`'s (tops, totals) over `records`."""
+    n_rows = totals.shape[0]
+    stride = top_row_len(width)
+    out = np.full(n_rows * stride, TOP_PAD, np.int32)
+    m = records.shape[0] // REC_COLS
+    for r in range(n_rows):
+        o = r * stride
+        out[o] = totals[r]
+        for i in range(width):
+            e = tops[r * width + i]
+            if e < 0:
+                break
+            at = o + 1 + i * REC_COLS
+            if e >= m:
+                out[at + REC_TOK] = 0
+                out[at + REC_TO] = -1
+                break
+            for c in range(REC_COLS):
+                out[at + c] = records[REC_COLS * e + c]
+    return out
+
+
 def top_table(arrays) -> np.ndarray:
-    """The TOP_TABLE of sources' (row_of, tops, totals), None for a source without one."""
+    """The TOP_TABLE of sources' (row_of, rows), None for a source without one."""
     return address_table(arrays, N_TOP_ARRAYS, "top_table")
 
 
 @njit(cache=True, nogil=True, inline="always")
 def top_arrays(table, j):
-    """(row_of, tops, totals) of row j of a `top_table` (empty arrays: no table)."""
+    """(row_of, rows) of row j of a `top_table` (empty arrays: no table)."""
     n = N_TOP_ARRAYS
-    return (view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1]),
-            view_i32(table[j, 2], table[j, n + 2]))
+    return view_i32(table[j, 0], table[j, n]), view_i32(table[j, 1], table[j, n + 1])

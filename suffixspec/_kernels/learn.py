@@ -165,7 +165,12 @@ def share_bucket(share):
 @njit(cache=True, nogil=True, inline="always")
 def rank_factor(cal, rank, share, strength):
     """The calibration factor of a new node at `rank` with `share` (see above)."""
-    b = share_bucket(share)
+    return rank_factor_bucket(cal, rank, share_bucket(share), strength)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def rank_factor_bucket(cal, rank, b, strength):
+    """`rank_factor` of a share in bucket `b` (`share_bucket`)."""
     f = 1.0
     for r in range(min(rank, N_RANKS - 1) + 1):
         if cal[r, b, CAL_TRIALS] > 0:

@@ -15,8 +15,8 @@ Contract:
   several sources scoring its best.
 * Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live frame,
   its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are views
-  of the thread's output arena (at least 64 trees of the budget; replaced when full; alive while
-  any of its trees is). The knobs are fixed at construction (`params` is read-only).
+  of the thread's output arena (256 trees of the budget up to ARENA_NODES, at least 64; replaced
+  when full; alive while any of its trees is). The knobs are fixed at construction (`params` is read-only).
 * Threads: different sessions may propose concurrently (`propose` runs one nogil kernel call over
   the session's own automaton and immutable snapshots of the shared sources; the cache has its own
   lock). The learned counts and the sibling calibration are shared by the sessions and updated
@@ -31,6 +31,7 @@ Contract:
 from __future__ import annotations
 
 import os
+import sys
 import threading
 
 import numba
@@ -53,6 +54,7 @@ from .tree import DraftTree
 from .upkeep import CacheUpkeep
 
 _PARALLEL_LAUNCH = threading.Lock()
+ARENA_NODES = 1 << 17  # an arena holds 256 trees of the budget up to this many nodes (40 bytes each)
 _EMPTY = DraftTree.empty()
 
 
@@ -93,31 +95,70 @@ class _LiveSlots:
         self._free.append(slot)
 
 
+class _Arena:
+    """An output arena (see `pk.set_arena`): its two arrays, their addresses and the blocks trees
+    are views of; `baseline`: the reference counts of the arrays and the blocks while nothing but
+    this holds them (a tree's arrays are views of the arrays; a session's judged tree holds the
+    blocks themselves)."""
+
+    __slots__ = ("i32", "f64", "addrs", "cap", "blocks", "baseline")
+
+    def __init__(self, cap: int):
+        # every page written now, not by a proposal's first writes
+        self.i32, self.f64 = np.empty(4 * cap, np.int32), np.empty(3 * cap, np.float64)
+        self.i32.fill(0)
+        self.f64.fill(0.0)
+        self.addrs = (address(self.i32, np.int32), address(self.f64, np.float64))
+        self.cap = cap
+        i32, f64 = self.i32, self.f64
+        # tokens, parents, depths, scores, shares, groups, steps
+        self.blocks = (i32[:cap], i32[cap : 2 * cap], i32[2 * cap : 3 * cap], f64[:cap], f64[cap : 2 * cap], i32[3 * cap :],
+                       f64[2 * cap :])
+        del i32, f64
+        self.baseline = self._counts()
+
+    def _counts(self) -> tuple:
+        return (sys.getrefcount(self.i32), sys.getrefcount(self.f64)) + tuple(map(sys.getrefcount, self.blocks))
+
+    def free(self) -> bool:
+        """Whether nothing but this arena holds its arrays or blocks (no tree is alive)."""
+        return self._counts() == self.baseline
+
+
 class _Workspace:
     """One thread's kernel scratch (`dk.workspace_buffers`) and output arena (`pk.set_arena`),
     named by the int64 frame at `addr`; `tokens`, `parents`, `depths`, `scores` are the arena's
     blocks, which trees are views of (`shares`, `groups`, `steps`: each node's share, group and step, read by
     `learn.count_tree`). An arena is replaced when full (`new_arena`) and lives
-    while any of its trees does."""
+    while any of its trees does. Two arenas take turns (`arena`, `spare`): made with the
+    workspace (their pages written then, not by a proposal), the spare taken again once no tree
+    views it, else replaced by a new one; a turn writes the frame's four arena fields."""
 
     __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores", "shares",
-                 "groups", "steps")
+                 "groups", "steps", "arena", "spare")
 
     def __init__(self, budget: int, n_sources: int, max_children: int):
         self.budget, self.n_sources = budget, n_sources
         self.buffers = dk.workspace_buffers(budget, max_children, n_sources)
         self.frame = dk.workspace_frame(*self.buffers)
         self.addr = address(self.frame, np.int64)
-        self.new_arena()
+        # a replacement runs cold code on a proposal's time: rare enough to stay out of the p99
+        cap = max(4096, min(256 * budget, ARENA_NODES), 64 * budget)
+        self.arena = None
+        self.spare = _Arena(cap)
+        self.new_arena()  # takes that spare as the first arena
+        self.spare = _Arena(cap)
 
     def new_arena(self) -> None:
-        """A fresh arena for at least 64 trees of the workspace's budget."""
-        cap = max(4096, 64 * self.budget)
-        out_i32, out_f64 = np.empty(4 * cap, np.int32), np.empty(3 * cap, np.float64)
-        pk.set_arena(self.frame, out_i32, out_f64)
-        self.tokens, self.parents, self.depths = out_i32[:cap], out_i32[cap : 2 * cap], out_i32[2 * cap : 3 * cap]
-        self.groups = out_i32[3 * cap :]
-        self.scores, self.shares, self.steps = out_f64[:cap], out_f64[cap : 2 * cap], out_f64[2 * cap :]
+        """Another arena of the same size: the spare when no tree
+        views it any more, else a new one."""
+        spare = self.spare
+        nxt = spare if spare is not None and spare.free() else _Arena(self.arena.cap)
+        self.spare, self.arena = self.arena, nxt
+        frame = self.frame
+        frame[dk.WS_OUT_I32], frame[dk.WS_OUT_F64] = nxt.addrs
+        frame[dk.WS_OUT_CAP], frame[dk.WS_OUT_OFF] = nxt.cap, 0
+        self.tokens, self.parents, self.depths, self.scores, self.shares, self.groups, self.steps = nxt.blocks
 
 
 class Proposer:
@@ -284,9 +325,9 @@ class Proposer:
         return ws
 
     def _tops_of(self, fa: FrozenAutomaton):
-        """`fk.top_children` of `fa` for this proposer's `max_children`, kept while `fa` is a source
-        (built once per automaton: the corpora's at construction, a new cache snapshot's on the
-        closing request's time)."""
+        """(row_of, `fk.top_rows`) of `fk.top_children` of `fa` for this proposer's `max_children`,
+        kept while `fa` is a source (built once per automaton: the corpora's at construction, a new
+        cache snapshot's on the closing request's time)."""
         got = self._tops.get(id(fa))
         if got is not None and got[0] is fa:
             return got[1]
@@ -294,7 +335,9 @@ class Proposer:
         width = int(self.params[dk.P_MAX_CHILDREN]) + 1
         tops = None
         if width <= dk.CHILD_BUF:
-            tops = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, fa.plink.shape[0], width, fk.top_min_children(width))
+            row_of, top_edges, totals = fk.top_children(offsets, etok, eto, counts, fa.count_escapes, lasts, fa.plink.shape[0],
+                                                        width, fk.top_min_children(width))
+            tops = (row_of, fk.top_rows(top_edges, totals, fa.edge_records(), width))
         self._tops[id(fa)] = (fa, tops)
         return tops
 

@@ -67,6 +67,7 @@ _tree = DraftTree.unchecked
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
+_TREE_SHIFT, _TREE_COUNT_MASK = pk.TREE_SHIFT, pk.TREE_COUNT_MASK
 _CUR_STATE, _CUR_LEN, _CUR_ANCHOR = pk.CUR_STATE, pk.CUR_LEN, pk.CUR_ANCHOR
 ANCHOR_MIN = 4  # a corpus match this long or longer may anchor the session (`_anchor`)
 ANCHOR_TAIL, ANCHOR_STEPS = 16, 4  # `_start_cursor`
@@ -273,7 +274,8 @@ class Session:
                 if ws is not None:
                     r = _propose_framed(hot, ws.addr, budget)
                     if r >= 0:  # else the workspace or the arena is too small: _kernel_tree grows it
-                        a, e = _tree_span(r)
+                        a = r >> _TREE_SHIFT  # _tree_span(r), without a call
+                        e = a + (r & _TREE_COUNT_MASK)
                         if a == e:
                             self._judged = None
                             return _EMPTY
