@@ -49,6 +49,7 @@ the date, host and git revision).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import fcntl
 import importlib.metadata
 import importlib.util
@@ -267,6 +268,11 @@ def summarize(runs: list[dict]) -> list[dict]:
                 row["expected_accepted"] = round(st["expected_accepted"], 1)
             if rs[-1].get("step_profile"):
                 row["step_profile_ms"] = _profile(rs)
+            if rs[-1].get("step_trace") and len(rs[-1]["step_trace"]) >= 5:  # the engine's step line (bench_vllm_replay)
+                from bench_vllm_replay import fit_step_clock
+
+                line = fit_step_clock([s for x in rs for s in x.get("step_trace") or []])
+                row["step_line"] = {k: float(f"{v:.4g}") for k, v in dataclasses.asdict(line).items()}
             if rs[-1].get("step_cost"):
                 row["learned_step_cost"] = rs[-1]["step_cost"].get("relative_by_batch")
             for name in ("plain", "suffix", "ngram"):

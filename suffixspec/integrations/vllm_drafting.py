@@ -14,6 +14,12 @@ the step's total draft tokens T (the best sum of values per T), then the best T;
 tokens. So a row's draft may follow a different path than the longest one (a strong short branch
 beats a long weak one when tokens cost), and it is empty when no draft pays.
 
+A request's scores are trusted as far as its record bears them out (`trust_factors`): each node's
+score is planned as score * f ** depth, f in (0, 1] the factor at which the request's verified drafts
+would have promised what the engine accepted of them (a prior of `CALIBRATION_TOKENS` tokens at
+f = 1), so a request whose drafts keep failing, an edit whose copies the model departs from, drafts
+short, and one whose drafts are accepted keeps its scores.
+
 The step's cost is measured (`MeasuredStepCost`: per batch size, a line in the drafted tokens fitted
 online to the time between the adapter's calls and the tokens each step verified, pulled toward a
 conservative prior where the steps do not vary enough to show the slope) unless the `step_cost`
@@ -33,6 +39,9 @@ from .. import BadInputError
 # relative to one another within a batch size; measured steps replace it (`MeasuredStepCost`).
 PRIOR_SLOPE = 0.03
 PRIOR_STEP_SECONDS = 0.02
+# `trust_factors`' prior: a request's scores count as borne out by this many accepted tokens
+# before its own record (so its first drafts go by the scores and its record takes over as it grows)
+CALIBRATION_TOKENS = 8.0
 
 
 class StepCost:
@@ -254,6 +263,36 @@ def plan_lengths(values: np.ndarray, cost) -> np.ndarray:
         lengths[r] = choice[r, T]
         T -= int(lengths[r])
     return lengths
+
+
+def trust_factors(promised: np.ndarray, accepted: np.ndarray, prior: float | None = None) -> np.ndarray:
+    """Per request, how far its drafts' scores are to be trusted: the f in (0, 1] at which its verified
+    drafts, each node's score taken as score * f ** depth, would have promised what it accepted, with
+    `prior` (default `CALIBRATION_TOKENS`) accepted tokens of depth 1 promised at f = 1 added:
+
+        sum_d promised[r, d - 1] f ** d + prior f = accepted[r] + prior
+
+    `promised` [rows, k]: per depth, the summed scores of the request's verified draft tokens;
+    `accepted` [rows]: the tokens of those drafts the engine accepted. A request that accepts what its
+    scores promised, or more, keeps f = 1; the conditional chance of each further token is scaled by
+    f, so a request whose long drafts fail loses its long drafts first."""
+    prior = CALIBRATION_TOKENS if prior is None else float(prior)
+    w = np.asarray(promised, np.float64)
+    a = np.asarray(accepted, np.float64)
+    if w.ndim != 2 or a.shape != (w.shape[0],):
+        raise ValueError(f"trust_factors: expected promised [rows, k] and accepted [rows], got {w.shape} and {a.shape}")
+    powers = np.arange(1, w.shape[1] + 1, dtype=np.float64)
+
+    def excess(f):  # increasing in f
+        return (w * f[:, None] ** powers).sum(axis=1) + prior * f - a - prior
+
+    lo, hi = np.zeros(a.shape[0]), np.ones(a.shape[0])
+    for _ in range(40):
+        mid = 0.5 * (lo + hi)
+        over = excess(mid) > 0
+        hi = np.where(over, mid, hi)
+        lo = np.where(over, lo, mid)
+    return np.where(excess(np.ones(a.shape[0])) <= 0, 1.0, np.maximum(hi, 1e-6))
 
 
 def write_paths(tokens, parents, starts, nodes, lengths, out_tokens, out_scores=None, scores=None) -> None:
