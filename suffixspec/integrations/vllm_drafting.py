@@ -282,17 +282,24 @@ def trust_factors(promised: np.ndarray, accepted: np.ndarray, prior: float | Non
     if w.ndim != 2 or a.shape != (w.shape[0],):
         raise ValueError(f"trust_factors: expected promised [rows, k] and accepted [rows], got {w.shape} and {a.shape}")
     powers = np.arange(1, w.shape[1] + 1, dtype=np.float64)
+    out = np.ones(a.shape[0])
+    # rows whose record bears their scores out keep f = 1: only the others are searched (every step)
+    need = np.flatnonzero(w.sum(axis=1) - a > 0)
+    if not need.size:
+        return out
+    w, a = w[need], a[need]
 
     def excess(f):  # increasing in f
         return (w * f[:, None] ** powers).sum(axis=1) + prior * f - a - prior
 
-    lo, hi = np.zeros(a.shape[0]), np.ones(a.shape[0])
-    for _ in range(40):
+    lo, hi = np.zeros(need.size), np.ones(need.size)
+    for _ in range(24):  # to 2 ** -24
         mid = 0.5 * (lo + hi)
         over = excess(mid) > 0
         hi = np.where(over, mid, hi)
         lo = np.where(over, lo, mid)
-    return np.where(excess(np.ones(a.shape[0])) <= 0, 1.0, np.maximum(hi, 1e-6))
+    out[need] = np.maximum(hi, 1e-6)
+    return out
 
 
 def write_paths(tokens, parents, starts, nodes, lengths, out_tokens, out_scores=None, scores=None) -> None:
