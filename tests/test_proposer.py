@@ -1,6 +1,7 @@
 """Proposer trees against a brute-force proposer; the simulator against a hand-computed replay."""
 
 import json
+import pickle
 import random
 import time
 
@@ -128,7 +129,11 @@ def test_a_tree_never_read_keeps_its_arena_and_reads_what_was_proposed():
     assert tree.longest_accepted(want[0][:1]) == 0
     tree.scores = np.zeros(len(tree))
     assert tree.expected_accepted == 0.0
-    check_tree_invariants(s.propose(16))
+    fresh = s.propose(16)
+    back = pickle.loads(pickle.dumps(fresh))  # a plain tree of its arrays, not the arena
+    assert type(back) is DraftTree and back.tokens.tolist() == fresh.tokens.tolist()
+    assert back.scores.tolist() == fresh.scores.tolist() and back.tokens.base is None
+    check_tree_invariants(fresh)
 
 
 def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():

@@ -194,6 +194,10 @@ class ArenaTree(DraftTree):
     def __len__(self) -> int:
         return self._n
 
+    def __reduce__(self):
+        # a plain tree of its arrays (not the whole arena)
+        return DraftTree.unchecked, (self.tokens, self.parents, self.depths, self.scores)
+
 
 def arena_tree(blocks: tuple, a: int, n: int) -> DraftTree:
     """The `ArenaTree` of nodes [a, a + n) of `blocks` (n > 0; arrays already known valid)."""
