@@ -37,7 +37,7 @@ from .._kernels.address import address
 from ..errors import BadInputError, InternalError
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .sources import RestrictedSource, Sources
-from .tree import DraftTree, arena_tree
+from .tree import ArenaTree, DraftTree, arena_tree
 
 __all__ = ["SRC_CORPUS", "SRC_OTHER", "Session"]
 
@@ -65,6 +65,7 @@ def _source_counts(judged, committed: np.ndarray, counts: np.ndarray) -> None:
 
 _tree = DraftTree.unchecked
 _arena_tree = arena_tree
+_new = object.__new__
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
@@ -283,7 +284,11 @@ class Session:
                             return _EMPTY
                         blocks = ws.blocks
                         self._judged = (blocks, a, e)
-                        return _arena_tree(blocks, a, e - a)
+                        tree = _new(ArenaTree)  # arena_tree(blocks, a, e - a), without a call
+                        tree._blocks = blocks
+                        tree._a = a
+                        tree._n = e - a
+                        return tree
                 return self._kernel_tree(budget)
             p = self.proposer
             budget = p.max_nodes if budget is None else int(budget)
