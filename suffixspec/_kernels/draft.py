@@ -456,7 +456,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
     width = k.max_children + 1
     min_row = top_min_children(width)  # states with no more children have no top row
     fp = no_frozen_part()  # the arrays of the frozen part at hand
-    f_offsets, f_row_of = fp.offsets, fp.row_of  # the children's states are prefetched in them
+    f_offsets = fp.offsets  # the children's states are prefetched in it
     n_deep = 0  # children whose count read walked a long splay path: splayed at the end
     n_parts, n_cand, n_heap = _seed_insert(cand, cand_p, cand_share, heap_key, heap_val, part_src, part_state, part_len,
                                            n_parts, session.rec, k)
@@ -514,7 +514,7 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
         gf = memo[M_GROUP + cls]  # inner nodes' group factor
         if not live:
             fp = frozen_part(shared.frozen, shared.tops, src)
-            f_offsets, f_row_of = fp.offsets, fp.row_of
+            f_offsets = fp.offsets
         ready = seeded >= n_parts and rooted  # the heap holds every waiting candidate
         # -- a chain: a lone child more probable than every waiting candidate is the next pop
         # whatever happens: taken at once, no candidate or heap (the usual case along a copy)
@@ -527,7 +527,6 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
                 tok, w, cnt = E[e, sk.TOK], E[e, sk.TO], 1  # a lone child's share is 1: no count read
             else:
                 tok, w, cnt = _lone_frozen(fp, v)
-                prefetch(f_offsets, w)  # the next step's first read, in flight during this one's
             if cnt <= 0:
                 break
             total = float(cnt)
@@ -572,8 +571,8 @@ def expand(session, shared, stack, n_parts, budget, ws, tree):
             n_kids, total, top = gather_frozen(fp, v, width, min_row, kids)
         if n_kids == 0 or total <= 0:
             continue
-        n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets,
-                                                          f_row_of, live, cls, gf, k, session.local, glob, memo, cur_rows, src, cur, n_kids,
+        n_cand, n_heap, direct, direct_p = _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live,
+                                                          cls, gf, k, session.local, glob, memo, cur_rows, src, cur, n_kids,
                                                           total, top, ready, n_cand, n_heap)
     for i in range(n_deep):
         stack = lct.splay(L, S, deep[i], stack)
@@ -603,8 +602,8 @@ def _near_anchor(kids, n_kids, top, cls, cur, src, depth, k):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, f_row_of, live, cls, gf, k, local, glob,
-                   memo, cur_rows, src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
+def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets, live, cls, gf, k, local, glob, memo,
+                   cur_rows, src, cur, n_kids, total, top, may_direct, n_cand, n_heap):
     """Score the n_kids gathered children of the state at hand of part source `src` (count
     `total`, most recent end `top`; the bonus: `_near_anchor` over the cursor rows `cur_rows`)
     and make the best max_children of them candidates. The best one skips the heap when
@@ -633,8 +632,7 @@ def _push_children(cand, cand_p, cand_share, heap_key, heap_val, kids, f_offsets
         cand[n_cand, C_PART] = cur.part
         cand[n_cand, C_GROUP] = learn.group(cls, 0)
         if not live:
-            prefetch(f_offsets, kids[taken, K_STATE])  # read when the candidate is expanded, ...
-            prefetch(f_row_of, kids[taken, K_STATE])  # ... as its top row's index may be
+            prefetch(f_offsets, kids[taken, K_STATE])  # read when the candidate is expanded
         if taken == 0 and may_direct and (n_heap == 0 or prob > heap_key[0]):
             direct = n_cand
             direct_p = prob
