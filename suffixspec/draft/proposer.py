@@ -14,9 +14,10 @@ Contract:
   `budget` most probable paths of the union of the sources' continuations, a path proposed by
   several sources scoring its best.
 * Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live frame,
-  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are views
-  of the thread's output arena (256 trees of the budget up to ARENA_NODES, at least 64; replaced
-  when full; alive while any of its trees is). The knobs are fixed at construction (`params` is read-only).
+  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are
+  `tree.ArenaTree`s over the thread's output arena, their arrays views made on first read (256
+  trees of the budget up to ARENA_NODES, at least 64; replaced when full; alive while any of its
+  trees is). The knobs are fixed at construction (`params` is read-only).
 * Threads: different sessions may propose concurrently (`propose` runs one nogil kernel call over
   the session's own automaton and immutable snapshots of the shared sources; the cache has its own
   lock). The learned counts and the sibling calibration are shared by the sessions and updated
