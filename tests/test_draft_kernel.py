@@ -86,7 +86,7 @@ def _check(session, prop, budget, what):
     assert len(tree) == len(ref), what
     if not len(ref):
         return 0
-    tokens, parents, shares, groups, steps, a, e = session._judged
+    (tokens, parents, _depths, _scores, shares, groups, steps), a, e = session._judged
     assert tree.tokens.tolist() == [n["token"] for n in ref], what
     assert tree.parents.tolist() == [n["parent"] for n in ref], what
     assert groups[a:e].tolist() == [n["group"] for n in ref], what

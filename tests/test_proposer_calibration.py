@@ -150,7 +150,7 @@ def test_calibration_counts_the_proposers_own_rounds():
             tree = s.propose(budget) if round_ % 2 else prop.propose_batch([s], budget)[0]
             committed = [rng.randrange(3) for _ in range(rng.randrange(1, 5))]
             if len(tree):
-                tokens, parents, shares, groups, steps, a, e = s._judged
+                (tokens, parents, _depths, _scores, shares, groups, steps), a, e = s._judged
                 assert np.array_equal(tokens[a:e], tree.tokens) and np.array_equal(parents[a:e], tree.parents)
                 _judge(tree.tokens, tree.parents, shares[a:e], committed, expect, groups[a:e], steps[a:e], gexpect)
             s.extend(committed)

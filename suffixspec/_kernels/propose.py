@@ -210,6 +210,23 @@ def set_arena(wsf, out_i32, out_f64) -> None:
     wsf[dk.WS_OUT_CAP], wsf[dk.WS_OUT_OFF] = cap, 0
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _prefetch_arena(out, out_f64, cap, at, n):
+    """Prefetch the cache lines of arena nodes [at, at + n) in all seven blocks (`set_arena`): the
+    lines a tree written there stores to, each tree's lines no recent proposal touched."""
+    end = min(at + n, cap)
+    if at >= end:
+        return
+    for block in range(4):  # a line holds 16 int32 ...
+        for i in range(block * cap + at, block * cap + end, 16):
+            prefetch(out, i)
+        prefetch(out, block * cap + end - 1)
+    for block in range(3):  # ... or 8 float64
+        for i in range(block * cap + at, block * cap + end, 8):
+            prefetch(out_f64, i)
+        prefetch(out_f64, block * cap + end - 1)
+
+
 @njit(cache=True, nogil=True)
 def propose_framed(frame_addr, wsf_addr, budget):
     """`propose_one` for the session whose `session_frame` lies at `frame_addr`, in the workspace
@@ -234,8 +251,10 @@ def propose_framed(frame_addr, wsf_addr, budget):
     out_f64 = view_f64(wsf[dk.WS_OUT_F64], 3 * cap)
     tree = _tree_at(out[:cap], out[cap : 2 * cap], out[2 * cap : 3 * cap], out_f64[:cap], out_f64[cap : 2 * cap],
                     out[3 * cap :], out_f64[2 * cap :], off)
+    _prefetch_arena(out, out_f64, cap, off, budget)  # in flight while the parts are found
     k, stack = propose_one(session, _framed_shared(frame), stack, budget, dk.framed_workspace(wsf), tree)
     wsf[dk.WS_OUT_OFF] = off + k
+    _prefetch_arena(out, out_f64, cap, off + k, budget)  # the next tree's, most often of the same budget
     return (off << TREE_SHIFT) | k
 
 

@@ -14,9 +14,10 @@ Contract:
   `budget` most probable paths of the union of the sources' continuations, a path proposed by
   several sources scoring its best.
 * Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live frame,
-  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are views
-  of the thread's output arena (256 trees of the budget up to ARENA_NODES, at least 64; replaced
-  when full; alive while any of its trees is). The knobs are fixed at construction (`params` is read-only).
+  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are
+  `tree.ArenaTree`s over the thread's output arena, their arrays views made on first read (256
+  trees of the budget up to ARENA_NODES, at least 64; replaced when full; alive while any of its
+  trees is). The knobs are fixed at construction (`params` is read-only).
 * Threads: different sessions may propose concurrently (`propose` runs one nogil kernel call over
   the session's own automaton and immutable snapshots of the shared sources; the cache has its own
   lock). The learned counts and the sibling calibration are shared by the sessions and updated
@@ -50,7 +51,7 @@ from .config import ProposerConfig
 from .response_cache import ResponseCache
 from .session import SRC_CORPUS, SRC_OTHER, Session
 from .sources import Sources, corpus_sources
-from .tree import DraftTree
+from .tree import DraftTree, arena_tree
 from .upkeep import CacheUpkeep
 
 _PARALLEL_LAUNCH = threading.Lock()
@@ -97,9 +98,9 @@ class _LiveSlots:
 
 class _Arena:
     """An output arena (see `pk.set_arena`): its two arrays, their addresses and the blocks trees
-    are views of; `baseline`: the reference counts of the arrays and the blocks while nothing but
-    this holds them (a tree's arrays are views of the arrays; a session's judged tree holds the
-    blocks themselves)."""
+    are views of; `baseline`: the reference counts of the arrays, the blocks and their tuple while
+    nothing but this holds them (a tree's arrays are views of the arrays; a tree and a session's
+    judged tree hold the tuple)."""
 
     __slots__ = ("i32", "f64", "addrs", "cap", "blocks", "baseline")
 
@@ -118,7 +119,9 @@ class _Arena:
         self.baseline = self._counts()
 
     def _counts(self) -> tuple:
-        return (sys.getrefcount(self.i32), sys.getrefcount(self.f64)) + tuple(map(sys.getrefcount, self.blocks))
+        blocks = self.blocks
+        return (sys.getrefcount(self.i32), sys.getrefcount(self.f64), sys.getrefcount(blocks)) + tuple(
+            map(sys.getrefcount, blocks))
 
     def free(self) -> bool:
         """Whether nothing but this arena holds its arrays or blocks (no tree is alive)."""
@@ -134,8 +137,8 @@ class _Workspace:
     workspace (their pages written then, not by a proposal), the spare taken again once no tree
     views it, else replaced by a new one; a turn writes the frame's four arena fields."""
 
-    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "tokens", "parents", "depths", "scores", "shares",
-                 "groups", "steps", "arena", "spare")
+    __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "blocks", "tokens", "parents", "depths", "scores",
+                 "shares", "groups", "steps", "arena", "spare")
 
     def __init__(self, budget: int, n_sources: int, max_children: int):
         self.budget, self.n_sources = budget, n_sources
@@ -158,6 +161,7 @@ class _Workspace:
         frame = self.frame
         frame[dk.WS_OUT_I32], frame[dk.WS_OUT_F64] = nxt.addrs
         frame[dk.WS_OUT_CAP], frame[dk.WS_OUT_OFF] = nxt.cap, 0
+        self.blocks = nxt.blocks
         self.tokens, self.parents, self.depths, self.scores, self.shares, self.groups, self.steps = nxt.blocks
 
 
@@ -427,13 +431,10 @@ class Proposer:
                 for g in held:
                     g.release()
         if fast:
-            trusted = DraftTree.unchecked
-            out_tok, out_par, out_depth, out_prob, out_share, out_group, out_step = outs
             learning = self.learn
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
-                e = a + k
-                trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
-                sessions[i]._judged = (out_tok, out_par, out_share, out_group, out_step, a, e) if learning and k else None
+                trees[i] = arena_tree(outs, a, k) if k else _EMPTY
+                sessions[i]._judged = (outs, a, a + k) if learning and k else None
         for i, b in slow:
             trees[i] = sessions[i].propose(b)
         return trees

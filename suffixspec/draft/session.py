@@ -9,8 +9,8 @@ When the cache of past responses changes, a session keeps its cursors into uncha
 re-finds its match over its last `resync_tokens` tokens in new ones, so a match into past
 responses restarts at most that long and then grows token by token.
 
-* `propose(budget)`: the draft tree, a view into the calling thread's output arena (the empty tree
-  is one shared, read-only instance); `extend(tokens)`: commit tokens, judging the last tree and
+* `propose(budget)`: the draft tree over the calling thread's output arena (`tree.ArenaTree`: its
+  arrays are views made on first read; the empty tree is one shared, read-only instance); `extend(tokens)`: commit tokens, judging the last tree and
   counting what the sources' matches did (`learn`); `close()`: the output joins the cache.
 * Threads: a session's calls (`propose`, `extend`, `close`, its part of a batch) are serialised by
   its own lock, so no kernel reads an automaton that another thread is growing or freeing (the
@@ -37,7 +37,7 @@ from .._kernels.address import address
 from ..errors import BadInputError, InternalError
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .sources import RestrictedSource, Sources
-from .tree import DraftTree
+from .tree import ArenaTree, DraftTree, arena_tree
 
 __all__ = ["SRC_CORPUS", "SRC_OTHER", "Session"]
 
@@ -49,7 +49,7 @@ def _source_counts(judged, committed: np.ndarray, counts: np.ndarray) -> None:
     """Add a judged tree's nodes to `counts` [source, (drafted, accepted)]: a node is the corpus's when
     a corpus part created it (its group, `lk.group`, is set only for corpus parts), and accepted when
     it lies on the committed path (its parent did, its token is the one committed at its depth)."""
-    tokens, parents, _shares, groups, _steps, a, e = judged
+    (tokens, parents, _depths, _scores, _shares, groups, _steps), a, e = judged
     tok, par, corpus = tokens[a:e], parents[a:e], groups[a:e] >= 0
     n_corpus = int(np.count_nonzero(corpus))
     counts[SRC_CORPUS, 0] += n_corpus
@@ -64,6 +64,8 @@ def _source_counts(judged, committed: np.ndarray, counts: np.ndarray) -> None:
 
 
 _tree = DraftTree.unchecked
+_arena_tree = arena_tree
+_new = object.__new__
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
@@ -141,8 +143,8 @@ class Session:
         self._stats = lk.new_stats()  # this request's learned counts (lk)
         # the recovery row (rk.RROW_*; rk.recovery_row, after each extension when the proposer recovers)
         self._rec = np.full(rk.RROW_COLS, -1, np.int64)
-        # the last tree proposed, judged by the next extension (lk.count_tree): arena blocks
-        # (tokens, parents, shares, groups, steps) and its span, or None
+        # the last tree proposed, judged by the next extension (lk.count_tree): (the arena's blocks
+        # (tokens, parents, depths, scores, shares, groups, steps), its first node, its end), or None
         self._judged = None
         self._src: Sources | None = None  # the sources self._automata mirrors, once synced
         # pk.session_frame of the current _sam, _cur, _src (None: to rebuild); _hot: its address
@@ -180,7 +182,8 @@ class Session:
             if judged is not None:
                 self._judged = None
                 if learning:
-                    lk.count_tree(*judged, toks, p._calibration, p._group_cal)
+                    (tokens, parents, _depths, _scores, shares, groups, steps), a, e = judged
+                    lk.count_tree(tokens, parents, shares, groups, steps, a, e, toks, p._calibration, p._group_cal)
                 if p._static:
                     _source_counts(judged, toks, p._source_tokens)
             if learning:
@@ -279,9 +282,13 @@ class Session:
                         if a == e:
                             self._judged = None
                             return _EMPTY
-                        tokens, parents = ws.tokens, ws.parents
-                        self._judged = (tokens, parents, ws.shares, ws.groups, ws.steps, a, e)
-                        return _tree(tokens[a:e], parents[a:e], ws.depths[a:e], ws.scores[a:e])
+                        blocks = ws.blocks
+                        self._judged = (blocks, a, e)
+                        tree = _new(ArenaTree)  # arena_tree(blocks, a, e - a), without a call
+                        tree._blocks = blocks
+                        tree._a = a
+                        tree._n = e - a
+                        return tree
                 return self._kernel_tree(budget)
             p = self.proposer
             budget = p.max_nodes if budget is None else int(budget)
@@ -330,8 +337,9 @@ class Session:
         if a == e:
             self._judged = None
             return _EMPTY
-        self._judged = (ws.tokens, ws.parents, ws.shares, ws.groups, ws.steps, a, e)
-        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
+        blocks = ws.blocks
+        self._judged = (blocks, a, e)
+        return _arena_tree(blocks, a, e - a)
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""
