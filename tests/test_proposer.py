@@ -1,7 +1,6 @@
 """Proposer trees against a brute-force proposer; the simulator against a hand-computed replay."""
 
 import json
-import pickle
 import random
 import time
 
@@ -99,41 +98,6 @@ def test_a_spare_arena_is_taken_again_only_once_no_tree_views_it():
         ws.new_arena()
         assert t.tokens.tolist() == toks.tolist()
         s.extend(rng.integers(0, 4, 1))
-
-
-def test_a_tree_never_read_keeps_its_arena_and_reads_what_was_proposed():
-    """A proposed tree makes its arrays on their first read: until then it still holds its
-    arena (not taken again), its length is known, and what it reads later equals a copy of the
-    arena's nodes taken when it was proposed; assigned arrays replace the views."""
-    rng = np.random.default_rng(8)
-    prop = Proposer(global_cache=False)
-    s = prop.start(rng.integers(0, 4, 300))
-    tree = s.propose(32)
-    ws = prop._local.ws
-    a, e = s._judged[1:]
-    blocks = ws.arena.blocks
-    want = [blocks[i][a:e].copy() for i in range(4)]
-    assert len(tree) == e - a > 0
-    s.extend(rng.integers(0, 4, 1))  # the session lets go of the tree's blocks; the tree does not
-    first = ws.arena
-    ws.new_arena()
-    ws.new_arena()  # the first arena, the spare, is still held by the unread tree: a new one
-    assert ws.arena is not first
-    for _ in range(50):
-        s.propose(64)
-        s.extend(rng.integers(0, 4, 1))
-    got = (tree.tokens, tree.parents, tree.depths, tree.scores)
-    assert all(g.tolist() == w.tolist() for g, w in zip(got, want))
-    assert tree.tokens is got[0] and tree.tokens.base is first.i32  # made once, a view of the arena
-    assert tree.expected_accepted == pytest.approx(float(want[3].sum()))
-    assert tree.longest_accepted(want[0][:1]) == 0
-    tree.scores = np.zeros(len(tree))
-    assert tree.expected_accepted == 0.0
-    fresh = s.propose(16)
-    back = pickle.loads(pickle.dumps(fresh))  # a plain tree of its arrays, not the arena
-    assert type(back) is DraftTree and back.tokens.tolist() == fresh.tokens.tolist()
-    assert back.scores.tolist() == fresh.scores.tolist() and back.tokens.base is None
-    check_tree_invariants(fresh)
 
 
 def test_trees_stay_intact_while_later_proposals_fill_and_replace_the_arena():

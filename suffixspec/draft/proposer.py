@@ -14,10 +14,9 @@ Contract:
   `budget` most probable paths of the union of the sources' continuations, a path proposed by
   several sources scoring its best.
 * Calls: a session hands the kernel the addresses of one int64 frame (its automaton's live frame,
-  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are
-  `tree.ArenaTree`s over the thread's output arena, their arrays views made on first read (256
-  trees of the budget up to ARENA_NODES, at least 64; replaced when full; alive while any of its
-  trees is). The knobs are fixed at construction (`params` is read-only).
+  its cursors, the sources' table, the knobs) and of its thread's workspace frame. Trees are views
+  of the thread's output arena (256 trees of the budget up to ARENA_NODES, at least 64; replaced
+  when full; alive while any of its trees is). The knobs are fixed at construction (`params` is read-only).
 * Threads: different sessions may propose concurrently (`propose` runs one nogil kernel call over
   the session's own automaton and immutable snapshots of the shared sources; the cache has its own
   lock). The learned counts and the sibling calibration are shared by the sessions and updated
@@ -51,7 +50,7 @@ from .config import ProposerConfig
 from .response_cache import ResponseCache
 from .session import SRC_CORPUS, SRC_OTHER, Session
 from .sources import Sources, corpus_sources
-from .tree import DraftTree, arena_tree
+from .tree import DraftTree
 from .upkeep import CacheUpkeep
 
 _PARALLEL_LAUNCH = threading.Lock()
@@ -431,9 +430,12 @@ class Proposer:
                 for g in held:
                     g.release()
         if fast:
+            trusted = DraftTree.unchecked
+            out_tok, out_par, out_depth, out_prob = outs[:4]
             learning = self.learn
             for i, a, k in zip(fast, starts.tolist(), counts.tolist()):
-                trees[i] = arena_tree(outs, a, k) if k else _EMPTY
+                e = a + k
+                trees[i] = trusted(out_tok[a:e], out_par[a:e], out_depth[a:e], out_prob[a:e]) if k else _EMPTY
                 sessions[i]._judged = (outs, a, a + k) if learning and k else None
         for i, b in slow:
             trees[i] = sessions[i].propose(b)

@@ -9,8 +9,8 @@ When the cache of past responses changes, a session keeps its cursors into uncha
 re-finds its match over its last `resync_tokens` tokens in new ones, so a match into past
 responses restarts at most that long and then grows token by token.
 
-* `propose(budget)`: the draft tree over the calling thread's output arena (`tree.ArenaTree`: its
-  arrays are views made on first read; the empty tree is one shared, read-only instance); `extend(tokens)`: commit tokens, judging the last tree and
+* `propose(budget)`: the draft tree, a view into the calling thread's output arena (the empty tree
+  is one shared, read-only instance); `extend(tokens)`: commit tokens, judging the last tree and
   counting what the sources' matches did (`learn`); `close()`: the output joins the cache.
 * Threads: a session's calls (`propose`, `extend`, `close`, its part of a batch) are serialised by
   its own lock, so no kernel reads an automaton that another thread is growing or freeing (the
@@ -37,7 +37,7 @@ from .._kernels.address import address
 from ..errors import BadInputError, InternalError
 from .automaton import FrozenAutomaton, SuffixAutomaton
 from .sources import RestrictedSource, Sources
-from .tree import ArenaTree, DraftTree, arena_tree
+from .tree import DraftTree
 
 __all__ = ["SRC_CORPUS", "SRC_OTHER", "Session"]
 
@@ -64,8 +64,6 @@ def _source_counts(judged, committed: np.ndarray, counts: np.ndarray) -> None:
 
 
 _tree = DraftTree.unchecked
-_arena_tree = arena_tree
-_new = object.__new__
 _EMPTY = DraftTree.empty()
 _propose_framed = pk.propose_framed
 _tree_span = pk.tree_span
@@ -284,11 +282,7 @@ class Session:
                             return _EMPTY
                         blocks = ws.blocks
                         self._judged = (blocks, a, e)
-                        tree = _new(ArenaTree)  # arena_tree(blocks, a, e - a), without a call
-                        tree._blocks = blocks
-                        tree._a = a
-                        tree._n = e - a
-                        return tree
+                        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
                 return self._kernel_tree(budget)
             p = self.proposer
             budget = p.max_nodes if budget is None else int(budget)
@@ -337,9 +331,8 @@ class Session:
         if a == e:
             self._judged = None
             return _EMPTY
-        blocks = ws.blocks
-        self._judged = (blocks, a, e)
-        return _arena_tree(blocks, a, e - a)
+        self._judged = (ws.blocks, a, e)
+        return _tree(ws.tokens[a:e], ws.parents[a:e], ws.depths[a:e], ws.scores[a:e])
 
     def _propose_restricted(self, budget: int) -> DraftTree:
         """The kernel's tree over the automaton sources, merged with the restricted corpus chains."""

@@ -162,52 +162,6 @@ def _read_only(a: np.ndarray) -> np.ndarray:
 _EMPTY = DraftTree.unchecked(*(_read_only(np.empty(0, t)) for t in (np.int32, np.int32, np.int32, np.float64)))
 
 
-def _on_first_read(i: int, slot):
-    """A property over DraftTree's `slot`: the view of block `i` of the tree's arena, made when
-    first read and kept in the slot (assignable, like the slot)."""
-
-    def get(self):
-        try:
-            return slot.__get__(self)
-        except AttributeError:
-            a = self._a
-            view = self._blocks[i][a : a + self._n]
-            slot.__set__(self, view)
-            return view
-
-    return property(get, slot.__set__, doc=slot.__doc__)
-
-
-class ArenaTree(DraftTree):
-    """A `DraftTree` over nodes [a, a + n) of an output arena's blocks (`blocks`: tokens, parents,
-    depths, scores first), as a proposer hands it out: each array is a view made on its first
-    read, not on the proposal's time (a caller often reads some of them only). Holds `blocks`,
-    so the arena stays alive, and counts as its user, while the tree does."""
-
-    __slots__ = ("_blocks", "_a", "_n")
-
-    tokens = _on_first_read(0, DraftTree.tokens)
-    parents = _on_first_read(1, DraftTree.parents)
-    depths = _on_first_read(2, DraftTree.depths)
-    scores = _on_first_read(3, DraftTree.scores)
-
-    def __len__(self) -> int:
-        return self._n
-
-    def __reduce__(self):
-        # a plain tree of its arrays (not the whole arena)
-        return DraftTree.unchecked, (self.tokens, self.parents, self.depths, self.scores)
-
-
-def arena_tree(blocks: tuple, a: int, n: int) -> DraftTree:
-    """The `ArenaTree` of nodes [a, a + n) of `blocks` (n > 0; arrays already known valid)."""
-    tree = _new(ArenaTree)
-    tree._blocks = blocks
-    tree._a = a
-    tree._n = n
-    return tree
-
-
 def prune_tree(tree: DraftTree, size: int, max_depth: int) -> DraftTree:
     """The best `size` nodes of `tree` by score (a closed subtree) no deeper than `max_depth`."""
     n = len(tree)
