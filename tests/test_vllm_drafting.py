@@ -233,10 +233,10 @@ def test_trust_is_the_factor_at_which_a_requests_drafts_promised_what_it_accepte
         trust_factors(np.zeros(3), np.zeros(3))
 
 
-def test_one_failed_copy_after_a_record_borne_out_shortens_little_and_failures_in_a_row_shorten_more():
+def test_one_failed_copy_after_a_record_borne_out_shortens_less_than_failures_in_a_row():
     """Records kept as the core keeps them (`TRUST_MEMORY`): a long copy that fails once after drafts the
-    engine accepted in full (a type hint inserted into a function being copied) keeps most of its trust at
-    depth 8; the same failure with no record, or three in a row, trusts the scores less."""
+    engine accepted in full (a type hint inserted into a function being copied) trusts its scores more than
+    the same failure with no record, or three in a row."""
     from suffixspec.integrations.vllm_core import TRUST_MEMORY
 
     k = 8
@@ -250,8 +250,7 @@ def test_one_failed_copy_after_a_record_borne_out_shortens_little_and_failures_i
         return trust_factors(promised[None, :], np.array([accepted]))[0]
 
     after_record = record([8] * 10 + [0])
-    assert record([8] * 10) == 1.0
-    assert after_record ** k > 0.5  # the next long copy still drafts long
+    assert record([8] * 10) == 1.0 and after_record < 1.0
     assert record([0]) < after_record and record([8] * 10 + [0, 0, 0]) < after_record
     assert record([0, 0, 0]) < record([0])
 

@@ -44,7 +44,7 @@ from .vllm_options import VllmSetup
 CHECK_TOKENS = 16  # head and tail tokens compared on the fast path
 MAX_TIMEOUT_STEPS = 64  # the adaptive session timeout's ceiling
 RECENT_CLOSED = 64  # sessions closed on a timeout remembered, to notice a request coming back
-TRUST_MEMORY = 0.85  # per verified draft: how much of a request's record the next draft keeps (about 7 drafts)
+TRUST_MEMORY = 0.5  # per verified draft: how much of a request's record the next draft keeps
 
 _M64 = np.uint64
 log = logging.getLogger(__name__)
