@@ -30,7 +30,6 @@ import sys
 import tempfile
 from dataclasses import asdict, astuple, dataclass
 from pathlib import Path
-from unittest import mock
 
 import numpy as np
 
@@ -38,12 +37,12 @@ import common
 
 
 class SimClock:
-    """Stands in for `time` in the adapter's module: `perf_counter` reads the simulated clock."""
+    """The simulated clock (`t` seconds, advanced by `replay`), read by the adapter as its `DraftCore.clock`."""
 
     def __init__(self):
         self.t = 0.0
 
-    def perf_counter(self) -> float:
+    def __call__(self) -> float:
         return self.t
 
 
@@ -76,12 +75,14 @@ class SuffixArm:
 class CoreArm:
     """suffixspec's adapter: a `DraftCore` as the vLLM <= 0.33 front end calls it (rows by index)."""
 
-    def __init__(self, k: int, rows: int, max_model_len: int, options: dict):
+    def __init__(self, k: int, rows: int, max_model_len: int, options: dict, clock: SimClock | None = None):
         from suffixspec.integrations.vllm_core import DraftCore
         from suffixspec.integrations.vllm_options import VllmSetup
 
         # sessions close in line: a background close would make the replay depend on the host's timing
         self.core = DraftCore(VllmSetup(k, max_model_len, 1 << 20, rows, {"close_in_background": False, **options}))
+        if clock is not None:
+            self.core.clock = clock
         self.max_model_len = max_model_len
 
     def step(self, batch) -> list[list[int]]:
@@ -185,10 +186,7 @@ def run_arm(spec: str, data: dict, rows: int, step_clock: StepClock, k: int) -> 
     except ValueError:
         raise SystemExit(f"--arms: {spec!r}: the options after 'suffixspec:' must be a JSON object") from None
     clock = SimClock()
-    from suffixspec.integrations import vllm_core
-
-    with mock.patch.object(vllm_core, "time", clock):
-        return replay(data, CoreArm(k, rows, 2048, options), rows, step_clock, clock)
+    return replay(data, CoreArm(k, rows, 2048, options, clock), rows, step_clock, clock)
 
 
 def generate(args) -> None:

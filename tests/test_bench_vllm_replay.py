@@ -99,13 +99,8 @@ def test_the_adapter_runs_on_the_simulated_clock_and_learns_its_line(replay):
     d = {"prompts": [base[:60] for _ in range(4)], "followups": None, "eos": 0,
          "outputs": [base[60:] for _ in range(4)]}
     clock = replay.SimClock()
-    from unittest import mock
-
-    from suffixspec.integrations import vllm_core
-
-    with mock.patch.object(vllm_core, "time", clock):
-        arm = replay.CoreArm(8, 2, 512, {})
-        r = replay.replay(d, arm, 2, replay.StepClock(0.04, 0.005, 0.005, 0.0, 0.0), clock=clock)
+    arm = replay.CoreArm(8, 2, 512, {}, clock)
+    r = replay.replay(d, arm, 2, replay.StepClock(0.04, 0.005, 0.005, 0.0, 0.0), clock=clock)
     assert r["accepted"] > 0 and r["drafted"] >= r["accepted"]
     a, c = arm.core.cost.line(2)
     assert c / a == pytest.approx(0.1, rel=0.05)  # two rows: 0.04 + 2 * 0.005 a step, 0.005 a drafted token

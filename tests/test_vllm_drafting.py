@@ -233,6 +233,28 @@ def test_trust_is_the_factor_at_which_a_requests_drafts_promised_what_it_accepte
         trust_factors(np.zeros(3), np.zeros(3))
 
 
+def test_one_failed_copy_after_a_record_borne_out_shortens_less_than_failures_in_a_row():
+    """Records kept as the core keeps them (`TRUST_MEMORY`): a long copy that fails once after drafts the
+    engine accepted in full (a type hint inserted into a function being copied) trusts its scores more than
+    the same failure with no record, or three in a row."""
+    from suffixspec.integrations.vllm_core import TRUST_MEMORY
+
+    k = 8
+    long_copy = np.full(k, 0.9)  # a confident 8-token draft
+
+    def record(outcomes):
+        promised, accepted = np.zeros(k), 0.0
+        for got in outcomes:
+            promised = TRUST_MEMORY * promised + long_copy
+            accepted = TRUST_MEMORY * accepted + got
+        return trust_factors(promised[None, :], np.array([accepted]))[0]
+
+    after_record = record([8] * 10 + [0])
+    assert record([8] * 10) == 1.0 and after_record < 1.0
+    assert record([0]) < after_record and record([8] * 10 + [0, 0, 0]) < after_record
+    assert record([0, 0, 0]) < record([0])
+
+
 def make_core(k=4, step_cost=None, **opts):
     from suffixspec.integrations.vllm_core import DraftCore
     from suffixspec.integrations.vllm_options import VllmSetup
@@ -276,7 +298,7 @@ def test_trusted_drafts_are_planned_on_scores_scaled_by_trust_to_the_depth():
 
 def test_a_requests_record_is_what_its_verified_drafts_promised_and_got():
     """Per request the core keeps, per depth, the summed scores of its verified drafts and the tokens the
-    engine accepted of them, halving the older record at each verified draft."""
+    engine accepted of them, keeping TRUST_MEMORY of the older record at each verified draft."""
     from suffixspec.integrations.vllm_core import TRUST_MEMORY
 
     k = 4

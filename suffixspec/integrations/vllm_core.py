@@ -50,6 +50,10 @@ _M64 = np.uint64
 log = logging.getLogger(__name__)
 
 
+def _seconds() -> float:
+    return time.perf_counter()  # looked up at each call, so a stand-in for time.perf_counter applies
+
+
 def _knobs(opts: dict, k: int) -> dict:
     """The proposer's knobs among `opts`, with the adapter's defaults (`KNOB_DEFAULTS`) where absent."""
     knobs = {name: opts[name] for name in KNOBS if name in opts}
@@ -118,7 +122,7 @@ class DraftCore:
 
     `stats` counts steps, sessions started / refound (rows that moved, skipped steps or resumed) /
     closed / evicted / finished, rows drafted, draft tokens, measured steps and the seconds spent in
-    `step`."""
+    `step`. `clock()` gives those seconds (the perf counter; a replay sets a simulated clock)."""
 
     def __init__(self, setup: VllmSetup):
         opts = setup.options
@@ -147,6 +151,7 @@ class DraftCore:
         self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
         self.max_nodes = self.config.max_nodes
         self.stats = collections.Counter()
+        self.clock = _seconds  # seconds at each step's start and end (the step's cost is their spacing)
         self.scores: list[list[float]] = []  # the last step's drafts' node scores, per row
         self._warm_up()
         self.proposer = Proposer(self.corpora or None, config=self.config)
@@ -166,7 +171,7 @@ class DraftCore:
         if n_rows == 0:
             return drafts
         k = min(int(k or self.k), self.k)
-        t0 = time.perf_counter()
+        t0 = self.clock()
         self._step += 1
         step = self._step
         self.stats["steps"] += 1
@@ -199,7 +204,7 @@ class DraftCore:
             self.stats["steps_measured"] += 1
         if tracked:
             self._draft(rows, tracked, limits, drafts, n_rows, k if fixed_width else None)
-        end = time.perf_counter()
+        end = self.clock()
         self.stats["propose_seconds"] += end - t0
         self._last_end, self._ended_step = end, step
         return drafts
