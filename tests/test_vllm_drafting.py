@@ -302,7 +302,7 @@ def test_a_requests_record_is_what_its_verified_drafts_promised_and_got():
     from suffixspec.integrations.vllm_core import TRUST_MEMORY
 
     k = 4
-    core = make_core(k)
+    core = make_core(k, step_cost=[[1, 1.0], [40, 1.5]])  # a pinned line: the drafts do not follow wall time
     rng = np.random.default_rng(5)
     base = list(rng.integers(1, 900, 12))
     content = base * 4  # repeats: the proposer drafts
