@@ -98,8 +98,8 @@ class _LiveSlots:
 class _Arena:
     """An output arena (see `pk.set_arena`): its two arrays, their addresses and the blocks trees
     are views of; `baseline`: the reference counts of the arrays, the blocks and their tuple while
-    nothing but this holds them (a tree's arrays are views of the arrays; a tree and a session's
-    judged tree hold the tuple)."""
+    nothing but this holds them (a tree's arrays are views of the arrays; a session's judged tree
+    holds the tuple)."""
 
     __slots__ = ("i32", "f64", "addrs", "cap", "blocks", "baseline")
 
@@ -129,15 +129,15 @@ class _Arena:
 
 class _Workspace:
     """One thread's kernel scratch (`dk.workspace_buffers`) and output arena (`pk.set_arena`),
-    named by the int64 frame at `addr`; `tokens`, `parents`, `depths`, `scores` are the arena's
-    blocks, which trees are views of (`shares`, `groups`, `steps`: each node's share, group and step, read by
-    `learn.count_tree`). An arena is replaced when full (`new_arena`) and lives
+    named by the int64 frame at `addr`; `blocks` are the current arena's (`tokens`, `parents`,
+    `depths`, `scores`, which trees are views of, first; then each node's share, group and step,
+    read by `learn.count_tree` through the session's judged tree). An arena is replaced when full (`new_arena`) and lives
     while any of its trees does. Two arenas take turns (`arena`, `spare`): made with the
     workspace (their pages written then, not by a proposal), the spare taken again once no tree
     views it, else replaced by a new one; a turn writes the frame's four arena fields."""
 
     __slots__ = ("budget", "n_sources", "buffers", "frame", "addr", "blocks", "tokens", "parents", "depths", "scores",
-                 "shares", "groups", "steps", "arena", "spare")
+                 "arena", "spare")
 
     def __init__(self, budget: int, n_sources: int, max_children: int):
         self.budget, self.n_sources = budget, n_sources
@@ -161,7 +161,7 @@ class _Workspace:
         frame[dk.WS_OUT_I32], frame[dk.WS_OUT_F64] = nxt.addrs
         frame[dk.WS_OUT_CAP], frame[dk.WS_OUT_OFF] = nxt.cap, 0
         self.blocks = nxt.blocks
-        self.tokens, self.parents, self.depths, self.scores, self.shares, self.groups, self.steps = nxt.blocks
+        self.tokens, self.parents, self.depths, self.scores = nxt.blocks[:4]  # a tree's arrays (hot path)
 
 
 class Proposer:

@@ -50,10 +50,6 @@ _M64 = np.uint64
 log = logging.getLogger(__name__)
 
 
-def _seconds() -> float:
-    return time.perf_counter()  # looked up at each call, so a stand-in for time.perf_counter applies
-
-
 def _knobs(opts: dict, k: int) -> dict:
     """The proposer's knobs among `opts`, with the adapter's defaults (`KNOB_DEFAULTS`) where absent."""
     knobs = {name: opts[name] for name in KNOBS if name in opts}
@@ -151,7 +147,7 @@ class DraftCore:
         self.knobs = {name: getattr(self.config, name) for name in knobs}  # the knobs set here
         self.max_nodes = self.config.max_nodes
         self.stats = collections.Counter()
-        self.clock = _seconds  # seconds at each step's start and end (the step's cost is their spacing)
+        self.clock = time.perf_counter  # seconds at each step's start and end (the step's cost is their spacing)
         self.scores: list[list[float]] = []  # the last step's drafts' node scores, per row
         self._warm_up()
         self.proposer = Proposer(self.corpora or None, config=self.config)
