@@ -160,7 +160,14 @@ def freeze_rows_into(S, O, R0, M, newid, n_stored, counts_in, lasts_in, pstate, 
     # overflow edges in table order (independent scattered reads), each after its state's inline
     # ones; no row takes more than its room, so that all of them fill every row
     placed = 0
-    for i in range(O.shape[0]):
+    n_slots = O.shape[0]
+    for i in range(n_slots):
+        if i + AHEAD < n_slots:  # a later slot's source row and ids (scattered reads)
+            sa = O[i + AHEAD, O_SRC]
+            if sa != -1:
+                prefetch(S, sa * ROW + OVF)
+                prefetch(newid, sa)
+                prefetch(newid, O[i + AHEAD, O_TO])
         s = O[i, O_SRC]
         if s == -1 or newid[s] >= n_stored:
             continue
