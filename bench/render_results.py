@@ -248,6 +248,12 @@ def _corpus(r) -> list[str]:
            f"{r['build_tokens_per_s'] / 1e6:.2f}M tokens/s with {r['jobs']} jobs, one core "
            f"{r['single_core_tokens_per_s'] / 1e6:.2f}M tokens/s; {r['bytes_per_token']:.1f} bytes per token on disk; "
            f"first open {r['open_ms_first']:.1f} ms, later opens {r['open_ms_median']:.2f} ms"]
+    if "build_tokens_per_worker_s" in r:  # warm, repeated builds (the first build's kernel load apart)
+        out.append(f"warm medians of {r['repeats']}: per core {r['build_tokens_per_s_per_core'] / 1e6:.2f}M tokens/s of wall "
+                   f"with {r['workers']} workers, {r['build_tokens_per_worker_s'] / 1e6:.2f}M per worker-second; one core "
+                   f"{r['single_core_tokens_per_s'] / 1e6:.2f}M [{r['single_core_tokens_per_s_range'][0] / 1e6:.2f}-"
+                   f"{r['single_core_tokens_per_s_range'][1] / 1e6:.2f}], its first build in the process "
+                   f"{r['single_core_first_tokens_per_s'] / 1e6:.2f}M (the kernels' load)")
     lat = [k[:-len("_p50_us")] for k in r if k.endswith("_p50_us")]
     if lat:
         out.append("query p50 / p99: " + "; ".join(f"{k.replace('_', ' ')} {r[k + '_p50_us']:.1f} / {r[k + '_p99_us']:.1f} us"
