@@ -12,7 +12,8 @@ differs, for fewer cache misses per token:
   DEG (outgoing edges), OVF (first overflow slot, -1 none), then up to INLINE edges (token,
   target) in the row itself, so that a lookup at a state of small degree reads one line.
 - `O` int32[size, O_COLS]: the edges of a state past its first INLINE, in an open-addressing
-  table (linear probing, size a power of two, at most half full) keyed by (source, token):
+  table (linear probing, any size, at most half full) keyed by (source, token), a key's first slot
+  the high half of its hash scaled to the size:
   O_SRC (-1: empty), O_TOK, O_TO, O_NEXT (the source's next overflow slot, -1 ends).
 - `R0` int32[max token + 1]: the root's edges, dense (target or -1): the root is never cloned,
   and a walk ends there for every token not seen after its context. Empty when the largest
@@ -81,10 +82,10 @@ def aligned_rows(rows: int) -> np.ndarray:
 
 
 @njit(cache=True, inline="always")
-def _slot(src, tok, mask):
+def _slot(src, tok, size):
     key = (np.uint64(src) << np.uint64(32)) | np.uint64(tok)
     h = key * np.uint64(0x9E3779B97F4A7C15)
-    return np.int64((h >> np.uint64(29)) & np.uint64(mask))
+    return np.int64(((h >> np.uint64(32)) * np.uint64(size)) >> np.uint64(32))  # size < 2 ** 32
 
 
 @njit(cache=True, inline="always")
@@ -99,15 +100,17 @@ def _find(S, O, R0, p, c):
         if S[b + EDGE0 + 2 * i] == c:
             return b + EDGE0 + 2 * i + 1
     if d > INLINE:
-        mask = O.shape[0] - 1
-        i = _slot(p, c, mask)
+        size = O.shape[0]
+        i = _slot(p, c, size)
         while True:
             s = O[i, O_SRC]
             if s == -1:
                 return -1
             if s == p and O[i, O_TOK] == c:
                 return -2 - i
-            i = (i + 1) & mask
+            i += 1
+            if i == size:
+                i = 0
     return -1
 
 
@@ -133,10 +136,12 @@ def _retarget(S, O, R0, h, v):
 
 @njit(cache=True, inline="always")
 def _insert(O, src, tok, dst, nxt):
-    mask = O.shape[0] - 1
-    i = _slot(src, tok, mask)
+    size = O.shape[0]
+    i = _slot(src, tok, size)
     while O[i, O_SRC] != -1:
-        i = (i + 1) & mask
+        i += 1
+        if i == size:
+            i = 0
     O[i, O_SRC] = src
     O[i, O_TOK] = tok
     O[i, O_TO] = dst
@@ -172,7 +177,7 @@ def _init(S, v, length, link):
 
 @njit(cache=True, nogil=True)
 def rehash(S, O, size):
-    """O's edges in a new table of `size` slots (a power of two), the overflow lists rebuilt."""
+    """O's edges in a new table of `size` slots, the overflow lists rebuilt."""
     table = np.full((size, O_COLS), -1, np.int32)
     S, O, out = borrowed(S), borrowed(O), borrowed(table)
     for i in range(O.shape[0]):
@@ -208,7 +213,7 @@ def _run(S, O, R0, M, tokens, starts, P):
     cap_o = O.shape[0] // 2
     s_data = S.ctypes.data
     o_data = O.ctypes.data
-    omask = O.shape[0] - 1
+    o_size = O.shape[0]
     status = DONE
     need = 0
     while pos < n:
@@ -229,7 +234,7 @@ def _run(S, O, R0, M, tokens, starts, P):
                 nxt = S[p * ROW + LINK]
                 if nxt > 0:  # its row and its overflow slot for c load while p is searched
                     prefetch_address(s_data + 4 * ROW * nxt)
-                    prefetch_address(o_data + 4 * O_COLS * _slot(nxt, c, omask))
+                    prefetch_address(o_data + 4 * O_COLS * _slot(nxt, c, o_size))
                 h = _find(S, O, R0, p, c)
                 if h != -1:
                     break
@@ -289,7 +294,7 @@ def _run(S, O, R0, M, tokens, starts, P):
                     nxt = S[p * ROW + LINK]
                     if nxt > 0:
                         prefetch_address(s_data + 4 * ROW * nxt)
-                        prefetch_address(o_data + 4 * O_COLS * _slot(nxt, c, omask))
+                        prefetch_address(o_data + 4 * O_COLS * _slot(nxt, c, o_size))
                     h = _find(S, O, R0, p, c)
                     if h == -1 or _target(S, O, R0, h) != q:
                         break
@@ -304,7 +309,7 @@ def _run(S, O, R0, M, tokens, starts, P):
         if pos < n:  # the next token's first lookup, at this one's suffix link
             lk = S[cur * ROW + LINK]
             if lk > 0:
-                prefetch_address(o_data + 4 * O_COLS * _slot(lk, tokens[pos], omask))
+                prefetch_address(o_data + 4 * O_COLS * _slot(lk, tokens[pos], o_size))
                 prefetch_address(s_data + 4 * ROW * S[lk * ROW + LINK])
     M[N_STATES] = ns
     M[N_EDGES] = ne
@@ -321,26 +326,23 @@ def dense_root_limit(n_tokens: int) -> int:
 
 
 def _table_size(edges: int) -> int:
-    size = 1024
-    while edges > size // 2:
-        size *= 2
-    return size
+    """Slots of a table at most half full with `edges` (whole cache lines of them)."""
+    return max(1024, -(-2 * int(edges) // 64) * 64)
 
 
 def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray, state_rows: int | None = None,
                table_slots: int | None = None) -> RowAutomaton:
     """The automaton of the documents (see the module docstring); `tokens` int32 (each >= 0),
     `starts` int64, P int32[len(tokens)] filled with each position's prefix state. `state_rows` and
-    `table_slots` (a power of two) size S and O at first (default: room for every state, a table
-    for half as many overflow edges as tokens: code takes about 0.4 a token, prose about 0.5, and
-    growing the table on the way rehashes every edge in it); they grow as needed, and change no
-    result."""
+    `table_slots` size S and O at first (default: room for every state, a table for 0.45 overflow
+    edges a token: code takes about 0.4, prose about 0.5, and growing the table on the way rehashes
+    every edge in it); they grow as needed, and change no result."""
     n = tokens.shape[0]
     # a generalized automaton over n tokens has at most 2n states
     S = aligned_rows(2 * n + 2 if state_rows is None else max(int(state_rows), 1))
     top = int(tokens.max()) if n else 0
     R0 = np.full(top + 1 if top < dense_root_limit(n) else 0, -1, np.int32)
-    size = _table_size(n // 2) if table_slots is None else int(table_slots)
+    size = _table_size(n * 45 // 100) if table_slots is None else int(table_slots)
     O = anonymous(size * O_COLS, np.int32).reshape(size, O_COLS)
     O.fill(-1)
     M = np.zeros(META, np.int64)
@@ -352,7 +354,7 @@ def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray, state_rows
         if status == DONE:
             return RowAutomaton(S, O, R0, M)
         if status == GROW_O:
-            O = rehash(S, O, _table_size(int(M[N_OVER]) + need + (O.shape[0] >> 2)))
+            O = rehash(S, O, _table_size(int(M[N_OVER]) + need + (O.shape[0] >> 1)))  # about twice the slots
         else:
             rows = int(M[N_STATES])
             S2 = aligned_rows(rows + max(rows >> 1, need) + 16)
