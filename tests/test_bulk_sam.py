@@ -91,6 +91,34 @@ def test_rows_regrow_both_tables(alphabet):
     assert int(ra.M[bsk.N_OVER]) > 0
 
 
+@pytest.mark.parametrize("slots", [1021, 1536])
+def test_rows_in_a_table_of_any_size_nearly_half_full(slots):
+    """Tables of a size that is no power of two (odd, or even), never regrown and nearly half full:
+    the same automaton, until one of them has probes that ran past its last slot and wrapped."""
+    wrapped = False
+    for seed in range(30):
+        rng = np.random.default_rng(seed * 7919 + slots)
+        docs = []
+        while True:  # as many short documents as keep the overflow edges within half the slots
+            nxt = docs + [rng.integers(0, 40, 25)]
+            tokens, starts = _flat(nxt)
+            probe = bsk.build_rows(tokens, starts, np.empty(len(tokens), np.int32), table_slots=1 << 20)
+            if int(probe.M[bsk.N_OVER]) > slots // 2:
+                break
+            docs = nxt
+        ra = _assert_rows_equal_reference(docs, table_slots=slots)
+        assert ra.O.shape[0] == slots and int(ra.M[bsk.N_OVER]) > slots // 2 - 40  # not regrown, nearly half full
+        placed = np.flatnonzero(ra.O[:, bsk.O_SRC] != -1)
+        home = np.array([bsk._slot(int(ra.O[i, bsk.O_SRC]), int(ra.O[i, bsk.O_TOK]), slots) for i in placed])
+        # every stored edge is found where it lies, those past the wrap included
+        assert [bsk._find(ra.S, ra.O, ra.R0, int(ra.O[i, bsk.O_SRC]), int(ra.O[i, bsk.O_TOK])) for i in placed] == \
+            [-2 - int(i) for i in placed]
+        if (placed < home).any():  # an edge stored before its first slot: its probe wrapped
+            wrapped = True
+            break
+    assert wrapped
+
+
 def test_rows_huge_token_ids_sparse_root():
     """Token ids too large for a dense root: the root's edges are stored as any state's."""
     rng = np.random.default_rng(9)
