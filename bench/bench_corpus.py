@@ -183,7 +183,7 @@ def main():
 
         # the first build in this process loads (or compiles) the kernels: reported apart, then every
         # timed build runs warm (the multi-job build's workers fork from this warm process)
-        first_s, s1 = one_core(0)
+        first_s, _ = one_core(0)
         builds = []
         for i in range(args.repeats):
             if out.exists():
