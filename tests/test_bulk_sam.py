@@ -17,6 +17,7 @@ from suffixspec._kernels import corpus_build as cbk
 from suffixspec._kernels import sam as sk
 from suffixspec._kernels import sam_freeze as sfk
 from suffixspec._kernels.frozen import COUNT_ESCAPED, LEN_SATURATED
+from suffixspec._kernels.pages import Scratch
 from suffixspec.corpus import format as F
 from suffixspec.corpus import shards as C
 
@@ -188,6 +189,48 @@ def test_shard_file_bytes_equal_reference_freeze(tmp_path, case):
         assert len(ref["count_escapes"]) > 0
     if case == "long":
         assert ref["lens"].dtype == np.int32
+
+
+def _poison(scratch):
+    """Every byte of the scratch's buffers set to 0xA5 (whatever a build reads before writing shows)."""
+    for buf in scratch._buffers.values():  # (the buffers themselves: a take would hand out views of a prefix)
+        np.frombuffer(buf, np.uint8)[:] = 0xA5
+
+
+def test_shard_files_from_reused_scratch_equal_fresh_ones(tmp_path):
+    """Shards built one after another from one Scratch (its buffers left dirty by the last shard, and
+    poisoned besides), smaller and larger than the last (its buffers grow), are the bytes of shards built
+    on fresh pages."""
+    rng = np.random.default_rng(5)
+    scratch = Scratch()
+    sizes = [(40, 150), (3, 40), (400, 300), (60, 100), (400, 300)]
+    for k, (n_docs, max_len) in enumerate(sizes):
+        docs = [np.asarray(d, np.int32) for d in _random_docs(rng, 30 if k % 2 else 5000, n_docs, max_len)]
+        tokens, starts = _flat(docs)
+        lens = np.diff(np.append(starts, len(tokens)))
+        ids, tags = [f"d{i}" for i in range(len(docs))], [{} for _ in docs]
+        fresh = C.build_shard_file(str(tmp_path / f"fresh{k}.ssx"), tokens, lens, ids, tags)
+        before = scratch.nbytes
+        _poison(scratch)
+        reused = C.build_shard_file(str(tmp_path / f"reused{k}.ssx"), tokens, lens, ids, tags, scratch)
+        assert reused["payload_crc"] == fresh["payload_crc"]
+        assert (tmp_path / f"reused{k}.ssx").read_bytes() == (tmp_path / f"fresh{k}.ssx").read_bytes()
+        assert scratch.nbytes >= before  # (buffers are only ever replaced by larger ones)
+    assert scratch.nbytes > 0
+    scratch.release()
+    assert scratch.nbytes == 0
+
+
+def test_rows_regrown_in_a_scratch_equal_reference():
+    """State rows regrown inside a Scratch: a new, larger buffer (the old rows kept while copied), or the
+    scratch's own buffer when it already has room (the rows then copied onto themselves)."""
+    rng = np.random.default_rng(8)
+    docs = _random_docs(rng, 7, 12, 90)
+    scratch = Scratch()
+    _assert_rows_equal_reference(docs, state_rows=3, table_slots=1024, scratch=scratch)  # grows from 3 rows
+    _assert_rows_equal_reference(_random_docs(rng, 7, 60, 90), scratch=scratch)  # a roomy rows buffer
+    _poison(scratch)
+    _assert_rows_equal_reference(docs, state_rows=3, table_slots=1024, scratch=scratch)  # regrows in place
 
 
 def test_freeze_refuses_rows_that_disagree():

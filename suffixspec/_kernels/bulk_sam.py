@@ -24,13 +24,13 @@ A kernel call never reallocates (its arrays stay loop-invariant); it returns to 
 for a larger O (`rehash`) or S. Freezing these rows into a shard is bulk_freeze.py's.
 """
 
-import mmap
 from dataclasses import dataclass
 
 import numpy as np
 from numba import njit
 
 from .address import borrowed, keep_alive, prefetch_address
+from .pages import Scratch, anonymous
 
 LINK, LEN, DEG, OVF = 0, 1, 2, 3
 EDGE0 = 4  # inline edge i: token at EDGE0 + 2 i, target at EDGE0 + 2 i + 1
@@ -65,20 +65,10 @@ class RowAutomaton:
         return int(self.M[N_EDGES])
 
 
-def anonymous(n: int, dtype) -> np.ndarray:
-    """An uninitialised dtype[n] in private anonymous pages of its own (page-aligned), not marked
-    for transparent huge pages as numpy's large allocations are: they save TLB misses, but on a
-    virtual machine that hands free memory back to its host a fresh huge page's first touch has
-    the host fault in all of it, which cost more than they saved (the paired runs of
-    bench/results/corpus_compact.jsonl, 2026-12-07)."""
-    size = max(int(n) * np.dtype(dtype).itemsize, 1)
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    return np.frombuffer(buf, dtype, count=int(n))
-
-
-def aligned_rows(rows: int) -> np.ndarray:
-    """int32[rows * ROW] for state rows (page-aligned: every row within one cache line)."""
-    return anonymous(rows * ROW, np.int32)
+def aligned_rows(rows: int, scratch: Scratch | None = None) -> np.ndarray:
+    """int32[rows * ROW] for state rows (page-aligned: every row within one cache line), uninitialised,
+    from `scratch` when given."""
+    return anonymous(rows * ROW, np.int32) if scratch is None else scratch.take("rows", rows * ROW, np.int32)
 
 
 @njit(cache=True, inline="always")
@@ -331,19 +321,21 @@ def _table_size(edges: int) -> int:
 
 
 def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray, state_rows: int | None = None,
-               table_slots: int | None = None) -> RowAutomaton:
+               table_slots: int | None = None, scratch: Scratch | None = None) -> RowAutomaton:
     """The automaton of the documents (see the module docstring); `tokens` int32 (each >= 0),
     `starts` int64, P int32[len(tokens)] filled with each position's prefix state. `state_rows` and
     `table_slots` size S and O at first (default: room for every state, a table for 0.45 overflow
     edges a token: code takes about 0.4, prose about 0.5, and growing the table on the way rehashes
-    every edge in it); they grow as needed, and change no result."""
+    every edge in it); they grow as needed, and change no result. With `scratch`, S and O are its
+    buffers "rows" and "overflow" (valid until the next build from it)."""
     n = tokens.shape[0]
     # a generalized automaton over n tokens has at most 2n states
-    S = aligned_rows(2 * n + 2 if state_rows is None else max(int(state_rows), 1))
+    S = aligned_rows(2 * n + 2 if state_rows is None else max(int(state_rows), 1), scratch)
     top = int(tokens.max()) if n else 0
     R0 = np.full(top + 1 if top < dense_root_limit(n) else 0, -1, np.int32)
     size = _table_size(n * 45 // 100) if table_slots is None else int(table_slots)
-    O = anonymous(size * O_COLS, np.int32).reshape(size, O_COLS)
+    O = (anonymous(size * O_COLS, np.int32) if scratch is None else scratch.take("overflow", size * O_COLS, np.int32)
+         ).reshape(size, O_COLS)
     O.fill(-1)
     M = np.zeros(META, np.int64)
     M[N_STATES] = 1
@@ -357,6 +349,8 @@ def build_rows(tokens: np.ndarray, starts: np.ndarray, P: np.ndarray, state_rows
             O = rehash(S, O, _table_size(int(M[N_OVER]) + need + (O.shape[0] >> 1)))  # about twice the slots
         else:
             rows = int(M[N_STATES])
-            S2 = aligned_rows(rows + max(rows >> 1, need) + 16)
+            # (a new buffer, S keeping its pages meanwhile; or the scratch's own, if it has room: then the
+            # copy below writes S onto itself)
+            S2 = aligned_rows(rows + max(rows >> 1, need) + 16, scratch)
             S2[: rows * ROW] = S[: rows * ROW]
             S = S2

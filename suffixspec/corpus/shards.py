@@ -12,11 +12,16 @@ invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
 name to `shard-NNNNN.ssx` in its directory; it never writes a manifest (the caller commits).
+A process that builds shards keeps its scratch buffers from one shard to the next (`pages.Scratch`:
+a fresh page's first touch is a good part of a build); a writer releases its own when it closes, and
+a worker's go with it. A worker receives a shard's tokens in shared memory (a memfd passed as a
+descriptor), not pickled through its pipe.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 from pathlib import Path
 
@@ -26,6 +31,7 @@ from .._kernels import bulk_freeze as bfk
 from .._kernels import bulk_sam as bsk
 from .._kernels import corpus_build as cbk
 from .._kernels.frozen import COUNT_ESCAPED
+from .._kernels.pages import Scratch
 from ..errors import BadInputError, InternalError
 from ..fileio import temp_name
 from ..tokenids import as_tokens
@@ -59,10 +65,13 @@ def sum_phases(records) -> dict:
     return out
 
 
-def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list) -> dict:
+def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list,
+                     scratch: Scratch | None = None) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
-    automaton, then its frozen arrays, counts and last ends straight into the mapped file.
+    automaton, then its frozen arrays, counts and last ends straight into the mapped file, its
+    working arrays from `scratch` when given (else fresh pages).
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
+    take = Scratch().take if scratch is None else scratch.take
     phases = {}
     clock = PhaseClock(phases)
     tokens = np.ascontiguousarray(tokens, np.int32)
@@ -71,8 +80,8 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     np.cumsum(doc_lens[:-1], out=doc_starts[1:])
     if n_docs == 0 or n_tokens == 0 or int(doc_starts[-1]) + int(doc_lens[-1]) != n_tokens or (doc_lens <= 0).any():
         raise InternalError("document lengths disagree with the shard's tokens")
-    pstate = bsk.anonymous(n_tokens, np.int32)  # each position's prefix state, recorded by the build
-    ra = bsk.build_rows(tokens, doc_starts, pstate)
+    pstate = take("pstate", n_tokens, np.int32)  # each position's prefix state, recorded by the build
+    ra = bsk.build_rows(tokens, doc_starts, pstate, scratch=scratch)
     n_states = ra.n_states
     if int(ra.M[bsk.N_TOKENS]) != n_tokens:
         raise InternalError("automaton token count disagrees with the document lengths")
@@ -80,14 +89,14 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     doc_info = json.dumps({"ids": ids, "tags": tags}).encode()
     # counts and last ends from the prefix states (the occurrence layout is the reader's, see
     # snapshot.Shard.layout); `ids_`: every state's id in the frozen layout (implicit states: frozen.py)
-    W = bsk.anonymous(n_states * cbk.W_COLS, np.int32).reshape(n_states, cbk.W_COLS)
+    W = take("counts", n_states * cbk.W_COLS, np.int32).reshape(n_states, cbk.W_COLS)
     if not cbk.count_ends(bfk.link_column(ra.S, n_states), bfk.len_column(ra.S, n_states), pstate, W[:, cbk.W_CNT],
                           W[:, cbk.W_LAST], W):
         raise InternalError("counts disagree with the automaton's suffix links")
     clock.lap("counts")
-    ids_ = bsk.anonymous(n_states, np.int32)
+    ids_ = take("ids", n_states, np.int32)
     n_stored, n_stored_edges, n_big, link_len = (int(x) for x in bfk.implicit_ids_rows(
-        ra.S, ra.M, tokens, pstate, doc_starts, W[:, cbk.W_CNT], ids_, bsk.anonymous(n_states, np.uint8), COUNT_ESCAPED))
+        ra.S, ra.M, tokens, pstate, doc_starts, W[:, cbk.W_CNT], ids_, take("haskid", n_states, np.uint8), COUNT_ESCAPED))
     meta = {"n_tokens": n_tokens, "n_documents": n_docs, "n_states": n_stored, "n_edges": n_stored_edges,
             "n_implicit": n_states - n_stored}
     i4 = np.int32
@@ -124,6 +133,36 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     return result
 
 
+def shared_tokens(parts) -> int:
+    """A memfd holding the concatenation of the int32 arrays `parts` (its descriptor: the caller closes it)."""
+    n = sum(int(p.shape[0]) for p in parts)
+    fd = os.memfd_create("suffixspec-shard-tokens", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, max(4 * n, 1))
+        if n:
+            m = mmap.mmap(fd, 4 * n)
+            view = np.frombuffer(m, np.int32, count=n)
+            np.concatenate(parts, out=view)
+            del view
+            m.close()
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+_WORKER_SCRATCH = Scratch()  # a worker process's buffers: it builds one shard at a time
+
+
+def _worker_build(path: str, n_tokens: int, doc_lens: np.ndarray, ids: list, tags: list, tokens_fd: int) -> dict:
+    """`build_shard_file` in a worker process, with its scratch, the tokens int32[n_tokens] read from the
+    memfd `tokens_fd` (`shared_tokens`)."""
+    # private and writable (never written): the kernels take writable arrays, and a read-only one would
+    # compile them again for its own type
+    m = mmap.mmap(tokens_fd, max(4 * n_tokens, 1), flags=mmap.MAP_PRIVATE)
+    return build_shard_file(path, np.frombuffer(m, np.int32, count=n_tokens), doc_lens, ids, tags, _WORKER_SCRATCH)
+
+
 class ShardWriter:
     """Cuts documents into shards of about `shard_tokens` tokens and builds them, in `jobs`
     worker processes when jobs > 1 (at most jobs shards in flight, plus the one being filled, to bound
@@ -140,6 +179,7 @@ class ShardWriter:
         self.progress = progress
         self.pending = []  # (record, future or result)
         self.records = []
+        self.scratch = Scratch()  # buffers of the shards built in this process (jobs == 1)
         self._reset()
         self.pool = None
         if self.jobs > 1:
@@ -178,18 +218,28 @@ class ShardWriter:
         self.next_shard += 1
         tmp = temp_name(self.directory / name)
         record = {"file": name, "tmp": tmp, "n_tokens": self.n, "n_documents": len(self.lens)}
-        args = (str(tmp), np.concatenate(self.buf), np.asarray(self.lens, np.int64), self.ids, self.tags)
-        self._reset()
-        self.records.append(record)
+        lens, ids, tags, parts = np.asarray(self.lens, np.int64), self.ids, self.tags, self.buf
         if self.pool is None:
-            self._done(record, build_shard_file(*args))
-        else:
+            tokens = np.concatenate(parts)
+            self._reset()
+            self.records.append(record)
+            self._done(record, build_shard_file(str(tmp), tokens, lens, ids, tags, self.scratch))
+            return
+        fd = shared_tokens(parts)
+        try:
+            self._reset()
+            self.records.append(record)
             while len(self.pending) >= self.jobs:  # a worker free for this one
                 self._done(*self._pop())
-            self.pending.append((record, self.pool.submit(build_shard_file, *args)))
+            self.pending.append((record, self.pool.submit(_worker_build, str(tmp), record["n_tokens"], lens, ids, tags,
+                                                          fds=(fd,))))
+        finally:
+            os.close(fd)  # (the worker has its own copy)
 
     def _pop(self):
-        record, ticket = self.pending.pop(0)
+        """The first pending shard whose worker has finished (any order: the records keep theirs)."""
+        i = [ticket for _, ticket in self.pending].index(self.pool.first_done([ticket for _, ticket in self.pending]))
+        record, ticket = self.pending.pop(i)
         return record, self.pool.result(ticket)
 
     def _done(self, record, result):
@@ -209,6 +259,7 @@ class ShardWriter:
         return self.records
 
     def close(self):
+        self.scratch.release()
         if self.pool is not None:
             self.pool.stop()
             self.pool = None

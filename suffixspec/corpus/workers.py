@@ -8,9 +8,12 @@ ever. Here every worker has a pipe of its own, so stopping is killing and reapin
 
 Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group: the parent alone decides
 what an interrupt means, and no worker prints a traceback) and die at once on SIGTERM (the default
-action, whatever handler the parent installed before forking). `submit(fn, *args)` returns a ticket;
-`result(ticket)` waits for it and re-raises the worker's exception; `stop()` kills and reaps every
-worker (any number of times).
+action, whatever handler the parent installed before forking). `submit(fn, *args, fds=())` returns a
+ticket; `first_done(tickets)` waits for the first of them to finish; `result(ticket)` waits for it and
+re-raises the worker's exception; `stop()` kills and reaps every
+worker (any number of times). File descriptors in `fds` travel beside the pickled call (SCM_RIGHTS over
+the worker's socket pair: memory shared with the worker, a shard's tokens, is passed as a descriptor
+instead of being pickled); the worker calls `fn(*args, *its_copies)` and closes its copies after.
 
 Forking runs under `interrupts.signals_deferred` (SIGINT and SIGTERM blocked in the forking thread, so
 each child starts with them blocked and unblocks them only once its own dispositions are set, and
@@ -28,6 +31,8 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+from multiprocessing.connection import wait
+from multiprocessing.reduction import recv_handle, send_handle
 
 from ..errors import InternalError
 from ..interrupts import SIGNALS, signals_deferred
@@ -48,11 +53,15 @@ def _serve(conn, inherited) -> None:
             break
         if task is None:
             break
-        fn, args = task
+        fn, args, n_fds = task
+        fds = [recv_handle(conn) for _ in range(n_fds)]
         try:
-            conn.send(("ok", fn(*args)))
+            conn.send(("ok", fn(*args, *fds)))
         except BaseException as exc:  # noqa: BLE001 - handed to the parent, which re-raises it
             conn.send(("error", exc))
+        finally:
+            for fd in fds:
+                os.close(fd)
     os._exit(0)  # no atexit handlers or finalizers of the parent's state run in the child
 
 
@@ -89,16 +98,26 @@ class WorkerPool:
             self.workers.append((proc, parent))
             self.idle.append(i)
 
-    def submit(self, fn, *args) -> int:
-        """Run `fn(*args)` on an idle worker (the caller keeps at most `jobs` calls outstanding)."""
+    def submit(self, fn, *args, fds=()) -> int:
+        """Run `fn(*args, *fds)` on an idle worker, with the worker's copies of the descriptors `fds`
+        (the caller keeps at most `jobs` calls outstanding, and may close its own descriptors once this
+        returns)."""
         if not self.idle:
             raise InternalError("WorkerPool.submit: every worker is busy; wait for a result first")
         worker = self.idle.pop()
-        self.workers[worker][1].send((fn, args))
+        proc, conn = self.workers[worker]
+        conn.send((fn, args, len(fds)))
+        for fd in fds:
+            send_handle(conn, fd, proc.pid)
         ticket = self.next_ticket
         self.next_ticket += 1
         self.tickets[ticket] = worker
         return ticket
+
+    def first_done(self, tickets: list[int]) -> int:
+        """One of `tickets` whose call has finished (its `result` will not wait), waiting for the first."""
+        by_conn = {self.workers[self.tickets[t]][1]: t for t in tickets}
+        return by_conn[wait(list(by_conn))[0]]
 
     def result(self, ticket: int):
         worker = self.tickets.pop(ticket)
