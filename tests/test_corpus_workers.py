@@ -115,3 +115,38 @@ def test_worker_shards_equal_fresh_builds(tmp_path):
             assert (tmp_path / f"worker{k}").read_bytes() == (tmp_path / f"fresh{k}").read_bytes()
     finally:
         pool.stop()
+
+
+def test_writer_syncs_every_shard_it_built(tmp_path, monkeypatch):
+    """The shards are written back while later ones build (no fsync in the build itself) and fsynced,
+    every one, by `finish()` before it returns (then the caller's manifest may name them)."""
+    from suffixspec import fileio
+    from suffixspec.corpus import Document
+    from suffixspec.corpus import format as F
+
+    synced, started = [], []
+    monkeypatch.setattr(C, "fsync_file", lambda path: synced.append(path.name))
+    real_start = fileio.start_writeback
+    monkeypatch.setattr(F, "start_writeback", lambda fd: (started.append(fd), real_start(fd)))
+    writer = C.ShardWriter(tmp_path, shard_tokens=50, jobs=1)
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        writer.add(Document(rng.integers(0, 9, 30).astype(np.int32), f"d{i}"))
+    records = writer.finish()
+    assert len(records) >= 6 and len(started) == len(records)
+    assert synced == [r["file"] for r in records] and all("sync" in r["phases"] for r in records)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(synced)
+
+
+def test_fsync_file_names_a_missing_file(tmp_path):
+    from suffixspec import fileio
+
+    with pytest.raises(FileNotFoundError):
+        fileio.fsync_file(tmp_path / "none")
+    (tmp_path / "f").write_bytes(b"x" * 10_000)
+    fd = os.open(tmp_path / "f", os.O_RDWR)
+    try:
+        fileio.start_writeback(fd)  # (Linux: sync_file_range; no error either way)
+    finally:
+        os.close(fd)
+    fileio.fsync_file(tmp_path / "f")

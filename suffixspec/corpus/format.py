@@ -30,7 +30,7 @@ import numpy as np
 
 from .._kernels.frozen import LEN_SATURATED
 from ..errors import BadInputError, IndexFormatError, InternalError
-from ..fileio import open_regular
+from ..fileio import open_regular, start_writeback
 
 __all__ = ["MAGIC", "FORMAT_VERSION", "KIND_MANIFEST", "KIND_SHARD", "KIND_DELETED", "MANIFEST", "ALIGN",
            "SHARD_ARRAYS", "SHARD_DTYPES", "DELETED_DTYPES", "MissingFileError", "Container", "MappedContainer",
@@ -221,8 +221,10 @@ class MappedContainer:
             raise
         self.arrays = {name: np.frombuffer(self.mm, np.dtype(code), count, off) for name, code, off, count, _ in self.plan}
 
-    def finish(self, phases: dict | None = None) -> dict:
-        """Checksums, array table, meta and header; msync and fsync. Returns {"bytes", "payload_crc"}."""
+    def finish(self, phases: dict | None = None, durable: bool = True) -> dict:
+        """Checksums, array table, meta and header; then fsync, or with `durable=False` only the
+        writeback started (the caller fsyncs the file before anything names it: `fileio.fsync_file`).
+        Returns {"bytes", "payload_crc"}."""
         clock = PhaseClock(phases)
         self.arrays.clear()
         mv = memoryview(self.mm)
@@ -246,8 +248,11 @@ class MappedContainer:
         finally:
             mv.release()
         clock.lap("checksums")
-        self.mm.flush()
-        os.fsync(self.fd)
+        if durable:
+            self.mm.flush()
+            os.fsync(self.fd)
+        else:
+            start_writeback(self.fd)
         self.close()
         clock.lap("write")
         return {"bytes": self.length, "payload_crc": crc}

@@ -11,7 +11,9 @@ format.LEN_SATURATED), and the document table. The occurrence layout is not stor
 invariants raise `InternalError`.
 `ShardWriter` cuts a stream of `Document`s into shards of about `shard_tokens` tokens, builds
 them (in worker processes when jobs > 1), and renames each finished file from its temporary
-name to `shard-NNNNN.ssx` in its directory; it never writes a manifest (the caller commits).
+name to `shard-NNNNN.ssx` in its directory; `finish()` fsyncs them all before it returns (each one's
+writeback started when it was written, so later shards' builds hide it); it never writes a manifest
+(the caller commits).
 A process that builds shards keeps its scratch buffers from one shard to the next (`pages.Scratch`:
 a fresh page's first touch is a good part of a build); a writer releases its own when it closes, and
 a worker's go with it. A worker receives a shard's tokens in shared memory (a memfd passed as a
@@ -33,7 +35,7 @@ from .._kernels import corpus_build as cbk
 from .._kernels.frozen import COUNT_ESCAPED
 from .._kernels.pages import Scratch
 from ..errors import BadInputError, InternalError
-from ..fileio import temp_name
+from ..fileio import fsync_file, temp_name
 from ..tokenids import as_tokens
 from .documents import Document
 from .format import KIND_SHARD, LEN_SATURATED, SHARD_ARRAYS, MappedContainer, PhaseClock
@@ -66,10 +68,11 @@ def sum_phases(records) -> dict:
 
 
 def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: list, tags: list,
-                     scratch: Scratch | None = None) -> dict:
+                     scratch: Scratch | None = None, durable: bool = True) -> dict:
     """Build one shard and write it at `path` (run in a worker process when jobs > 1): the
     automaton, then its frozen arrays, counts and last ends straight into the mapped file, its
-    working arrays from `scratch` when given (else fresh pages).
+    working arrays from `scratch` when given (else fresh pages); fsynced, or with `durable=False`
+    only its writeback started (`MappedContainer.finish`).
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
     take = Scratch().take if scratch is None else scratch.take
     phases = {}
@@ -126,7 +129,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
         a["doc_info"][:] = np.frombuffer(doc_info, np.uint8)
         del ra, W, ids_, a, pstate
         clock.lap("freeze")
-        result = out.finish(phases)
+        result = out.finish(phases, durable)
     finally:
         out.close()
     result.update(n_tokens=n_tokens, n_documents=n_docs, phases=phases)
@@ -160,7 +163,8 @@ def _worker_build(path: str, n_tokens: int, doc_lens: np.ndarray, ids: list, tag
     # private and writable (never written): the kernels take writable arrays, and a read-only one would
     # compile them again for its own type
     m = mmap.mmap(tokens_fd, max(4 * n_tokens, 1), flags=mmap.MAP_PRIVATE)
-    return build_shard_file(path, np.frombuffer(m, np.int32, count=n_tokens), doc_lens, ids, tags, _WORKER_SCRATCH)
+    return build_shard_file(path, np.frombuffer(m, np.int32, count=n_tokens), doc_lens, ids, tags, _WORKER_SCRATCH,
+                            durable=False)
 
 
 class ShardWriter:
@@ -223,7 +227,7 @@ class ShardWriter:
             tokens = np.concatenate(parts)
             self._reset()
             self.records.append(record)
-            self._done(record, build_shard_file(str(tmp), tokens, lens, ids, tags, self.scratch))
+            self._done(record, build_shard_file(str(tmp), tokens, lens, ids, tags, self.scratch, durable=False))
             return
         fd = shared_tokens(parts)
         try:
@@ -254,6 +258,11 @@ class ShardWriter:
             self.flush()
             while self.pending:
                 self._done(*self._pop())
+            # durable before a manifest names them; each was written back while later ones were built
+            for r in self.records:
+                clock = PhaseClock(r["phases"])
+                fsync_file(self.directory / r["file"])
+                clock.lap("sync")
         finally:
             self.close()
         return self.records
