@@ -18,7 +18,8 @@ from random documents, which make the restricted match walk up many suffix links
 has arctic-inference (`--arctic-python PATH` or $SUFFIXSPEC_ARCTIC_PYTHON, bench/_peers.py), its insert
 throughput and estimate_memory() on a prefix of the same tokens; without one the JSON line's `arctic`
 says why. The one-core build also reports seconds per build phase (`single_core_<phase>_s`:
-automaton, freeze, counts, checksums, write; `other` is the rest of its wall time).
+automaton, freeze, counts, checksums, write (unmapping, the writeback started), sync (the fsync of each
+shard when the build finishes); `other` is the rest of its wall time).
 Build figures time `build_index` from token ids (Documents) to index files written and fsynced;
 tokenizing is not part of them (the corpus is tokenized once and cached: `tokenize_or_load_s`).
 The first one-core build in the process loads the compiled kernels from numba's cache (or
