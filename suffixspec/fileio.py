@@ -9,6 +9,8 @@ process id, its start time in clock ticks since boot, the boot id and the pid na
 namespace, and no process with that pid and start time (or another boot). `remove_stale_temps`
 removes only such leftovers. `open_regular` opens a file for reading only when it is a regular
 file (a FIFO, device, directory or symlink loop is refused before any read, never a hang).
+`start_writeback(fd)` starts writing a file's dirty pages without waiting; `fsync_file(path)` makes a
+file durable, `fsync_dir(directory)` a rename inside it.
 `cache_dir()` is the one place that decides where cached artefacts (converted models,
 tokenizers, cost curves) live; `cache_entry` names one artefact's folder there, keyed by its source
 file's identity (path, size, modification time) and the conversion's version.

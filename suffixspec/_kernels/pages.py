@@ -9,10 +9,9 @@ Contract:
   A view stays valid after its buffer is replaced or released (it holds its own mapping), but two
   views taken under one name alias each other: a build takes each name once.
 
-Why keep them: on the virtual machines measured (bench/results/, 2026-12-08) the first touch of a
-fresh 4 KiB page costs about 1.6 us, and a shard's build touches about 85 bytes of scratch per token
-besides its output, so that a second shard built in the same process skips a tenth or more of its
-time.
+Why keep them: a shard's build touches about 85 bytes of scratch per token besides its output, and on
+a virtual machine that hands freed memory back to its host the first touch of every fresh page is
+expensive, a good part of a shard's build; a shard built on pages its process already holds skips it.
 """
 
 import mmap

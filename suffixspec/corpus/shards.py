@@ -33,7 +33,7 @@ from .._kernels import bulk_freeze as bfk
 from .._kernels import bulk_sam as bsk
 from .._kernels import corpus_build as cbk
 from .._kernels.frozen import COUNT_ESCAPED
-from .._kernels.pages import Scratch
+from .._kernels.pages import Scratch, anonymous
 from ..errors import BadInputError, InternalError
 from ..fileio import fsync_file, temp_name
 from ..tokenids import as_tokens
@@ -74,7 +74,7 @@ def build_shard_file(path: str, tokens: np.ndarray, doc_lens: np.ndarray, ids: l
     working arrays from `scratch` when given (else fresh pages); fsynced, or with `durable=False`
     only its writeback started (`MappedContainer.finish`).
     Returns {"bytes", "payload_crc", "n_tokens", "n_documents", "phases"} (seconds per phase)."""
-    take = Scratch().take if scratch is None else scratch.take
+    take = scratch.take if scratch is not None else (lambda _name, n, dtype: anonymous(n, dtype))
     phases = {}
     clock = PhaseClock(phases)
     tokens = np.ascontiguousarray(tokens, np.int32)

@@ -10,10 +10,10 @@ Workers ignore SIGINT (a terminal's Ctrl-C reaches the whole process group: the 
 what an interrupt means, and no worker prints a traceback) and die at once on SIGTERM (the default
 action, whatever handler the parent installed before forking). `submit(fn, *args, fds=())` returns a
 ticket; `first_done(tickets)` waits for the first of them to finish; `result(ticket)` waits for it and
-re-raises the worker's exception; `stop()` kills and reaps every
-worker (any number of times). File descriptors in `fds` travel beside the pickled call (SCM_RIGHTS over
-the worker's socket pair: memory shared with the worker, a shard's tokens, is passed as a descriptor
-instead of being pickled); the worker calls `fn(*args, *its_copies)` and closes its copies after.
+re-raises the worker's exception; `stop()` kills and reaps every worker (any number of times). File
+descriptors in `fds` travel beside the pickled call (SCM_RIGHTS over the worker's socket pair: memory
+shared with the worker, a shard's tokens, is passed as a descriptor instead of being pickled); the
+worker calls `fn(*args, *its_copies)` and closes its copies after.
 
 Forking runs under `interrupts.signals_deferred` (SIGINT and SIGTERM blocked in the forking thread, so
 each child starts with them blocked and unblocks them only once its own dispositions are set, and
