@@ -221,6 +221,22 @@ def test_shard_files_from_reused_scratch_equal_fresh_ones(tmp_path):
     assert scratch.nbytes == 0
 
 
+def test_scratch_reuses_a_buffer_that_fits_and_replaces_one_that_does_not():
+    scratch = Scratch()
+    a = scratch.take("x", 1000, np.int32)
+    a[:] = 7
+    b = scratch.take("x", 500, np.int64)  # the same bytes, another view
+    assert b.ctypes.data == a.ctypes.data and b.shape == (500,) and b.dtype == np.int64
+    c = scratch.take("x", 2000, np.int32)  # larger: a new buffer; the old views keep theirs
+    assert c.ctypes.data != a.ctypes.data and (a == 7).all()
+    assert scratch.take("y", 0, np.uint8).shape == (0,)
+    assert scratch.nbytes == 8000 + 1
+    with pytest.raises(ValueError, match=r"Scratch.take\('x'\): expected a count >= 0, got -1"):
+        scratch.take("x", -1, np.int32)
+    scratch.release()
+    assert scratch.nbytes == 0 and (a == 7).all()
+
+
 def test_rows_regrown_in_a_scratch_equal_reference():
     """State rows regrown inside a Scratch: a new, larger buffer (the old rows kept while copied), or the
     scratch's own buffer when it already has room (the rows then copied onto themselves)."""
