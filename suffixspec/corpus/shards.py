@@ -242,8 +242,8 @@ class ShardWriter:
 
     def _pop(self):
         """The first pending shard whose worker has finished (any order: the records keep theirs)."""
-        i = [ticket for _, ticket in self.pending].index(self.pool.first_done([ticket for _, ticket in self.pending]))
-        record, ticket = self.pending.pop(i)
+        tickets = [ticket for _, ticket in self.pending]
+        record, ticket = self.pending.pop(tickets.index(self.pool.first_done(tickets)))
         return record, self.pool.result(ticket)
 
     def _done(self, record, result):
